@@ -1,0 +1,103 @@
+"""``optim-migrate``: the toolkit's command line.
+
+    optim-migrate rewrite PATH... [--write]   # diff by default; exit 0/1/2
+    optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
+    optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import runpy
+import sys
+
+EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+
+
+def cmd_rewrite(args) -> int:
+  from codemod import engine
+  files = engine.iter_python_files(args.paths)
+  missing = [p for p in args.paths if not pathlib.Path(p).exists()]
+  status = EXIT_CLEAN
+  n_changed = n_manual = n_errors = 0
+  for path in missing:
+    print(f'{path}: no such file or directory', file=sys.stderr)
+    n_errors += 1
+  for path in files:
+    result = engine.rewrite_file(path)
+    if result.error:
+      print(result.error, file=sys.stderr)
+      n_errors += 1
+      continue
+    for finding in result.manual:
+      print(finding.format(result.path), file=sys.stderr)
+    n_manual += len(result.manual)
+    if result.changed:
+      n_changed += 1
+      if args.write:
+        engine.write_atomic(path, result.new)
+      else:
+        sys.stdout.write(result.diff())
+  verb = 'rewritten' if args.write else 'would be rewritten'
+  print(f'{len(files)} file(s) checked: {n_changed} {verb}, {n_manual} manual item(s), '
+        f'{n_errors} error(s)', file=sys.stderr)
+  if n_errors:
+    status = EXIT_ERROR
+  elif n_changed or n_manual:
+    status = EXIT_CHANGES
+  return status
+
+
+def cmd_run(args) -> int:
+  """Run SCRIPT as ``__main__`` with ``flax.optim`` resolving to the shim."""
+  import optim_compat
+  optim_compat.install()
+  script = pathlib.Path(args.script)
+  if not script.is_file():
+    print(f'{script}: no such file', file=sys.stderr)
+    return EXIT_ERROR
+  sys.argv = [str(script), *args.args]
+  sys.path.insert(0, str(script.resolve().parent))
+  try:
+    runpy.run_path(str(script), run_name='__main__')
+  except SystemExit as e:
+    code = e.code
+    if code is None:
+      return 0
+    if isinstance(code, int):
+      return code
+    print(code, file=sys.stderr)
+    return 1
+  return 0
+
+
+def cmd_demo(args) -> int:
+  from codemod import demo
+  return demo.main(steps=args.steps, devices=args.devices, examples=args.examples)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog='optim-migrate', description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest='command', required=True)
+  p = sub.add_parser('rewrite', help='rewrite legacy flax.optim code to Optax + TrainState')
+  p.add_argument('paths', nargs='+', help='files or directories')
+  p.add_argument('--write', action='store_true', help='apply the changes in place')
+  p.add_argument('--diff', action='store_true', help='print a unified diff (the default)')
+  p.set_defaults(func=cmd_rewrite)
+  p = sub.add_parser('run', help='run an unmodified legacy script with the shim installed')
+  p.add_argument('script')
+  p.add_argument('args', nargs=argparse.REMAINDER)
+  p.set_defaults(func=cmd_run)
+  p = sub.add_parser('demo', help='migrate the bundled example and train both versions')
+  p.add_argument('--steps', type=int, default=200)
+  p.add_argument('--devices', type=int, default=2, help='CPU devices for pmap')
+  p.add_argument('--examples', default=None, help='examples directory (default: found)')
+  p.set_defaults(func=cmd_demo)
+  args = parser.parse_args(argv)
+  return args.func(args)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,194 @@
+"""Trajectory runner and ulp comparison (runs on the old and the modern stack).
+
+Only numpy, jax and flax are used here so the same code records golden
+trajectories inside the legacy virtualenv (jax 0.4.13, flax 0.5.3).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import jax_utils, traverse_util
+
+
+def reference_params(seed: int = 0) -> dict:
+  """The params tree of the golden trajectories (float32).
+
+  Nested dicts with a zero-initialised bias, a 128x128 kernel, a 3-D kernel, a
+  0-d scale and a (1,)-shaped leaf; values from ``np.random.RandomState`` (a
+  stream numpy guarantees across versions).
+  """
+  rs = np.random.RandomState(seed)
+  f32 = lambda x: np.asarray(x, np.float32)
+  return {
+      'encoder': {
+          'dense': {'kernel': f32(rs.standard_normal((128, 128)) * 0.1),
+                    'bias': np.zeros((128,), np.float32)},
+          'conv': {'kernel': f32(rs.standard_normal((3, 3, 4)) * 0.3)},
+      },
+      'head': {'kernel': f32(rs.standard_normal((128, 10)) * 0.1),
+               'bias': np.zeros((10,), np.float32)},
+      'temperature': f32(1.5),
+      'offset': f32([0.25]),
+  }
+
+
+def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
+                    n_devices: int = 1):
+  """Deterministic gradient tree for ``step`` (numpy float32).
+
+  Values are multiples of 2**-12 in (-8, 8), so sums over up to 8 devices are
+  exact in float32. With ``device`` given, returns that device's share
+  ``g + (d - (n-1)/2) * s``: the mean over devices is exactly ``g``, so a
+  ``pmean``'d run must reproduce the single-device run.
+  """
+  def draw(offset):
+    rs = np.random.RandomState(seed * 100003 + step * 7 + offset)
+    def leaf(p):
+      x = np.clip(rs.standard_normal(np.shape(p)), -7.9, 7.9)
+      return np.asarray(np.round(x * 4096) / 4096, np.float32)
+    return jax.tree_util.tree_map(leaf, params)
+  g = draw(1)
+  if device is None:
+    return g
+  s = draw(2)
+  k = np.float32(device - (n_devices - 1) / 2)
+  return jax.tree_util.tree_map(lambda a, b: (a + k * b).astype(np.float32), g, s)
+
+
+def flat(tree) -> dict[str, np.ndarray]:
+  """``{'a/b/c': array}`` for a nested-dict pytree."""
+  return {'/'.join(map(str, k)): np.asarray(v)
+          for k, v in traverse_util.flatten_dict(_to_dict(tree)).items()}
+
+
+def _to_dict(tree):
+  if hasattr(tree, 'unfreeze'):
+    return tree.unfreeze()
+  return tree
+
+
+def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
+               record: Sequence[int] | None = None, apply_kwargs: Callable | None = None,
+               use_pmap: bool | None = None):
+  """Run a legacy def (real ``flax.optim`` or the shim) for ``steps`` jitted steps.
+
+  Args:
+    opt_def: an ``OptimizerDef`` (legacy API: ``create`` / ``apply_gradient``).
+    params: pytree of float arrays.
+    n_devices: number of local devices. With ``use_pmap`` (default: when
+      ``n_devices > 1``) the optimizer is replicated with
+      ``jax_utils.replicate`` and each step is a ``jax.pmap`` over the first
+      ``n_devices`` devices with ``pmean``'d gradients; otherwise ``jax.jit``.
+    record: steps whose params to return (default: every step 1..steps).
+    apply_kwargs: ``step -> dict`` of per-call hyper-parameter overrides.
+
+  Returns:
+    ``(trajectory, final_optimizer)``; ``trajectory[step]`` is ``flat(params)``;
+    under ``pmap`` each array has a leading device axis.
+  """
+  record = set(record or range(1, steps + 1))
+  opt = opt_def.create(jax.tree_util.tree_map(jnp.asarray, params))
+  kw = apply_kwargs or (lambda step: {})
+  if use_pmap is None:
+    use_pmap = n_devices > 1
+  if not use_pmap:
+    step_fn = jax.jit(lambda o, g, k: o.apply_gradient(g, **k))
+  else:
+    devices = jax.local_devices()[:n_devices]
+    if len(devices) < n_devices:
+      raise RuntimeError(f'need {n_devices} devices, have {len(jax.local_devices())}; '
+                         'set XLA_FLAGS=--xla_force_host_platform_device_count=N')
+    opt = jax_utils.replicate(opt, devices=devices)
+
+    def pstep(o, g, k):
+      # The barrier keeps XLA from fusing pmean's ``psum * (1/n)`` into the
+      # optimizer's arithmetic, where it changes which multiply-add LLVM
+      # contracts into an FMA (a program difference, not an optimizer one).
+      g = jax.lax.optimization_barrier(jax.lax.pmean(g, 'batch'))
+      return o.apply_gradient(g, **k)
+    step_fn = jax.pmap(pstep, axis_name='batch', devices=devices)
+  traj = {}
+  for step in range(steps):
+    if not use_pmap:
+      g = reference_grads(params, step, seed)
+      k = kw(step)
+    else:
+      per_dev = [reference_grads(params, step, seed, d, n_devices) for d in range(n_devices)]
+      g = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_dev)
+      k = {name: np.full((n_devices,), v, np.float32) for name, v in kw(step).items()}
+    opt = step_fn(opt, g, k)
+    if step + 1 in record:
+      traj[step + 1] = flat(opt.target)
+  return traj, opt
+
+
+def run_optax(tx, params, steps: int, seed: int = 0, record=None, hyperparams=None):
+  """Run an Optax ``GradientTransformation`` the way ``TrainState`` does.
+
+  ``hyperparams``: ``step -> dict`` written into an ``inject_hyperparams``
+  state before each update (the migrated form of a per-call lr override).
+  """
+  import optax
+  record = set(record or range(1, steps + 1))
+  p = jax.tree_util.tree_map(jnp.asarray, params)
+  state = tx.init(p)
+
+  @jax.jit
+  def step_fn(p, s, g, hp):
+    if hp:
+      s = optax.tree_utils.tree_set(s, **hp)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+  traj = {}
+  for step in range(steps):
+    hp = {k: jnp.float32(v) for k, v in (hyperparams(step) if hyperparams else {}).items()}
+    p, state = step_fn(p, state, reference_grads(params, step, seed), hp)
+    if step + 1 in record:
+      traj[step + 1] = flat(p)
+  return traj
+
+
+def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> float:
+  """max |actual - expected| in ulps of ``expected``'s largest magnitude.
+
+  The ulp is ``np.spacing`` of ``max|expected|`` in ``expected``'s dtype (the
+  float32 / bfloat16 spacing at the leaf's scale). 0.0 means bitwise equal
+  values; NaN at the same positions counts as equal.
+  """
+  a = np.asarray(actual, np.float64)
+  e = np.asarray(expected, np.float64)
+  if a.shape != e.shape:
+    raise ValueError(f'shape mismatch {a.shape} vs {e.shape}')
+  both_nan = np.isnan(a) & np.isnan(e)
+  diff = np.where(both_nan, 0.0, np.abs(a - e))
+  if diff.size == 0 or not np.any(diff):
+    return 0.0 if not np.isnan(diff).any() else float('inf')
+  scale = np.max(np.abs(e[~np.isnan(e)])) if np.any(~np.isnan(e)) else 0.0
+  dtype = np.asarray(expected).dtype
+  if dtype.kind != 'f':
+    dtype = np.dtype(np.float32)
+  ulp = float(np.spacing(dtype.type(scale))) if scale > 0 else float(np.finfo(dtype).tiny)
+  return float(np.max(diff) / ulp)
+
+
+def compare(actual: dict, expected: dict) -> tuple[float, tuple | None]:
+  """Max ulp distance over steps and leaves, and ``(step, leaf)`` of the worst.
+
+  Raises:
+    KeyError: ``actual`` lacks a step or leaf path that ``expected`` has.
+  """
+  worst, where = 0.0, None
+  for step, leaves in expected.items():
+    for path, value in leaves.items():
+      d = ulp_distance(actual[step][path], value)
+      if d > worst:
+        worst, where = d, (step, path)
+  return worst, where
+
+
+def bitwise_equal(actual: dict, expected: dict) -> bool:
+  return all(np.array_equal(actual[s][k], v, equal_nan=True)
+             for s, leaves in expected.items() for k, v in leaves.items())

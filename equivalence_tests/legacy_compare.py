@@ -1,0 +1,56 @@
+"""Shim vs live ``flax.optim`` side by side, in the old stack.
+
+    .legacy-venv/bin/python -m equivalence_tests.legacy_compare
+
+For every case of ``cases.py`` runs the real ``flax.optim`` def and the
+``optim_compat`` def in the same process (same jax 0.4.13) and prints one JSON
+object: ``{case_id: {"bitwise": bool, "max_ulp": float, "worst": [step, leaf],
+"state_dict_layout_equal": bool, "golden_bitwise": bool}}``.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import jax
+import numpy as np
+from flax import serialization
+
+from equivalence_tests import cases, core, record_golden
+
+
+def _layout(tree):
+  return jax.tree_util.tree_map(lambda x: (np.shape(x), str(np.asarray(x).dtype)), tree)
+
+
+def main() -> int:
+  from flax import optim as real
+  import optim_compat as shim
+  result = {}
+  for case_id, def_name, kwargs in cases.CASES:
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      real_def = getattr(real, def_name)(**kwargs)
+      shim_def = getattr(shim, def_name)(**kwargs)
+    params = core.reference_params(cases.SEED)
+    real_traj, real_opt = core.run_legacy(real_def, params, cases.STEPS, cases.SEED)
+    shim_traj, shim_opt = core.run_legacy(shim_def, params, cases.STEPS, cases.SEED)
+    worst, where = core.compare(shim_traj, real_traj)
+    golden, _ = record_golden.load(case_id)
+    result[case_id] = {
+        'bitwise': core.bitwise_equal(shim_traj, real_traj),
+        'max_ulp': worst,
+        'worst': list(where) if where else None,
+        'state_dict_layout_equal': _layout(serialization.to_state_dict(shim_opt))
+                                   == _layout(serialization.to_state_dict(real_opt)),
+        'golden_bitwise': core.bitwise_equal(real_traj, golden),
+        'jax': jax.__version__,
+    }
+  json.dump(result, sys.stdout, indent=1)
+  print()
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,75 @@
+"""Shim trajectories across pmap devices (one process per device count).
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=N \\
+        python -m equivalence_tests.pmap_run N
+
+Prints JSON ``{case_id: {"replicas_bitwise": bool, "max_ulp_vs_single": float,
+"worst": [step, leaf], "step": [...]}}``: the replicated optimizer's replicas must
+be bitwise equal to each other and equal to the single-device run (``pmap``
+over one device, the same program) within the bound; the per-device gradients
+average exactly (``core.reference_grads``), so any difference is the optimizer's. ``run_device_counts`` starts those processes for you.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+
+def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900) -> dict:
+  """Run this module once per device count in a subprocess; ``{n: result}``.
+
+  Raises:
+    RuntimeError: a subprocess failed (its stderr is in the message).
+  """
+  out = {}
+  for n in counts:
+    env = dict(os.environ)
+    env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                        f' --xla_force_host_platform_device_count={n}').strip()
+    env['JAX_PLATFORMS'] = 'cpu'
+    proc = subprocess.run([str(python), '-m', 'equivalence_tests.pmap_run', str(n)],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    if proc.returncode != 0:
+      raise RuntimeError(f'pmap_run {n} failed:\n{proc.stderr[-4000:]}')
+    out[n] = json.loads(proc.stdout)
+  return out
+
+
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  n = int(argv[0])
+  import jax
+  import numpy as np
+  import optim_compat as shim
+  from equivalence_tests import cases, core
+  if jax.local_device_count() < n:
+    print(f'only {jax.local_device_count()} devices', file=sys.stderr)
+    return 2
+  result = {}
+  for case_id, def_name, kwargs in cases.CASES:
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      opt_def = getattr(shim, def_name)(**kwargs)
+    params = core.reference_params(cases.SEED)
+    single, _ = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
+                                n_devices=1, use_pmap=True)
+    multi, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
+                                 n_devices=n, use_pmap=True)
+    replicas_equal = all(np.array_equal(v[d], v[0], equal_nan=True)
+                         for leaves in multi.values() for v in leaves.values()
+                         for d in range(n))
+    replica0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in multi.items()}
+    single0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in single.items()}
+    worst, where = core.compare(replica0, single0)
+    result[case_id] = {'replicas_bitwise': replicas_equal, 'max_ulp_vs_single': worst,
+                       'worst': list(where) if where else None,
+                       'step': np.asarray(opt.state.step).tolist()}
+  json.dump(result, sys.stdout)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,85 @@
+"""Record golden trajectories of real ``flax.optim`` (run in the old stack).
+
+    .legacy-venv/bin/python -m equivalence_tests.record_golden [--out DIR] [--check]
+
+Writes ``DIR/<case_id>.npz`` per case of ``cases.py``: ``p/<step>/<leaf path>``
+for the recorded steps and ``state/<flattened legacy state dict key>`` of the
+final optimizer (the legacy checkpoint layout). ``--check`` re-records into
+memory and compares bitwise with the committed files instead of writing.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import warnings
+
+import jax
+import numpy as np
+from flax import serialization, traverse_util
+
+from equivalence_tests import cases, core
+
+GOLDEN_DIR = pathlib.Path(__file__).parent / 'golden'
+
+
+def record_case(optim_module, def_name: str, kwargs: dict) -> dict[str, np.ndarray]:
+  """Arrays of one golden file for ``optim_module.<def_name>(**kwargs)``."""
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    opt_def = getattr(optim_module, def_name)(**kwargs)
+  params = core.reference_params(cases.SEED)
+  traj, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
+                              record=cases.RECORDED_STEPS)
+  out = {f'p/{step}/{path}': v for step, leaves in traj.items() for path, v in leaves.items()}
+  sd = serialization.to_state_dict(opt)
+  for k, v in traverse_util.flatten_dict(sd['state'], keep_empty_nodes=True).items():
+    key = 'state/' + '/'.join(k)
+    # an empty legacy state (GradientDescent's ``()``, saved as ``{}``) is kept
+    # as a zero-size uint8 marker so the layout itself is recorded
+    empty = v is traverse_util.empty_node or isinstance(v, dict)
+    out[key] = np.zeros((0,), np.uint8) if empty else np.asarray(v)
+  return out
+
+
+def load(case_id: str, directory=GOLDEN_DIR) -> tuple[dict, dict]:
+  """``(trajectory, final_state)`` of a golden file; trajectory as in ``core``."""
+  data = np.load(pathlib.Path(directory) / f'{case_id}.npz')
+  traj: dict = {}
+  state = {}
+  for key in data.files:
+    kind, rest = key.split('/', 1)
+    if kind == 'p':
+      step, path = rest.split('/', 1)
+      traj.setdefault(int(step), {})[path] = data[key]
+    else:
+      state[rest] = data[key]
+  return traj, state
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument('--out', type=pathlib.Path, default=GOLDEN_DIR)
+  parser.add_argument('--check', action='store_true')
+  args = parser.parse_args(argv)
+  from flax import optim  # the real one: this only runs in the old stack
+  failures = 0
+  for case_id, def_name, kwargs in cases.CASES:
+    arrays = record_case(optim, def_name, kwargs)
+    path = args.out / f'{case_id}.npz'
+    if args.check:
+      old = np.load(path)
+      same = sorted(old.files) == sorted(arrays) and all(
+          np.array_equal(old[k], arrays[k]) for k in arrays)
+      print(f'{case_id}: {"bitwise equal" if same else "DIFFERS"} to {path}')
+      failures += not same
+    else:
+      args.out.mkdir(parents=True, exist_ok=True)
+      np.savez_compressed(path, **arrays)
+      print(f'wrote {path} ({path.stat().st_size} bytes)')
+  print(f'jax {jax.__version__}')
+  return 1 if failures else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,256 @@
+"""``OptimizerState``, ``OptimizerDef`` and ``Optimizer`` with the legacy API.
+
+The legacy layout is kept on purpose: ``Optimizer`` is a ``flax.struct``
+pytree with a static ``optimizer_def`` and pytree fields ``state`` and
+``target``, and ``state`` is ``OptimizerState(step, param_states)`` with the
+legacy per-parameter field names, so ``flax.serialization.to_state_dict`` gives
+exactly the legacy checkpoint layout::
+
+    {'target': <params>, 'state': {'step': int32, 'param_states': <mirror of params,
+                                    each leaf a dict of legacy state fields>}}
+
+Table-backed defs (``spec.py``) convert that state to an Optax ``opt_state``
+inside :meth:`OptimizerDef.apply_gradient`, run ``tx.update`` and
+``optax.apply_updates``, and convert back: under ``jit`` this is only a pytree
+re-arrangement.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import jax_utils, serialization, struct
+
+from optim_compat import spec as spec_lib
+
+
+@struct.dataclass
+class OptimizerState:
+  """Legacy optimizer state.
+
+  Attributes:
+    step: int32 scalar, number of ``apply_gradient`` calls so far (shape
+      ``(n_devices,)`` when replicated).
+    param_states: pytree mirroring the target; each leaf is the def's
+      per-parameter state dataclass (e.g. ``_AdamParamState``).
+  """
+  step: jnp.ndarray
+  param_states: Any
+
+
+class OptimizerDef:
+  """Base class of optimizer definitions (legacy ``flax.optim.OptimizerDef``).
+
+  A subclass either is backed by a table entry (``_spec`` set: the update runs
+  through that entry's Optax transformation) or implements the legacy per-leaf
+  protocol ``init_param_state(param)`` / ``apply_param_gradient(step,
+  hyper_params, param, state, grad) -> (new_param, new_state)``.
+  """
+
+  _spec: spec_lib.OptimizerSpec | None = None
+
+  def __init__(self, hyper_params):
+    self.hyper_params = hyper_params
+
+  # -- legacy per-leaf protocol (user subclasses) ---------------------------
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    raise NotImplementedError()
+
+  def init_param_state(self, param):
+    raise NotImplementedError()
+
+  # -- whole-tree operations -------------------------------------------------
+  def init_state(self, params) -> OptimizerState:
+    """``OptimizerState(int32 0, tree_map(init_param_state, params))``."""
+    param_states = jax.tree_util.tree_map(self.init_param_state, params)
+    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), param_states)
+
+  def apply_gradient(self, hyper_params, params, state, grads):
+    """One update of the whole tree; returns ``(new_params, new_state)``.
+
+    Raises:
+      ValueError: ``grads`` or ``state.param_states`` do not match the
+        structure of ``params``.
+    """
+    treedef = jax.tree_util.tree_structure(params)
+    try:
+      flat_states = treedef.flatten_up_to(state.param_states)
+      flat_grads = treedef.flatten_up_to(grads)
+    except (ValueError, TypeError) as e:
+      raise ValueError(f'gradients/state do not match the params tree: {e}') from e
+    flat_params = treedef.flatten_up_to(params)
+    if self._spec is None:
+      out = [self.apply_param_gradient(state.step, hyper_params, p, s, g)
+             for p, s, g in zip(flat_params, flat_states, flat_grads)]
+      new_params_flat, new_states_flat = list(zip(*out)) if out else ((), ())
+      return (treedef.unflatten(new_params_flat),
+              OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
+
+    spec = self._spec
+    tx = spec.shim_tx(hyper_params)
+    fields = {f: treedef.unflatten([getattr(s, f) for s in flat_states])
+              for f in spec.state_fields}
+    opt_state = spec.to_opt_state(tx.init(params), state.step, fields)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    new_fields = spec.from_opt_state(new_opt_state)
+    flat_new = {f: treedef.flatten_up_to(new_fields[f]) for f in spec.state_fields}
+    state_cls = self._param_state_cls
+    new_states = [state_cls(**{f: flat_new[f][i] for f in spec.state_fields})
+                  if spec.state_fields else ()
+                  for i in range(len(flat_params))]
+    return new_params, OptimizerState(state.step + 1, treedef.unflatten(new_states))
+
+  def update_hyper_params(self, **hyper_param_overrides):
+    """Hyper-parameters for one step: the def's, with per-call overrides.
+
+    Pass ``hyper_params=...`` to replace them all. Values may be traced.
+
+    Raises:
+      TypeError: an override names a hyper-parameter the def does not have
+        (the message lists the valid ones).
+    """
+    hp = hyper_param_overrides.pop('hyper_params', self.hyper_params)
+    if hyper_param_overrides:
+      valid = [f.name for f in dataclasses.fields(hp)]
+      unknown = sorted(set(hyper_param_overrides) - set(valid))
+      if unknown:
+        raise TypeError(f'{type(self).__name__}.apply_gradient() got unknown '
+                        f'hyper-parameter(s) {unknown}; valid: {valid}')
+      hp = hp.replace(**hyper_param_overrides)
+    return hp
+
+  def create(self, target, focus=None) -> 'Optimizer':
+    """A new :class:`Optimizer` for ``target`` (a pytree of arrays)."""
+    if focus is not None:
+      raise NotImplementedError('create(target, focus=...) is not supported yet '
+                                '(MultiOptimizer lands with the full shim).')
+    return Optimizer(self, self.init_state(target), target)
+
+  def state_dict(self, target, state):
+    return serialization.to_state_dict({
+        'target': serialization.to_state_dict(target),
+        'state': serialization.to_state_dict(state)})
+
+  def restore_state(self, opt_target, opt_state, state_dict):
+    return (serialization.from_state_dict(opt_target, state_dict['target']),
+            serialization.from_state_dict(opt_state, state_dict['state']))
+
+
+class Optimizer(struct.PyTreeNode):
+  """Legacy ``flax.optim.Optimizer``: ``optimizer_def`` (static), ``state``, ``target``."""
+
+  optimizer_def: OptimizerDef = struct.field(pytree_node=False)
+  state: Any = struct.field(pytree_node=True)
+  target: Any = struct.field(pytree_node=True)
+
+  def apply_gradient(self, grads, **hyper_param_overrides) -> 'Optimizer':
+    """Apply one step of ``grads`` (a pytree like ``target``).
+
+    Keyword overrides (e.g. ``learning_rate=lr``, traced values allowed) apply
+    to this call only, as in legacy flax.optim.
+
+    Raises:
+      TypeError: unknown hyper-parameter name.
+    """
+    hp = self.optimizer_def.update_hyper_params(**hyper_param_overrides)
+    new_target, new_state = self.optimizer_def.apply_gradient(
+        hp, self.target, self.state, grads)
+    return self.replace(target=new_target, state=new_state)
+
+  def compute_gradient(self, loss_fn):
+    """Deprecated legacy helper: ``(loss, grad)`` or ``(loss, aux, grad)``."""
+    warnings.warn('compute_gradient() is deprecated; use jax.value_and_grad().',
+                  DeprecationWarning, stacklevel=2)
+    out = loss_fn(self.target)
+    has_aux = isinstance(out, tuple)
+    fn = loss_fn if has_aux else (lambda t: (loss_fn(t), None))
+    (loss, aux), grad = jax.value_and_grad(fn, has_aux=True)(self.target)
+    return (loss, aux, grad) if has_aux else (loss, grad)
+
+  compute_gradients = compute_gradient
+
+  def replicate(self, devices=None, axis_name='batch') -> 'Optimizer':
+    """Deprecated legacy method: ``jax_utils.replicate(self)``.
+
+    Unlike legacy ``ReplicatedOptimizer``, gradients are *not* averaged
+    implicitly: call ``jax.lax.pmean(grads, axis_name)`` in the step.
+    """
+    del axis_name
+    return jax_utils.replicate(self, devices=devices)
+
+  def unreplicate(self) -> 'Optimizer':
+    """Deprecated legacy method: ``jax_utils.unreplicate(self)``."""
+    return jax_utils.unreplicate(self)
+
+  def state_dict(self):
+    return self.optimizer_def.state_dict(self.target, self.state)
+
+  def restore_state(self, state):
+    target, state = self.optimizer_def.restore_state(self.target, self.state, state)
+    return self.replace(target=target, state=state)
+
+
+def _deprecation_warning():
+  warnings.warn('optim_compat: flax.optim is deprecated; migrate to optax with '
+                '`optim-migrate rewrite`.', DeprecationWarning, stacklevel=3)
+
+
+def _struct_class(name: str, module: str, fields: dict) -> type:
+  """A ``flax.struct.dataclass`` named ``name`` with ``fields`` (name -> default)."""
+  namespace = {'__annotations__': {f: Any for f in fields}, '__module__': module,
+               '__qualname__': name}
+  namespace.update({f: d for f, d in fields.items() if d is not dataclasses.MISSING})
+  return struct.dataclass(type(name, (), namespace))
+
+
+def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, type, type]:
+  """Build ``(Def, _DefHyperParams, _DefParamState)`` from a table entry.
+
+  The def's constructor takes the legacy arguments in the legacy order with the
+  legacy defaults; its hyper-parameter and per-parameter state classes are
+  ``flax.struct`` dataclasses with the legacy field names.
+  """
+  hp_cls = _struct_class(f'_{entry.name}HyperParams', module,
+                         {h.name: h.default for h in entry.hyper_params})
+  state_cls = None
+  if entry.state_fields:
+    state_cls = _struct_class(f'_{entry.name}ParamState', module,
+                              dict.fromkeys(entry.state_fields, dataclasses.MISSING))
+
+  names = entry.hyper_param_names
+
+  def __init__(self, *args, **kwargs):
+    if len(args) > len(names):
+      raise TypeError(f'{entry.name}() takes at most {len(names)} positional '
+                      f'arguments ({len(args)} given)')
+    values = entry.defaults()
+    for name, value in zip(names, args):
+      values[name] = value
+    for key, value in kwargs.items():
+      if key not in values:
+        raise TypeError(f'{entry.name}() got an unexpected keyword argument '
+                        f'{key!r}; valid: {list(names)}')
+      if names.index(key) < len(args):
+        raise TypeError(f'{entry.name}() got multiple values for argument {key!r}')
+      values[key] = value
+    _deprecation_warning()
+    OptimizerDef.__init__(self, hp_cls(**values))
+
+  def init_param_state(self, param):
+    if state_cls is None:
+      return ()
+    return state_cls(**{f: jnp.zeros_like(param) for f in entry.state_fields})
+
+  doc = (f'Legacy ``flax.optim.{entry.name}`` ({", ".join(f"{h.name}={h.default!r}" for h in entry.hyper_params)}),\n'
+         f'run through Optax. Per-parameter state fields: {entry.state_fields or "()"}.\n\n'
+         f'Known differences of the emitted Optax chain: {entry.differences}')
+  cls = type(entry.name, (OptimizerDef,), {
+      '__init__': __init__, 'init_param_state': init_param_state, '__doc__': doc,
+      '__module__': module, '_spec': entry, '_param_state_cls': state_cls,
+      '_hyper_params_cls': hp_cls})
+  return cls, hp_cls, state_cls

@@ -1,0 +1,287 @@
+"""The migration table: every legacy ``flax.optim`` optimizer, described once.
+
+One :class:`OptimizerSpec` per legacy def drives all three parts of the toolkit:
+
+* the shim (``optim_compat``) builds its ``OptimizerDef`` classes from
+  ``hyper_params`` / ``state_fields`` and runs ``shim_tx`` (an Optax
+  ``GradientTransformation``) inside ``Optimizer.apply_gradient``;
+* the codemod emits ``emit(...)`` — Optax source text — for a rewritten
+  ``Def(...).create(params)``;
+* the equivalence tests iterate :data:`SPECS` and check both against golden
+  trajectories recorded from real ``flax.optim`` 0.5.3.
+
+Facts come from ``shared/legacy-flax-optim.md`` (legacy signatures, defaults,
+state field names) and ``shared/optax-mapping.md`` (measured distances).
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import Any, Callable, Mapping
+
+import jax
+import optax
+
+from optim_compat import transforms
+
+#: Marker for "the learning rate is set at apply time" in :meth:`OptimizerSpec.emit`.
+INJECT = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class HyperParam:
+  """One legacy hyper-parameter.
+
+  Attributes:
+    name: legacy keyword name (also the field of the legacy ``_XHyperParams``).
+    default: legacy default value (``None`` for ``learning_rate``).
+    static: ``True`` when the legacy rule branches on it in Python
+      (``if hp.weight_decay != 0``), so a traced value raises
+      ``ConcretizationTypeError`` — exactly as legacy flax.optim does.
+  """
+  name: str
+  default: Any
+  static: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """Everything the toolkit knows about one legacy optimizer def.
+
+  Attributes:
+    name: legacy class name, e.g. ``'Adam'``.
+    hyper_params: legacy constructor arguments, in order, with defaults.
+    state_fields: legacy per-parameter state field names (checkpoint keys
+      under ``state/param_states/<path>/``); ``()`` means the legacy state is
+      the empty tuple, saved as ``{}``.
+    shim_tx: ``hp -> GradientTransformation`` run by the shim. ``hp`` is the
+      legacy hyper-parameter dataclass; values may be traced.
+    to_opt_state: ``(opt_state_template, step, fields) -> opt_state`` where
+      ``fields`` maps each state field to a pytree like params.
+    from_opt_state: ``opt_state -> fields`` (inverse of ``to_opt_state``).
+    emit_fn: ``(args, lr) -> str``; see :meth:`emit`.
+    stock_max_ulp: measured bound (ulps of a leaf's largest magnitude, 20
+      steps) of the emitted Optax chain against legacy flax.optim; 0 = bitwise.
+    differences: human-readable statement of every known difference.
+  """
+  name: str
+  hyper_params: tuple[HyperParam, ...]
+  state_fields: tuple[str, ...]
+  shim_tx: Callable[[Any], optax.GradientTransformation]
+  to_opt_state: Callable[[Any, Any, Mapping[str, Any]], Any]
+  from_opt_state: Callable[[Any], dict]
+  emit_fn: Callable[[dict, Any], str]
+  stock_max_ulp: int
+  differences: str
+
+  @property
+  def hyper_param_names(self) -> tuple[str, ...]:
+    return tuple(h.name for h in self.hyper_params)
+
+  def defaults(self) -> dict[str, Any]:
+    return {h.name: h.default for h in self.hyper_params}
+
+  def emit(self, args: Mapping[str, str], learning_rate_injected: bool = False) -> str:
+    """Optax source text for ``Def(**args)``.
+
+    Args:
+      args: legacy keyword name -> Python source text of the argument (as the
+        user wrote it). Missing arguments take the legacy default.
+      learning_rate_injected: wrap the learning-rate-carrying transformation
+        in ``optax.inject_hyperparams`` so the rewritten code can set
+        ``learning_rate`` in ``opt_state`` at every step.
+
+    Returns:
+      A Python expression (source text) building the Optax transformation.
+
+    Raises:
+      TypeError: an argument name the legacy def does not have.
+    """
+    unknown = set(args) - set(self.hyper_param_names)
+    if unknown:
+      raise TypeError(f'{self.name}() got unexpected arguments {sorted(unknown)}; '
+                      f'valid: {list(self.hyper_param_names)}')
+    full = {h.name: repr(h.default) for h in self.hyper_params}
+    full.update(args)
+    if learning_rate_injected and args.get('learning_rate') in (None, 'None'):
+      full['learning_rate'] = '0.0'
+    return self.emit_fn(full, INJECT if learning_rate_injected else None)
+
+
+# --------------------------------------------------------------------------
+# helpers shared by the entries
+
+
+def literal(src: str):
+  """The value of ``src`` if it is a Python literal, else ``None``."""
+  try:
+    return ast.literal_eval(src)
+  except (ValueError, SyntaxError):
+    return None
+
+
+def _is_zero(src: str) -> bool:
+  value = literal(src)
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0
+
+
+def _call(fn: str, args: Mapping[str, str], lr_injected) -> str:
+  """``optax.fn(k=v, ...)``, or its ``inject_hyperparams`` form."""
+  body = ', '.join(f'{k}={v}' for k, v in args.items())
+  if lr_injected is INJECT:
+    return f'optax.inject_hyperparams(optax.{fn})({body})'
+  return f'optax.{fn}({body})'
+
+
+def _no_state(template, step, fields):
+  del step, fields
+  return template
+
+
+def _walk_replace(state, cls, **values):
+  """Replace the fields of every ``cls`` instance inside a chain's state."""
+  if isinstance(state, cls):
+    return state._replace(**values)
+  if isinstance(state, tuple) and not hasattr(state, '_fields'):
+    return tuple(_walk_replace(s, cls, **values) for s in state)
+  return state
+
+
+def _walk_find(state, cls):
+  if isinstance(state, cls):
+    return state
+  if isinstance(state, tuple) and not hasattr(state, '_fields'):
+    for s in state:
+      found = _walk_find(s, cls)
+      if found is not None:
+        return found
+  return None
+
+
+def _lr(hp):
+  if hp.learning_rate is None:
+    raise ValueError('no learning rate provided: pass learning_rate= to the '
+                     'optimizer def or to apply_gradient().')
+  return hp.learning_rate
+
+
+# --------------------------------------------------------------------------
+# GradientDescent
+
+
+def _sgd_tx(hp):
+  return optax.sgd(_lr(hp))
+
+
+def _sgd_emit(a, lr):
+  return _call('sgd', {'learning_rate': a['learning_rate']}, lr)
+
+
+GRADIENT_DESCENT = OptimizerSpec(
+    name='GradientDescent',
+    hyper_params=(HyperParam('learning_rate', None),),
+    state_fields=(),
+    shim_tx=_sgd_tx,
+    to_opt_state=_no_state,
+    from_opt_state=lambda opt_state: {},
+    emit_fn=_sgd_emit,
+    stock_max_ulp=0,
+    differences='none: optax.sgd is bitwise equal (p - lr*g).',
+)
+
+
+# --------------------------------------------------------------------------
+# Momentum
+
+
+def _momentum_tx(hp):
+  sgd = optax.sgd(_lr(hp), momentum=hp.beta, nesterov=bool(hp.nesterov))
+  if hp.weight_decay != 0:  # legacy branches in Python: traced wd raises, as in 0.5.3
+    return optax.chain(optax.add_decayed_weights(hp.weight_decay), sgd)
+  return sgd
+
+
+def _momentum_to(template, step, fields):
+  del step
+  return _walk_replace(template, optax.TraceState, trace=fields['momentum'])
+
+
+def _momentum_from(opt_state):
+  return {'momentum': _walk_find(opt_state, optax.TraceState).trace}
+
+
+def _momentum_emit(a, lr):
+  sgd = _call('sgd', {'learning_rate': a['learning_rate'], 'momentum': a['beta'],
+                      'nesterov': a['nesterov']}, lr)
+  if _is_zero(a['weight_decay']):
+    return sgd
+  return f'optax.chain(optax.add_decayed_weights({a["weight_decay"]}), {sgd})'
+
+
+MOMENTUM = OptimizerSpec(
+    name='Momentum',
+    hyper_params=(HyperParam('learning_rate', None), HyperParam('beta', 0.9),
+                  HyperParam('weight_decay', 0, static=True),
+                  HyperParam('nesterov', False, static=True)),
+    state_fields=('momentum',),
+    shim_tx=_momentum_tx,
+    to_opt_state=_momentum_to,
+    from_opt_state=_momentum_from,
+    emit_fn=_momentum_emit,
+    stock_max_ulp=0,
+    differences=('none: weight_decay is coupled L2 added to the gradient before '
+                 'the momentum, i.e. chain(add_decayed_weights(wd), sgd(...)); '
+                 'bitwise equal, also with a learning rate injected per step.'),
+)
+
+
+# --------------------------------------------------------------------------
+# Adam
+
+
+def _adam_tx(hp):
+  return transforms.legacy_adam(_lr(hp), hp.beta1, hp.beta2, hp.eps, hp.weight_decay)
+
+
+def _adam_to(template, step, fields):
+  return transforms.LegacyAdamState(step, fields['grad_ema'], fields['grad_sq_ema'])
+
+
+def _adam_from(opt_state):
+  return {'grad_ema': opt_state.grad_ema, 'grad_sq_ema': opt_state.grad_sq_ema}
+
+
+def _adam_emit(a, lr):
+  args = {'learning_rate': a['learning_rate'], 'b1': a['beta1'], 'b2': a['beta2'],
+          'eps': a['eps']}
+  if _is_zero(a['weight_decay']):
+    return _call('adam', args, lr)
+  # legacy decay is lr-scaled and decoupled: optax.adamw; its default wd (1e-4)
+  # differs from legacy, so always pass it explicitly.
+  return _call('adamw', {**args, 'weight_decay': a['weight_decay']}, lr)
+
+
+ADAM = OptimizerSpec(
+    name='Adam',
+    hyper_params=(HyperParam('learning_rate', None), HyperParam('beta1', 0.9),
+                  HyperParam('beta2', 0.999), HyperParam('eps', 1e-8),
+                  HyperParam('weight_decay', 0.0)),
+    state_fields=('grad_ema', 'grad_sq_ema'),
+    shim_tx=_adam_tx,
+    to_opt_state=_adam_to,
+    from_opt_state=_adam_from,
+    emit_fn=_adam_emit,
+    stock_max_ulp=6,
+    differences=('rounding only: optax computes (m_hat/d)*(-lr) where legacy computes '
+                 '(lr*m_hat)/d, and adamw subtracts the decay in the same update where '
+                 'legacy subtracts twice'),
+)
+
+
+#: The table, keyed by legacy class name.
+SPECS: dict[str, OptimizerSpec] = {s.name: s for s in (GRADIENT_DESCENT, MOMENTUM, ADAM)}
+
+
+def tx_from_source(source: str) -> optax.GradientTransformation:
+  """Evaluate emitted Optax source text (used by tests and the equivalence grid)."""
+  return eval(source, {'optax': optax, 'jax': jax})  # noqa: S307 - our own emitted text
