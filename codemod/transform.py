@@ -75,6 +75,18 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.def_vars: dict = {}        # binding -> cst.Call of the legacy def
     self.opt_vars: set = set()      # bindings holding optimizers
     self.apply_calls: list[cst.Call] = []
+    self.uses_legacy = False        # the module references flax.optim at all
+    self.def_calls: list[cst.Call] = []
+    self.params: set = set()        # bindings of function parameters
+
+  def visit_Param(self, node: cst.Param) -> None:
+    if (b := self.binding(node.name)):
+      self.params.add(b)
+
+  def visit_Name(self, node: cst.Name) -> None:
+    if not self.uses_legacy and any(q == LEGACY or q.startswith(LEGACY + '.')
+                                    for q in self.qnames(node)):
+      self.uses_legacy = True
 
   def visit_Assign(self, node: cst.Assign) -> None:
     value = node.value
@@ -89,6 +101,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
           self.opt_vars.add(b)
 
   def visit_Call(self, node: cst.Call) -> None:
+    if self.legacy_def(node):
+      self.def_calls.append(node)
     if m.matches(node.func, m.Attribute(attr=m.Name('apply_gradient'))):
       self.apply_calls.append(node)
       recv = node.func.value
@@ -125,6 +139,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
     overrides = [self._kwargs(c) for c in analysis.apply_calls]
     self.inject_lr = any('learning_rate' in k for k in overrides)
     self.mixed_lr = self.inject_lr and not all('learning_rate' in k for k in overrides)
+    # one def we cannot convert leaves every optimizer in the file legacy: then
+    # usages are not rewritten either (half-migrated code would not run)
+    self.blocked = False
+
+  def visit_Module(self, node: cst.Module) -> None:
+    self.blocked = any(self._def_problem(c) for c in self.a.def_calls)
 
   # -- helpers -------------------------------------------------------------
   @staticmethod
@@ -187,8 +207,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
       recv = original.func.value
       is_def = self.legacy_def(recv) is not None or (
           isinstance(recv, cst.Name) and self.binding(recv) in self.a.def_vars)
-      if is_def:
+      if is_def and not self.blocked:
         return self._rewrite_create(original, updated)
+    if self.blocked:
+      return updated
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
       return self._rewrite_apply(original, updated)
     if m.matches(func, m.Attribute(attr=m.Name('replace'))) and self._is_optimizer(original.func.value):
@@ -200,30 +222,48 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return updated.with_changes(args=args)
     return updated
 
-  def _rewrite_def(self, original, updated, name):
+  def _def_args(self, call: cst.Call, spec) -> dict[str, str]:
+    """Legacy keyword -> source text of the def call's arguments.
+
+    Raises:
+      TypeError: star-args, too many positionals or unknown keywords.
+    """
+    args, names = {}, spec.hyper_param_names
+    for i, a in enumerate(call.args):
+      if a.star:
+        raise TypeError(f'{spec.name}(*args/**kwargs) cannot be converted statically')
+      if a.keyword is None and i >= len(names):
+        raise TypeError(f'{spec.name}() takes at most {len(names)} arguments')
+      key = a.keyword.value if a.keyword is not None else names[i]
+      args[key] = self._code(a.value)
+    spec.emit(args)  # validates the keywords
+    return args
+
+  def _def_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
+    """``(rule, message)`` when the def call cannot be converted, else None."""
+    name = self.legacy_def(call)
     spec = spec_lib.SPECS.get(name)
     if spec is None:
-      self.flag(original, 'OM101', f'flax.optim.{name} is not converted yet; '
-                                   f'use optim_compat.{name} meanwhile')
-      return updated
-    args, pos_names = {}, spec.hyper_param_names
-    for i, a in enumerate(updated.args):
-      if a.star:
-        self.flag(original, 'OM100', f'{name}(*args/**kwargs) cannot be converted statically')
-        return updated
-      key = a.keyword.value if a.keyword is not None else pos_names[i]
-      args[key] = self._code(a.value)
-    if 'learning_rate' not in args and not self.inject_lr:
-      self.flag(original, 'OM100', f'{name} has no learning rate and none is passed at '
-                                   'apply time in this file; set learning_rate explicitly')
-      return updated
+      return 'OM101', (f'flax.optim.{name} is not converted yet; use optim_compat.{name} '
+                       'meanwhile (this file keeps its legacy optimizer code)')
     try:
-      source = spec.emit(args, learning_rate_injected=self.inject_lr)
+      args = self._def_args(call, spec)
     except TypeError as e:
-      self.flag(original, 'OM100', str(e))
-      return updated
-    AddImportsVisitor.add_needed_import(self.context, 'optax')
+      return 'OM100', str(e)
+    if 'learning_rate' not in args and not self.inject_lr:
+      return 'OM100', (f'{name} has no learning rate and none is passed at apply time '
+                       'in this file; set learning_rate explicitly')
+    return None
+
+  def _rewrite_def(self, original, updated, name):
+    problem = self._def_problem(original)
     self._consumed.add(id(original.func))
+    if problem:
+      self.flag(original, *problem)
+      return updated
+    spec = spec_lib.SPECS[name]
+    source = spec.emit(self._def_args(updated, spec), learning_rate_injected=self.inject_lr)
+    AddImportsVisitor.add_needed_import(self.context, 'optax')
     distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
                 f'measured <= {spec.stock_max_ulp} ulp from legacy: {spec.differences}')
     self.fixed(original, 'OM001', f'flax.optim.{name}(...) -> {source} ({distance})')
@@ -270,9 +310,18 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return cst.parse_expression(template).visit(_Substitute(subs))
 
   def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
-    if original.attr.value == 'target' and self._is_optimizer(original.value):
-      self.fixed(original, 'OM003', '.target -> .params')
-      return updated.with_changes(attr=cst.Name('params'))
+    if self.blocked:
+      return updated
+    if original.attr.value == 'target':
+      if self._is_optimizer(original.value):
+        self.fixed(original, 'OM003', '.target -> .params')
+        return updated.with_changes(attr=cst.Name('params'))
+      value = original.value
+      if (self.a.uses_legacy and isinstance(value, cst.Name)
+          and self.binding(value) in self.a.params):
+        # a parameter of unknown origin in a legacy file: maybe an optimizer
+        self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim '
+                                     'Optimizer, `.target` is `.params` on a TrainState')
     if (original.attr.value == 'step' and isinstance(original.value, cst.Attribute)
         and original.value.attr.value == 'state' and self._is_optimizer(original.value.value)):
       self.fixed(original, 'OM004', '.state.step -> .step')
@@ -330,6 +379,7 @@ class MigrateCommand(CodemodCommand):
       # only once something was converted: a legacy import still in use stays
       RemoveImportsVisitor.remove_unused_import(self.context, 'flax', 'optim')
       RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim')
+      RemoveImportsVisitor.remove_unused_import(self.context, 'flax')
       for name in spec_lib.SPECS:
         RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim', name)
     return result

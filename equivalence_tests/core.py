@@ -151,12 +151,12 @@ def run_optax(tx, params, steps: int, seed: int = 0, record=None, hyperparams=No
   return traj
 
 
-def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> float:
-  """max |actual - expected| in ulps of ``expected``'s largest magnitude.
+def ulp_distance(actual: np.ndarray, expected: np.ndarray, scale: float | None = None) -> float:
+  """max |actual - expected| in ulps of the leaf's largest magnitude.
 
-  The ulp is ``np.spacing`` of ``max|expected|`` in ``expected``'s dtype (the
-  float32 / bfloat16 spacing at the leaf's scale). 0.0 means bitwise equal
-  values; NaN at the same positions counts as equal.
+  The ulp is ``np.spacing`` of ``scale`` (default ``max|expected|``) in
+  ``expected``'s dtype: the float32 spacing at the leaf's scale. 0.0 means
+  equal values; NaN at the same positions counts as equal.
   """
   a = np.asarray(actual, np.float64)
   e = np.asarray(expected, np.float64)
@@ -166,7 +166,8 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> float:
   diff = np.where(both_nan, 0.0, np.abs(a - e))
   if diff.size == 0 or not np.any(diff):
     return 0.0 if not np.isnan(diff).any() else float('inf')
-  scale = np.max(np.abs(e[~np.isnan(e)])) if np.any(~np.isnan(e)) else 0.0
+  if scale is None:
+    scale = np.max(np.abs(e[~np.isnan(e)])) if np.any(~np.isnan(e)) else 0.0
   dtype = np.asarray(expected).dtype
   if dtype.kind != 'f':
     dtype = np.dtype(np.float32)
@@ -177,13 +178,23 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray) -> float:
 def compare(actual: dict, expected: dict) -> tuple[float, tuple | None]:
   """Max ulp distance over steps and leaves, and ``(step, leaf)`` of the worst.
 
+  A leaf's scale is its largest magnitude over all compared steps, so a
+  small (e.g. one-element) leaf passing near zero is not judged against the
+  spacing of a value close to zero.
+
   Raises:
     KeyError: ``actual`` lacks a step or leaf path that ``expected`` has.
   """
   worst, where = 0.0, None
+  scales: dict[str, float] = {}
+  for leaves in expected.values():
+    for path, value in leaves.items():
+      finite = np.abs(np.asarray(value, np.float64))
+      finite = finite[np.isfinite(finite)]
+      scales[path] = max(scales.get(path, 0.0), float(finite.max()) if finite.size else 0.0)
   for step, leaves in expected.items():
     for path, value in leaves.items():
-      d = ulp_distance(actual[step][path], value)
+      d = ulp_distance(actual[step][path], value, scales[path])
       if d > worst:
         worst, where = d, (step, path)
   return worst, where

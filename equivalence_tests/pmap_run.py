@@ -18,8 +18,13 @@ import sys
 import warnings
 
 
-def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900) -> dict:
+def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900,
+                      extra_xla_flags: str = '') -> dict:
   """Run this module once per device count in a subprocess; ``{n: result}``.
+
+  ``extra_xla_flags`` e.g. ``--xla_backend_optimization_level=0``, which stops
+  XLA's backend from contracting multiply-adds differently in the 1-device and
+  N-device programs, so the two must then agree bitwise.
 
   Raises:
     RuntimeError: a subprocess failed (its stderr is in the message).
@@ -27,8 +32,8 @@ def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900) -> d
   out = {}
   for n in counts:
     env = dict(os.environ)
-    env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
-                        f' --xla_force_host_platform_device_count={n}').strip()
+    env['XLA_FLAGS'] = (f'{env.get("XLA_FLAGS", "")} {extra_xla_flags} '
+                        f'--xla_force_host_platform_device_count={n}').strip()
     env['JAX_PLATFORMS'] = 'cpu'
     proc = subprocess.run([str(python), '-m', 'equivalence_tests.pmap_run', str(n)],
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)

@@ -42,6 +42,7 @@ def learning_rate_fn(step):
 def load_data():
   digits = load_digits()
   x = (digits.data / 16.0).astype(np.float32)
+  # TODO(optim-migrate): OM100: if `digits` is a flax.optim Optimizer, `.target` is `.params` on a TrainState
   y = digits.target.astype(np.int32)
   return (x[:NUM_TRAIN], y[:NUM_TRAIN]), (x[NUM_TRAIN:], y[NUM_TRAIN:])
 
@@ -104,7 +105,7 @@ def main():
   variables = model.init(jax.random.PRNGKey(0), x_train[:1], train=False)
   params, batch_stats = variables['params'], variables['batch_stats']
 
-  optimizer_def = optax.chain(optax.add_decayed_weights(5e-4), optax.inject_hyperparams(optax.sgd)(learning_rate=0.0, momentum=0.9, nesterov=True))
+  optimizer_def = optax.chain(optax.add_decayed_weights(5e-4), optax.inject_hyperparams(optax.sgd, static_args=('momentum', 'nesterov'))(learning_rate=0.0, momentum=0.9, nesterov=True))
   optimizer = train_state.TrainState.create(apply_fn=None, params=params, tx=optimizer_def)
   optimizer = jax_utils.replicate(optimizer)
   batch_stats = jax_utils.replicate(batch_stats)

@@ -1,0 +1,19 @@
+import os
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+
+@pytest.fixture(scope='session')
+def legacy_python():
+  """The old-stack interpreter (real flax.optim 0.5.3), built on first use.
+
+  Never skipped: if the environment cannot be built the tests using it fail.
+  """
+  from equivalence_tests import legacy_env
+  return str(legacy_env.ensure())

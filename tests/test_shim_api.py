@@ -1,0 +1,120 @@
+"""The shim's legacy API surface, on the modern stack."""
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import jax_utils, serialization, traverse_util
+
+import optim_compat as optim
+from equivalence_tests import cases, core, record_golden
+
+
+def _params():
+  return {'dense': {'kernel': jnp.ones((3, 2)), 'bias': jnp.zeros((2,))}, 'scale': jnp.array(2.)}
+
+
+def _grads(p, k=0.5):
+  return jax.tree_util.tree_map(lambda x: jnp.full_like(x, k), p)
+
+
+def test_legacy_defaults_and_signatures():
+  m = optim.Momentum()
+  assert (m.hyper_params.learning_rate, m.hyper_params.beta, m.hyper_params.weight_decay,
+          m.hyper_params.nesterov) == (None, 0.9, 0, False)
+  a = optim.Adam(0.1, 0.8)
+  assert (a.hyper_params.learning_rate, a.hyper_params.beta1, a.hyper_params.beta2,
+          a.hyper_params.eps, a.hyper_params.weight_decay) == (0.1, 0.8, 0.999, 1e-8, 0.0)
+  assert optim.GradientDescent(0.3).hyper_params.learning_rate == 0.3
+  with pytest.raises(TypeError, match='unexpected keyword'):
+    optim.Adam(beta=0.9)
+  assert type(a.hyper_params).__name__ == '_AdamHyperParams'
+
+
+def test_deprecation_warning_on_construction():
+  with pytest.warns(DeprecationWarning):
+    optim.Adam(0.1)
+
+
+def test_step_counts_calls_and_is_int32():
+  opt = optim.Adam(0.1).create(_params())
+  for _ in range(3):
+    opt = opt.apply_gradient(_grads(opt.target))
+  assert opt.state.step.dtype == jnp.int32 and int(opt.state.step) == 3
+
+
+def test_override_is_per_call_and_traced_values_work_under_jit():
+  p = _params()
+  opt = optim.GradientDescent(learning_rate=0.1).create(p)
+  g = _grads(p)
+  stepped = jax.jit(lambda o, lr: o.apply_gradient(g, learning_rate=lr))(opt, jnp.float32(0.5))
+  np.testing.assert_array_equal(stepped.target['scale'], np.float32(2.0) - np.float32(0.5) * 0.5)
+  again = stepped.apply_gradient(g)  # back at the def's 0.1
+  np.testing.assert_array_equal(again.target['scale'],
+                                stepped.target['scale'] - np.float32(0.1) * np.float32(0.5))
+
+
+def test_unknown_override_names_the_valid_ones():
+  opt = optim.Momentum(0.1).create(_params())
+  with pytest.raises(TypeError, match=r"\['lr'\].*valid: \['learning_rate', 'beta', 'weight_decay', 'nesterov'\]"):
+    opt.apply_gradient(_grads(opt.target), lr=0.1)
+
+
+def test_traced_momentum_weight_decay_raises_like_legacy():
+  opt = optim.Momentum(0.1).create(_params())
+  with pytest.raises(jax.errors.ConcretizationTypeError):
+    jax.jit(lambda o, wd: o.apply_gradient(_grads(o.target), weight_decay=wd))(opt, 0.1)
+
+
+def test_missing_learning_rate_is_a_clear_error():
+  opt = optim.Adam().create(_params())
+  with pytest.raises(ValueError, match='no learning rate'):
+    opt.apply_gradient(_grads(opt.target))
+
+
+def test_replace_replicate_and_pmap():
+  opt = optim.Momentum(0.1, nesterov=True).create(_params())
+  rep = jax_utils.replicate(opt)
+  assert rep.state.step.shape == (jax.local_device_count(),)
+  rep = jax.pmap(lambda o, g: o.apply_gradient(g), axis_name='batch')(rep, jax_utils.replicate(_grads(opt.target)))
+  single = opt.apply_gradient(_grads(opt.target))
+  un = jax_utils.unreplicate(rep)
+  assert int(un.state.step) == 1
+  for a, b in zip(jax.tree_util.tree_leaves(un), jax.tree_util.tree_leaves(single)):
+    np.testing.assert_array_equal(a, b)
+  assert opt.replicate().unreplicate().state.step.shape == ()
+  moved = opt.replace(target=jax.tree_util.tree_map(jnp.zeros_like, opt.target))
+  assert float(moved.target['scale']) == 0.0 and moved.optimizer_def is opt.optimizer_def
+
+
+@pytest.mark.parametrize('case_id,def_name,kwargs', cases.CASES, ids=[c[0] for c in cases.CASES])
+def test_state_dict_layout_is_the_recorded_legacy_one(case_id, def_name, kwargs):
+  """Keys, shapes and dtypes equal those real flax.optim 0.5.3 saved (golden files)."""
+  _, legacy_state = record_golden.load(case_id)
+  opt = getattr(optim, def_name)(**kwargs).create(
+      jax.tree_util.tree_map(jnp.asarray, core.reference_params(cases.SEED)))
+  opt = opt.apply_gradient(core.reference_grads(opt.target, 0))
+  sd = serialization.to_state_dict(opt)
+  assert set(sd) == {'target', 'state'}
+  flat = {'/'.join(k): v for k, v in
+          traverse_util.flatten_dict(sd['state'], keep_empty_nodes=True).items()}
+  assert set(flat) == set(legacy_state)
+  for key, legacy_value in legacy_state.items():
+    if legacy_value.dtype == np.uint8 and legacy_value.size == 0:  # legacy `{}`
+      assert flat[key] is traverse_util.empty_node, key
+    else:
+      assert np.shape(flat[key]) == legacy_value.shape and np.asarray(flat[key]).dtype == legacy_value.dtype, key
+  restored = serialization.from_state_dict(opt, serialization.to_state_dict(opt))
+  for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(opt)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_install_aliases_flax_optim_on_modern_flax():
+  import importlib
+  import sys
+  assert optim.install() is True
+  import flax
+  assert sys.modules['flax.optim'] is optim and flax.optim.Adam is optim.Adam
+  mod = importlib.import_module('flax.optim')
+  assert mod.Momentum is optim.Momentum
