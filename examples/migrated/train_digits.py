@@ -42,7 +42,6 @@ def learning_rate_fn(step):
 def load_data():
   digits = load_digits()
   x = (digits.data / 16.0).astype(np.float32)
-  # TODO(optim-migrate): OM100: if `digits` is a flax.optim Optimizer, `.target` is `.params` on a TrainState
   y = digits.target.astype(np.int32)
   return (x[:NUM_TRAIN], y[:NUM_TRAIN]), (x[NUM_TRAIN:], y[NUM_TRAIN:])
 
