@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import runpy
 import sys

@@ -10,7 +10,7 @@ chains the equivalence tests check.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Optional
 
 import libcst as cst
 import libcst.matchers as m

@@ -5,7 +5,7 @@ trajectories inside the legacy virtualenv (jax 0.4.13, flax 0.5.3).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,4 @@
 """Shim and emitted Optax chains vs golden trajectories of real flax.optim 0.5.3."""
-import jax
 import numpy as np
 import pytest
 

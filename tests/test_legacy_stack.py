@@ -9,7 +9,6 @@ import subprocess
 import pytest
 
 from equivalence_tests import cases
-from optim_compat import spec
 
 ROOT = __import__('pathlib').Path(__file__).resolve().parents[1]
 

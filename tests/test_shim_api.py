@@ -1,5 +1,4 @@
 """The shim's legacy API surface, on the modern stack."""
-import warnings
 
 import jax
 import jax.numpy as jnp
