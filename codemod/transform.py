@@ -144,7 +144,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self.blocked = False
 
   def visit_Module(self, node: cst.Module) -> None:
-    self.blocked = any(self._def_problem(c) for c in self.a.def_calls)
+    self.blocked = self.mixed_lr or any(self._def_problem(c) for c in self.a.def_calls)
 
   # -- helpers -------------------------------------------------------------
   @staticmethod
@@ -209,6 +209,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
           isinstance(recv, cst.Name) and self.binding(recv) in self.a.def_vars)
       if is_def and not self.blocked:
         return self._rewrite_create(original, updated)
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and self.mixed_lr:
+      self.flag(original, 'OM102', 'some apply_gradient calls pass learning_rate and some do '
+                                   'not; legacy overrides last one call, Optax state persists '
+                                   '(this file keeps its legacy optimizer code)')
+      return updated
     if self.blocked:
       return updated
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
@@ -261,6 +266,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if problem:
       self.flag(original, *problem)
       return updated
+    if self.blocked:  # another part of the file cannot be converted: keep it all legacy
+      return updated
     spec = spec_lib.SPECS[name]
     source = spec.emit(self._def_args(updated, spec), learning_rate_injected=self.inject_lr)
     AddImportsVisitor.add_needed_import(self.context, 'optax')
@@ -288,10 +295,6 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if len(positional) != 1 or other:
       self.flag(original, 'OM102', f'apply_gradient overrides {other} have no Optax '
                                    'equivalent here; inject them with optax.inject_hyperparams')
-      return updated
-    if self.mixed_lr:
-      self.flag(original, 'OM102', 'some apply_gradient calls pass learning_rate and some do '
-                                   'not; legacy overrides last one call, Optax state persists')
       return updated
     recv = updated.func.value
     grads = positional[0].value
@@ -349,6 +352,27 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self._refs[-1].append((node, legacy[0]))
 
 
+def _aliased_legacy_imports(tree: cst.Module):
+  """``(module, obj, asname)`` of top-level ``import flax.optim as X`` /
+  ``from flax.optim[.sub] import Y as X`` / ``from flax import optim as X``."""
+  for stmt in tree.body:
+    if not isinstance(stmt, cst.SimpleStatementLine):
+      continue
+    for small in stmt.body:
+      if isinstance(small, cst.Import):
+        for alias in small.names:
+          name = cst.Module(body=[]).code_for_node(alias.name)
+          if name.startswith(LEGACY) and alias.asname:
+            yield name, None, alias.asname.name.value
+      elif isinstance(small, cst.ImportFrom) and small.module is not None and \
+          not isinstance(small.names, cst.ImportStar):
+        module = cst.Module(body=[]).code_for_node(small.module)
+        for alias in small.names:
+          obj = alias.name.value if isinstance(alias.name, cst.Name) else None
+          if alias.asname and (module.startswith(LEGACY) or (module == 'flax' and obj == 'optim')):
+            yield module, obj, alias.asname.name.value
+
+
 class _Substitute(cst.CSTTransformer):
   """Replace placeholder names in a parsed template with real nodes."""
 
@@ -382,4 +406,6 @@ class MigrateCommand(CodemodCommand):
       RemoveImportsVisitor.remove_unused_import(self.context, 'flax')
       for name in spec_lib.SPECS:
         RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim', name)
+      for module, obj, asname in _aliased_legacy_imports(tree):
+        RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
     return result

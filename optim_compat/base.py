@@ -175,17 +175,26 @@ class Optimizer(struct.PyTreeNode):
   compute_gradients = compute_gradient
 
   def replicate(self, devices=None, axis_name='batch') -> 'Optimizer':
-    """Deprecated legacy method: ``jax_utils.replicate(self)``.
+    """Deprecated legacy method: replicate over ``devices`` (default: all local).
 
-    Unlike legacy ``ReplicatedOptimizer``, gradients are *not* averaged
-    implicitly: call ``jax.lax.pmean(grads, axis_name)`` in the step.
+    As in legacy flax.optim, the def is wrapped in :class:`ReplicatedOptimizer`,
+    so ``apply_gradient`` inside ``pmap(..., axis_name=axis_name)`` averages the
+    gradients with ``jax.lax.pmean`` itself.
     """
-    del axis_name
-    return jax_utils.replicate(self, devices=devices)
+    if devices is None:
+      devices = jax.local_devices()
+    replicated = jax_utils.replicate(self, devices=devices)
+    return replicated.replace(optimizer_def=ReplicatedOptimizer(self.optimizer_def, devices, axis_name))
 
   def unreplicate(self) -> 'Optimizer':
-    """Deprecated legacy method: ``jax_utils.unreplicate(self)``."""
-    return jax_utils.unreplicate(self)
+    """Deprecated legacy method: the first device's copy, with the inner def.
+
+    Raises:
+      ValueError: the optimizer was not made by :meth:`replicate`.
+    """
+    if not isinstance(self.optimizer_def, ReplicatedOptimizer):
+      raise ValueError('Expected an optimizer that was replicated with replicate()')
+    return jax_utils.unreplicate(self).replace(optimizer_def=self.optimizer_def.optimizer_def)
 
   def state_dict(self):
     return self.optimizer_def.state_dict(self.target, self.state)
@@ -193,6 +202,26 @@ class Optimizer(struct.PyTreeNode):
   def restore_state(self, state):
     target, state = self.optimizer_def.restore_state(self.target, self.state, state)
     return self.replace(target=target, state=state)
+
+
+class ReplicatedOptimizer(OptimizerDef):
+  """Legacy ``flax.optim.base.ReplicatedOptimizer``: pmean gradients, then the inner def."""
+
+  def __init__(self, optimizer_def, devices=None, axis_name='batch'):
+    super().__init__(optimizer_def.hyper_params)
+    self.optimizer_def = optimizer_def
+    self.devices = devices
+    self.axis_name = axis_name
+
+  def init_state(self, params):
+    return self.optimizer_def.init_state(params)
+
+  def update_hyper_params(self, **overrides):
+    return self.optimizer_def.update_hyper_params(**overrides)
+
+  def apply_gradient(self, hyper_params, params, state, grads):
+    grads = jax.lax.pmean(grads, self.axis_name)
+    return self.optimizer_def.apply_gradient(hyper_params, params, state, grads)
 
 
 def _deprecation_warning():

@@ -117,3 +117,14 @@ def test_install_aliases_flax_optim_on_modern_flax():
   assert sys.modules['flax.optim'] is optim and flax.optim.Adam is optim.Adam
   mod = importlib.import_module('flax.optim')
   assert mod.Momentum is optim.Momentum
+
+
+def test_legacy_replicate_method_averages_gradients_like_replicated_optimizer():
+  ro = optim.GradientDescent(1.0).create({'w': jnp.zeros(())}).replicate()
+  n = jax.local_device_count()
+  out = jax.pmap(lambda o, x: o.apply_gradient({'w': x}), axis_name='batch')(
+      ro, jnp.arange(n, dtype=jnp.float32))
+  np.testing.assert_array_equal(out.target['w'], np.full((n,), -(n - 1) / 2, np.float32))
+  assert type(out.unreplicate().optimizer_def).__name__ == 'GradientDescent'
+  with pytest.raises(ValueError, match='replicate'):
+    optim.Adam(0.1).create({'w': jnp.zeros(())}).unreplicate()
