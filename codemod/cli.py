@@ -35,7 +35,7 @@ def cmd_rewrite(args) -> int:
     if result.changed:
       n_changed += 1
       if args.write:
-        engine.write_atomic(path, result.new)
+        engine.write_atomic(path, result.new, result.encoding)
       else:
         sys.stdout.write(result.diff())
   verb = 'rewritten' if args.write else 'would be rewritten'
@@ -94,6 +94,10 @@ def main(argv=None) -> int:
   p.add_argument('--devices', type=int, default=2, help='CPU devices for pmap')
   p.add_argument('--examples', default=None, help='examples directory (default: found)')
   p.set_defaults(func=cmd_demo)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == ['run'] and len(argv) > 1 and not argv[1].startswith('-'):
+    # everything after SCRIPT belongs to the script, `--` included
+    return cmd_run(argparse.Namespace(script=argv[1], args=argv[2:]))
   args = parser.parse_args(argv)
   return args.func(args)
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import io
 import os
 import pathlib
 import tempfile
+import tokenize
 from typing import Iterable
 
 import libcst as cst
@@ -30,6 +32,7 @@ class FileResult:
   new: str | None = None          # None: not processed (error) or skipped
   findings: list[Finding] = dataclasses.field(default_factory=list)
   error: str | None = None
+  encoding: str = 'utf-8'
 
   @property
   def changed(self) -> bool:
@@ -61,7 +64,7 @@ def rewrite_source(source: str, path: str = '<string>') -> FileResult:
   try:
     module = cst.parse_module(source)
   except cst.ParserSyntaxError as e:
-    result.error = f'{path}:{e.raw_line}:{e.raw_column}: cannot parse: {e.message}'
+    result.error = f'{path}:{e.editor_line}:{e.editor_column}: cannot parse: {e.message}'
     return result
   command = MigrateCommand(CodemodContext(filename=path))
   try:
@@ -92,12 +95,27 @@ def iter_python_files(paths: Iterable[str]) -> list[pathlib.Path]:
   return out
 
 
-def write_atomic(path: pathlib.Path, text: str) -> None:
-  """Replace ``path`` with ``text`` via a temporary file and ``os.replace``."""
+def read_source(path: pathlib.Path) -> tuple[str, str]:
+  """``(text, encoding)``: decoded per PEP 263 (coding cookie or BOM), newlines kept.
+
+  Raises:
+    OSError, UnicodeDecodeError, SyntaxError: unreadable file or bad cookie.
+  """
+  data = path.read_bytes()
+  encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+  return data.decode(encoding), encoding
+
+
+def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None:
+  """Replace ``path`` with ``text`` via a temporary file and ``os.replace``.
+
+  ``encoding`` is the file's own (``utf-8-sig`` keeps a BOM); newlines are
+  written as they are in ``text``.
+  """
   mode = path.stat().st_mode
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
   try:
-    with os.fdopen(fd, 'w', encoding='utf-8', newline='') as f:
+    with os.fdopen(fd, 'w', encoding=encoding, newline='') as f:
       f.write(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
@@ -108,8 +126,11 @@ def write_atomic(path: pathlib.Path, text: str) -> None:
 
 
 def rewrite_file(path: pathlib.Path) -> FileResult:
+  """Rewrite one file in memory (``result.encoding`` is the file's encoding)."""
   try:
-    source = path.read_text(encoding='utf-8')
-  except (OSError, UnicodeDecodeError) as e:
+    source, encoding = read_source(path)
+  except (OSError, UnicodeDecodeError, SyntaxError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
-  return rewrite_source(source, str(path))
+  result = rewrite_source(source, str(path))
+  result.encoding = encoding
+  return result

@@ -78,6 +78,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.uses_legacy = False        # the module references flax.optim at all
     self.def_calls: list[cst.Call] = []
     self.params: set = set()        # bindings of function parameters
+    self.rebound: set = set()       # bindings also assigned something else
 
   def visit_Param(self, node: cst.Param) -> None:
     if (b := self.binding(node.name)):
@@ -99,6 +100,18 @@ class _Analyzer(_Base, cst.CSTVisitor):
       for t in targets:
         if isinstance(t, cst.Name) and (b := self.binding(t)):
           self.opt_vars.add(b)
+    elif not self.legacy_def(value) and not self._passes_name_through(value, targets):
+      # `opt = Thing()`: this name also holds something else; never rewrite it blindly
+      for t in targets:
+        if isinstance(t, cst.Name) and (b := self.binding(t)):
+          self.rebound.add(b)
+
+  def _passes_name_through(self, value, targets) -> bool:
+    """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
+    if not isinstance(value, cst.Call):
+      return False
+    names = {t.value for t in targets if isinstance(t, cst.Name)}
+    return any(isinstance(a.value, cst.Name) and a.value.value in names for a in value.args)
 
   def visit_Call(self, node: cst.Call) -> None:
     if self.legacy_def(node):
@@ -167,9 +180,17 @@ class _Rewriter(_Base, cst.CSTTransformer):
 
   def _is_optimizer(self, expr) -> bool:
     if isinstance(expr, cst.Name):
-      return self.binding(expr) in self.a.opt_vars
+      b = self.binding(expr)
+      return b in self.a.opt_vars and b not in self.a.rebound
     if isinstance(expr, cst.Call) and self.qnames(expr.func) & REPLICATE_FNS and expr.args:
       return self._is_optimizer(expr.args[0].value)
+    if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
+      recv, method = expr.func.value, expr.func.attr.value
+      if method == 'create':  # `Def(...).create(p).target`
+        return self.legacy_def(recv) is not None or (
+            isinstance(recv, cst.Name) and self.binding(recv) in self.a.def_vars)
+      if method == 'apply_gradient':  # `opt.apply_gradient(g).target`
+        return True
     return False
 
   def _code(self, node) -> str:
@@ -321,7 +342,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return updated.with_changes(attr=cst.Name('params'))
       value = original.value
       if (self.a.uses_legacy and isinstance(value, cst.Name)
-          and self.binding(value) in self.a.params):
+          and (self.binding(value) in self.a.params or self.binding(value) in self.a.rebound)):
         # a parameter of unknown origin in a legacy file: maybe an optimizer
         self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim '
                                      'Optimizer, `.target` is `.params` on a TrainState')

@@ -106,3 +106,43 @@ def test_run_preserves_argv_main_and_exit_code(tmp_path):
   proc = _cli('run', str(script), '3', '--flag')
   assert proc.returncode == 3, proc.stderr
   assert "['3', '--flag'] optim_compat.defs" in proc.stdout
+
+
+def test_write_keeps_crlf_bom_and_declared_encoding(tmp_path):
+  crlf = tmp_path / 'crlf.py'
+  crlf.write_bytes(b'from flax import optim\r\n\r\n\r\ndef f(p):\r\n'
+                   b'  return optim.GradientDescent(0.1).create(p).target\r\n')
+  bom = tmp_path / 'bom.py'
+  bom.write_bytes(b'\xef\xbb\xbffrom flax import optim\nx = optim.Adam(0.1)\n')
+  latin = tmp_path / 'latin.py'
+  latin.write_bytes(b'# -*- coding: latin-1 -*-\n# caf\xe9\nfrom flax import optim\nx = optim.Adam(0.1)\n')
+  proc = _cli('rewrite', '--write', str(tmp_path))
+  assert proc.returncode == 1, proc.stderr
+  data = crlf.read_bytes()
+  assert b'optax.sgd(learning_rate=0.1)' in data and b'.params\r\n' in data
+  assert data.count(b'\n') == data.count(b'\r\n')
+  assert bom.read_bytes().startswith(b'\xef\xbb\xbfimport optax\n')
+  assert b'# caf\xe9\n' in latin.read_bytes() and b'optax.adam(' in latin.read_bytes()
+
+
+def test_a_name_rebound_to_another_object_is_flagged_not_rewritten():
+  source = ('from flax import optim\n\n'
+            'opt = optim.Adam(0.1).create(p)\n'
+            'opt = Thing()\n'
+            'print(opt.target)\n')
+  result = engine.rewrite_source(source, 'r.py')
+  assert 'print(opt.target)' in result.new and 'opt.params' not in result.new
+  assert [f.rule for f in result.manual] == ['OM100']
+
+
+def test_run_passes_every_argument_after_the_script(tmp_path):
+  script = tmp_path / 's.py'
+  script.write_text('import sys\nprint(sys.argv[1:])\n')
+  proc = _cli('run', str(script), '--', 'a', '--b')
+  assert proc.returncode == 0 and "['--', 'a', '--b']" in proc.stdout
+
+
+def test_parse_error_names_file_and_line():
+  result = engine.rewrite_source('from flax import optim\ndef f(:\n', 'b.py')
+  assert result.error.startswith('b.py:2:') and 'cannot parse' in result.error
+  assert result.new is None
