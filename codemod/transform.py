@@ -342,7 +342,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return updated.with_changes(attr=cst.Name('params'))
       value = original.value
       if (self.a.uses_legacy and isinstance(value, cst.Name)
-          and (self.binding(value) in self.a.params or self.binding(value) in self.a.rebound)):
+          and (self.binding(value) in self.a.params
+               or self.binding(value) in (self.a.rebound & self.a.opt_vars))):
         # a parameter of unknown origin in a legacy file: maybe an optimizer
         self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim '
                                      'Optimizer, `.target` is `.params` on a TrainState')
