@@ -270,8 +270,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
     name = self.legacy_def(call)
     spec = spec_lib.SPECS.get(name)
     if spec is None:
-      return 'OM101', (f'flax.optim.{name} is not converted yet; use optim_compat.{name} '
-                       'meanwhile (this file keeps its legacy optimizer code)')
+      import optim_compat
+      meanwhile = (f'; use optim_compat.{name} meanwhile' if hasattr(optim_compat, name)
+                   else '')
+      return 'OM101', (f'flax.optim.{name} is not converted yet{meanwhile} '
+                       '(this file keeps its legacy optimizer code)')
     try:
       args = self._def_args(call, spec)
     except TypeError as e:

@@ -17,9 +17,53 @@ CASES = (
     ('adam_betas', 'Adam', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99, 'eps': 1e-6}),
     ('adam_wd', 'Adam', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99, 'eps': 1e-6,
                          'weight_decay': 1e-2}),
+    ('adam_bf16', 'Adam', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99}),
+    # AdaBelief: eps inside the state and outside the sqrt; (g - m_new)^2
+    ('adabelief_default', 'AdaBelief', {'learning_rate': 0.01}),
+    ('adabelief_eps', 'AdaBelief', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99,
+                                    'eps': 1e-12}),
+    ('adabelief_wd', 'AdaBelief', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99,
+                                   'eps': 1e-12, 'weight_decay': 1e-2}),
+    # Adadelta: lr-scaled decay after the step
+    ('adadelta_default', 'Adadelta', {'learning_rate': 1.0}),
+    ('adadelta_params', 'Adadelta', {'learning_rate': 0.7, 'rho': 0.85, 'eps': 1e-5}),
+    ('adadelta_wd', 'Adadelta', {'learning_rate': 0.7, 'rho': 0.85, 'eps': 1e-5,
+                                 'weight_decay': 1e-2}),
+    # Adagrad: accumulator from 0, eps outside the sqrt
+    ('adagrad_default', 'Adagrad', {'learning_rate': 0.05}),
+    ('adagrad_eps', 'Adagrad', {'learning_rate': 0.05, 'eps': 1e-6}),
+    ('adagrad_large', 'Adagrad', {'learning_rate': 0.5, 'eps': 1e-3}),
+    # RMSProp: eps outside the sqrt; centered state
+    ('rmsprop_default', 'RMSProp', {'learning_rate': 0.01}),
+    ('rmsprop_eps', 'RMSProp', {'learning_rate': 0.01, 'beta2': 0.85, 'eps': 1e-4}),
+    ('rmsprop_centered', 'RMSProp', {'learning_rate': 0.01, 'beta2': 0.85, 'eps': 1e-4,
+                                     'centered': True}),
+    # LAMB: zero-initialised leaves never move
+    ('lamb_default', 'LAMB', {'learning_rate': 0.01}),
+    ('lamb_params', 'LAMB', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99, 'eps': 1e-5}),
+    ('lamb_wd', 'LAMB', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99, 'eps': 1e-5,
+                         'weight_decay': 1e-2}),
+    # LARS: ||g|| + wd*||p|| in the trust ratio, lr-scaled momentum buffer
+    ('lars_params', 'LARS', {'learning_rate': 0.3, 'beta': 0.8, 'trust_coefficient': 0.01,
+                             'eps': 1e-6}),
+    ('lars_nesterov', 'LARS', {'learning_rate': 0.3, 'beta': 0.8, 'trust_coefficient': 0.01,
+                               'eps': 1e-6, 'nesterov': True}),
+    ('lars_wd', 'LARS', {'learning_rate': 0.3, 'beta': 0.8, 'trust_coefficient': 0.01,
+                         'eps': 1e-6, 'weight_decay': 1e-3}),
+    # Adafactor: factored 128x128 kernel; 3-D factoring with min_dim 3; plain
+    ('adafactor_default', 'Adafactor', {'learning_rate': 0.05}),
+    ('adafactor_momentum', 'Adafactor', {'learning_rate': 0.05, 'beta1': 0.9, 'decay_rate': 0.7,
+                                         'weight_decay_rate': 1e-3, 'min_dim_size_to_factor': 3,
+                                         'epsilon2': 1e-2}),
+    ('adafactor_plain', 'Adafactor', {'learning_rate': 0.05, 'factored': False,
+                                      'multiply_by_parameter_scale': False,
+                                      'clipping_threshold': None}),
 )
+
+#: Cases run in another parameter dtype (default float32).
+DTYPES = {'adam_bf16': 'bfloat16'}
 
 STEPS = 20
 #: Steps (after that many updates) whose parameters the golden files keep.
-RECORDED_STEPS = (1, 2, 5, 10, 20)
+RECORDED_STEPS = (1, 3, 20)
 SEED = 0

@@ -13,8 +13,8 @@ import numpy as np
 from flax import jax_utils, traverse_util
 
 
-def reference_params(seed: int = 0) -> dict:
-  """The params tree of the golden trajectories (float32).
+def reference_params(seed: int = 0, dtype: str = 'float32') -> dict:
+  """The params tree of the golden trajectories (``dtype``, default float32).
 
   Nested dicts with a zero-initialised bias, a 128x128 kernel, a 3-D kernel, a
   0-d scale and a (1,)-shaped leaf; values from ``np.random.RandomState`` (a
@@ -22,7 +22,7 @@ def reference_params(seed: int = 0) -> dict:
   """
   rs = np.random.RandomState(seed)
   f32 = lambda x: np.asarray(x, np.float32)
-  return {
+  tree = {
       'encoder': {
           'dense': {'kernel': f32(rs.standard_normal((128, 128)) * 0.1),
                     'bias': np.zeros((128,), np.float32)},
@@ -33,6 +33,9 @@ def reference_params(seed: int = 0) -> dict:
       'temperature': f32(1.5),
       'offset': f32([0.25]),
   }
+  if dtype == 'float32':
+    return tree
+  return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), tree)
 
 
 def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
@@ -48,7 +51,8 @@ def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
     rs = np.random.RandomState(seed * 100003 + step * 7 + offset)
     def leaf(p):
       x = np.clip(rs.standard_normal(np.shape(p)), -7.9, 7.9)
-      return np.asarray(np.round(x * 4096) / 4096, np.float32)
+      x = np.asarray(np.round(x * 4096) / 4096, np.float32)
+      return x if np.asarray(p).dtype == np.float32 else jnp.asarray(x, np.asarray(p).dtype)
     return jax.tree_util.tree_map(leaf, params)
   g = draw(1)
   if device is None:
@@ -60,8 +64,16 @@ def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
 
 def flat(tree) -> dict[str, np.ndarray]:
   """``{'a/b/c': array}`` for a nested-dict pytree."""
-  return {'/'.join(map(str, k)): np.asarray(v)
+  return {'/'.join(map(str, k)): _storable(v)
           for k, v in traverse_util.flatten_dict(_to_dict(tree)).items()}
+
+
+def _storable(x) -> np.ndarray:
+  """numpy array; bfloat16/float16 widened to float32 (exact) so .npz can hold it."""
+  x = np.asarray(x)
+  if x.dtype.kind == 'V' or x.dtype.name in ('bfloat16', 'float16'):
+    return x.astype(np.float32)
+  return x
 
 
 def _to_dict(tree):
@@ -151,12 +163,18 @@ def run_optax(tx, params, steps: int, seed: int = 0, record=None, hyperparams=No
   return traj
 
 
-def ulp_distance(actual: np.ndarray, expected: np.ndarray, scale: float | None = None) -> float:
+#: float32 spacing times this factor is the spacing of the named narrower float.
+_ULP_FACTOR = {'float32': 1, 'bfloat16': 2 ** 16, 'float16': 2 ** 13}
+
+
+def ulp_distance(actual: np.ndarray, expected: np.ndarray, scale: float | None = None,
+                 dtype: str | None = None) -> float:
   """max |actual - expected| in ulps of the leaf's largest magnitude.
 
   The ulp is ``np.spacing`` of ``scale`` (default ``max|expected|``) in
-  ``expected``'s dtype: the float32 spacing at the leaf's scale. 0.0 means
-  equal values; NaN at the same positions counts as equal.
+  ``dtype`` (default ``expected``'s; ``'bfloat16'`` for values widened from
+  bfloat16): the spacing at the leaf's scale. 0.0 means equal values; NaN at
+  the same positions counts as equal.
   """
   a = np.asarray(actual, np.float64)
   e = np.asarray(expected, np.float64)
@@ -168,14 +186,15 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray, scale: float | None =
     return 0.0 if not np.isnan(diff).any() else float('inf')
   if scale is None:
     scale = np.max(np.abs(e[~np.isnan(e)])) if np.any(~np.isnan(e)) else 0.0
-  dtype = np.asarray(expected).dtype
-  if dtype.kind != 'f':
-    dtype = np.dtype(np.float32)
-  ulp = float(np.spacing(dtype.type(scale))) if scale > 0 else float(np.finfo(dtype).tiny)
-  return float(np.max(diff) / ulp)
+  base = np.asarray(expected).dtype
+  if base.kind != 'f':
+    base = np.dtype(np.float32)
+  factor = _ULP_FACTOR.get(dtype or base.name, 1)
+  ulp = float(np.spacing(base.type(scale))) if scale > 0 else float(np.finfo(base).tiny)
+  return float(np.max(diff) / (ulp * factor))
 
 
-def compare(actual: dict, expected: dict) -> tuple[float, tuple | None]:
+def compare(actual: dict, expected: dict, dtype: str | None = None) -> tuple[float, tuple | None]:
   """Max ulp distance over steps and leaves, and ``(step, leaf)`` of the worst.
 
   A leaf's scale is its largest magnitude over all compared steps, so a
@@ -194,7 +213,7 @@ def compare(actual: dict, expected: dict) -> tuple[float, tuple | None]:
       scales[path] = max(scales.get(path, 0.0), float(finite.max()) if finite.size else 0.0)
   for step, leaves in expected.items():
     for path, value in leaves.items():
-      d = ulp_distance(actual[step][path], value, scales[path])
+      d = ulp_distance(actual[step][path], value, scales[path], dtype)
       if d > worst:
         worst, where = d, (step, path)
   return worst, where

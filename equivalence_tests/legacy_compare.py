@@ -33,10 +33,10 @@ def main() -> int:
       warnings.simplefilter('ignore', DeprecationWarning)
       real_def = getattr(real, def_name)(**kwargs)
       shim_def = getattr(shim, def_name)(**kwargs)
-    params = core.reference_params(cases.SEED)
+    params = core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))
     real_traj, real_opt = core.run_legacy(real_def, params, cases.STEPS, cases.SEED)
     shim_traj, shim_opt = core.run_legacy(shim_def, params, cases.STEPS, cases.SEED)
-    worst, where = core.compare(shim_traj, real_traj)
+    worst, where = core.compare(shim_traj, real_traj, cases.DTYPES.get(case_id))
     golden, _ = record_golden.load(case_id)
     result[case_id] = {
         'bitwise': core.bitwise_equal(shim_traj, real_traj),

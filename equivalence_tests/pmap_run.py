@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore', DeprecationWarning)
       opt_def = getattr(shim, def_name)(**kwargs)
-    params = core.reference_params(cases.SEED)
+    params = core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))
     single, _ = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
                                 n_devices=1, use_pmap=True)
     multi, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
                          for d in range(n))
     replica0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in multi.items()}
     single0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in single.items()}
-    worst, where = core.compare(replica0, single0)
+    worst, where = core.compare(replica0, single0, cases.DTYPES.get(case_id))
     result[case_id] = {'replicas_bitwise': replicas_equal, 'max_ulp_vs_single': worst,
                        'worst': list(where) if where else None,
                        'step': np.asarray(opt.state.step).tolist()}

@@ -23,12 +23,13 @@ from equivalence_tests import cases, core
 GOLDEN_DIR = pathlib.Path(__file__).parent / 'golden'
 
 
-def record_case(optim_module, def_name: str, kwargs: dict) -> dict[str, np.ndarray]:
+def record_case(optim_module, def_name: str, kwargs: dict,
+                dtype: str = 'float32') -> dict[str, np.ndarray]:
   """Arrays of one golden file for ``optim_module.<def_name>(**kwargs)``."""
   with warnings.catch_warnings():
     warnings.simplefilter('ignore', DeprecationWarning)
     opt_def = getattr(optim_module, def_name)(**kwargs)
-  params = core.reference_params(cases.SEED)
+  params = core.reference_params(cases.SEED, dtype)
   traj, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
                               record=cases.RECORDED_STEPS)
   out = {f'p/{step}/{path}': v for step, leaves in traj.items() for path, v in leaves.items()}
@@ -38,7 +39,11 @@ def record_case(optim_module, def_name: str, kwargs: dict) -> dict[str, np.ndarr
     # an empty legacy state (GradientDescent's ``()``, saved as ``{}``) is kept
     # as a zero-size uint8 marker so the layout itself is recorded
     empty = v is traverse_util.empty_node or isinstance(v, dict)
-    out[key] = np.zeros((0,), np.uint8) if empty else np.asarray(v)
+    # and a legacy ``None`` (RMSProp's ``mg`` when not centered) as zero-size int8
+    if v is None:
+      out[key] = np.zeros((0,), np.int8)
+    else:
+      out[key] = np.zeros((0,), np.uint8) if empty else core._storable(v)
   return out
 
 
@@ -65,7 +70,7 @@ def main(argv=None) -> int:
   from flax import optim  # the real one: this only runs in the old stack
   failures = 0
   for case_id, def_name, kwargs in cases.CASES:
-    arrays = record_case(optim, def_name, kwargs)
+    arrays = record_case(optim, def_name, kwargs, cases.DTYPES.get(case_id, 'float32'))
     path = args.out / f'{case_id}.npz'
     if args.check:
       old = np.load(path)

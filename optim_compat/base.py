@@ -26,6 +26,7 @@ import optax
 from flax import jax_utils, serialization, struct
 
 from optim_compat import spec as spec_lib
+from optim_compat import transforms
 
 
 @struct.dataclass
@@ -91,6 +92,14 @@ class OptimizerDef:
               OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
 
     spec = self._spec
+    for name in spec.construction_only:  # legacy reads these from the def, not the call
+      hyper_params = hyper_params.replace(**{name: getattr(self.hyper_params, name)})
+    if spec.param_update is not None:
+      tx = transforms.from_legacy_rule(self, hyper_params, spec.param_update)
+      opt_state = transforms.LegacyRuleState(state.step, state.param_states)
+      updates, new_opt_state = tx.update(grads, opt_state, params)
+      return (optax.apply_updates(params, updates),
+              OptimizerState(new_opt_state.count, new_opt_state.param_states))
     tx = spec.shim_tx(hyper_params)
     fields = {f: treedef.unflatten([getattr(s, f) for s in flat_states])
               for f in spec.state_fields}
@@ -251,13 +260,14 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
     state_cls = _struct_class(f'_{entry.name}ParamState', module,
                               dict.fromkeys(entry.state_fields, dataclasses.MISSING))
 
-  names = entry.hyper_param_names
+  extra = dict(entry.extra_args)
+  names = entry.hyper_param_names + tuple(extra)
 
   def __init__(self, *args, **kwargs):
     if len(args) > len(names):
       raise TypeError(f'{entry.name}() takes at most {len(names)} positional '
                       f'arguments ({len(args)} given)')
-    values = entry.defaults()
+    values = {**entry.defaults(), **extra}
     for name, value in zip(names, args):
       values[name] = value
     for key, value in kwargs.items():
@@ -268,18 +278,90 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
         raise TypeError(f'{entry.name}() got multiple values for argument {key!r}')
       values[key] = value
     _deprecation_warning()
+    for key in extra:
+      value = values.pop(key)
+      setattr(self, key, jax.dtypes.canonicalize_dtype(value) if 'dtype' in key else value)
     OptimizerDef.__init__(self, hp_cls(**values))
 
-  def init_param_state(self, param):
-    if state_cls is None:
-      return ()
-    return state_cls(**{f: jnp.zeros_like(param) for f in entry.state_fields})
+  if entry.init_param_state is not None:
+    _init = entry.init_param_state(state_cls)
+
+    def init_param_state(self, param):
+      return _init(self, param)
+  else:
+    def init_param_state(self, param):
+      if state_cls is None:
+        return ()
+      return state_cls(**{f: jnp.zeros_like(param) for f in entry.state_fields})
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    """Legacy per-leaf protocol: ``(new_param, new_state)`` for one leaf."""
+    if entry.param_update is None:
+      new_params, new_state = self.apply_gradient(
+          hyper_params, [param], OptimizerState(step, [state]), [grad])
+      return new_params[0], new_state.param_states[0]
+    update, new_state = entry.param_update(self, step, hyper_params, param, state, grad)
+    return param + update, new_state
 
   doc = (f'Legacy ``flax.optim.{entry.name}`` ({", ".join(f"{h.name}={h.default!r}" for h in entry.hyper_params)}),\n'
          f'run through Optax. Per-parameter state fields: {entry.state_fields or "()"}.\n\n'
          f'Known differences of the emitted Optax chain: {entry.differences}')
   cls = type(entry.name, (OptimizerDef,), {
       '__init__': __init__, 'init_param_state': init_param_state, '__doc__': doc,
+      'apply_param_gradient': apply_param_gradient,
       '__module__': module, '_spec': entry, '_param_state_cls': state_cls,
       '_hyper_params_cls': hp_cls})
   return cls, hp_cls, state_cls
+
+
+def to_optax(opt_def: OptimizerDef, **hyper_param_overrides) -> optax.GradientTransformation:
+  """An Optax ``GradientTransformation`` for any legacy def, ours or a user's.
+
+  Usable with ``TrainState`` (``tx=to_optax(def)``). For table entries it is
+  the shim's own transformation; for a user subclass of ``OptimizerDef`` its
+  ``init_param_state`` / ``apply_param_gradient`` run per leaf (the update is
+  ``new_param - param``). The state is ``transforms.LegacyRuleState`` (legacy
+  step and per-parameter states) except for stock-Optax entries.
+
+  Raises:
+    TypeError: unknown hyper-parameter override.
+  """
+  hp = opt_def.update_hyper_params(**hyper_param_overrides)
+  spec = opt_def._spec
+  if spec is not None and spec.param_update is None:
+    return spec.shim_tx(hp)
+  if spec is not None:
+    return transforms.from_legacy_rule(opt_def, hp, spec.param_update)
+
+  def user_rule(d, step, hp, param, state, grad):
+    new_param, new_state = d.apply_param_gradient(step, hp, param, state, grad)
+    return new_param - param, new_state
+  return transforms.from_legacy_rule(opt_def, hp, user_rule)
+
+
+def faithful_factory(entry: spec_lib.OptimizerSpec):
+  """``(learning_rate=None, <legacy hyper-params>) -> GradientTransformation``.
+
+  The function has the legacy def's exact signature (so
+  ``optax.inject_hyperparams`` can inject ``learning_rate`` and keep the
+  rest static) and builds the faithful transformation of ``entry``.
+  """
+  import inspect
+  from optim_compat import defs
+
+  def factory(*args, **kwargs):
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      opt_def = getattr(defs, entry.name)(*args, **kwargs)
+    return transforms.from_legacy_rule(opt_def, opt_def.hyper_params, entry.param_update)
+
+  params = [inspect.Parameter(h.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=h.default)
+            for h in entry.hyper_params]
+  params += [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=v)
+             for k, v in entry.extra_args]
+  factory.__signature__ = inspect.Signature(params)
+  factory.__name__ = factory.__qualname__ = entry.name.lower()
+  factory.__doc__ = (f'Legacy flax.optim 0.5.3 ``{entry.name}`` as an Optax GradientTransformation '
+                     f'(arguments as ``optim_compat.{entry.name}``; state: '
+                     f'``transforms.LegacyRuleState``). {entry.differences}.')
+  return factory

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import jax
 import optax
 
-from optim_compat import transforms
+from optim_compat import rules, transforms
 
 #: Marker for "the learning rate is set at apply time" in :meth:`OptimizerSpec.emit`.
 INJECT = object()
@@ -54,25 +54,39 @@ class OptimizerSpec:
     state_fields: legacy per-parameter state field names (checkpoint keys
       under ``state/param_states/<path>/``); ``()`` means the legacy state is
       the empty tuple, saved as ``{}``.
-    shim_tx: ``hp -> GradientTransformation`` run by the shim. ``hp`` is the
-      legacy hyper-parameter dataclass; values may be traced.
-    to_opt_state: ``(opt_state_template, step, fields) -> opt_state`` where
-      ``fields`` maps each state field to a pytree like params.
-    from_opt_state: ``opt_state -> fields`` (inverse of ``to_opt_state``).
     emit_fn: ``(args, lr) -> str``; see :meth:`emit`.
     stock_max_ulp: measured bound (ulps of a leaf's largest magnitude, 20
       steps) of the emitted Optax chain against legacy flax.optim; 0 = bitwise.
     differences: human-readable statement of every known difference.
+    shim_tx, to_opt_state, from_opt_state: for entries run through a stock (or
+      NamedTuple-state) Optax transformation: ``hp -> tx``,
+      ``(opt_state_template, step, fields) -> opt_state`` and back, where
+      ``fields`` maps each state field to a pytree like params.
+    param_update: otherwise, the legacy per-parameter rule
+      (``optim_compat.rules``), run through ``transforms.from_legacy_rule``.
+    init_param_state: ``ParamStateClass -> (opt_def, param) -> state``
+      (default: every field ``zeros_like(param)``).
+    construction_only: hyper-parameters legacy reads from the def, ignoring
+      per-call overrides (Adafactor's factoring flags).
+    extra_args: constructor arguments that are not hyper-parameters, with
+      defaults (Adafactor's ``dtype_momentum``).
+    stock_max_ulp_low_precision: the measured bound in bfloat16 ulps where a
+      bfloat16 run was recorded (None: not measured).
   """
   name: str
   hyper_params: tuple[HyperParam, ...]
   state_fields: tuple[str, ...]
-  shim_tx: Callable[[Any], optax.GradientTransformation]
-  to_opt_state: Callable[[Any, Any, Mapping[str, Any]], Any]
-  from_opt_state: Callable[[Any], dict]
   emit_fn: Callable[[dict, Any], str]
   stock_max_ulp: int
   differences: str
+  shim_tx: Callable[[Any], optax.GradientTransformation] | None = None
+  to_opt_state: Callable[[Any, Any, Mapping[str, Any]], Any] | None = None
+  from_opt_state: Callable[[Any], dict] | None = None
+  param_update: Callable | None = None
+  init_param_state: Callable[[type], Callable] | None = None
+  construction_only: tuple[str, ...] = ()
+  extra_args: tuple[tuple[str, Any], ...] = ()
+  stock_max_ulp_low_precision: int | None = None
 
   @property
   def hyper_param_names(self) -> tuple[str, ...]:
@@ -134,13 +148,14 @@ def _call(fn: str, args: Mapping[str, str], lr_injected) -> str:
   (measured: 42 ulp after one Adam step with b1=0.85, lr=0.1).
   """
   body = ', '.join(f'{k}={v}' for k, v in args.items())
+  fn = fn if '.' in fn else f'optax.{fn}'
   if lr_injected is INJECT:
     static = [k for k in args if k != 'learning_rate']
     if static:
       names = ', '.join(repr(k) for k in static) + (',' if len(static) == 1 else '')
-      return f'optax.inject_hyperparams(optax.{fn}, static_args=({names}))({body})'
-    return f'optax.inject_hyperparams(optax.{fn})({body})'
-  return f'optax.{fn}({body})'
+      return f'optax.inject_hyperparams({fn}, static_args=({names}))({body})'
+    return f'optax.inject_hyperparams({fn})({body})'
+  return f'{fn}({body})'
 
 
 def _no_state(template, step, fields):
@@ -282,16 +297,130 @@ ADAM = OptimizerSpec(
     from_opt_state=_adam_from,
     emit_fn=_adam_emit,
     stock_max_ulp=6,
+    stock_max_ulp_low_precision=17,
     differences=('rounding only: optax computes (m_hat/d)*(-lr) where legacy computes '
                  '(lr*m_hat)/d, and adamw subtracts the decay in the same update where '
-                 'legacy subtracts twice'),
+                 'legacy subtracts twice; in bfloat16 legacy raises beta**t with t in '
+                 'bfloat16 and optax rounds its float32 bias correction to bfloat16 '
+                 '(measured 17 bfloat16 ulp over 20 steps)'),
 )
 
 
+# --------------------------------------------------------------------------
+# Entries run through the legacy per-parameter rules (optim_compat.rules)
+
+
+def _ours(name, a, lr, keys):
+  """Source of our faithful transformation (for intrinsic differences)."""
+  return _call(f'optim_compat.transforms.{name}', {k: a[k] for k in keys}, lr)
+
+
+def _lr_scaled_tail(a, lr):
+  """``scale_by_learning_rate`` (injectable) closing a hand-built chain."""
+  return _call('scale_by_learning_rate', {'learning_rate': a['learning_rate']}, lr)
+
+
+def _adabelief_emit(a, lr):
+  base = {'b1': a['beta1'], 'b2': a['beta2'], 'eps': a['eps'], 'eps_root': a['eps']}
+  if _is_zero(a['weight_decay']):
+    return _call('adabelief', {'learning_rate': a['learning_rate'], **base}, lr)
+  core = ', '.join(f'{k}={v}' for k, v in base.items())
+  return (f'optax.chain(optax.scale_by_belief({core}), optax.add_decayed_weights('
+          f'{a["weight_decay"]}), {_lr_scaled_tail(a, lr)})')
+
+
+def _adadelta_emit(a, lr):
+  if _is_zero(a['weight_decay']):
+    return _call('adadelta', {'learning_rate': a['learning_rate'], 'rho': a['rho'],
+                              'eps': a['eps']}, lr)
+  return (f'optax.chain(optax.scale_by_adadelta(rho={a["rho"]}, eps={a["eps"]}), '
+          f'optax.add_decayed_weights({a["weight_decay"]}), {_lr_scaled_tail(a, lr)})')
+
+
+def _rmsprop_emit(a, lr):
+  return _call('rmsprop', {'learning_rate': a['learning_rate'], 'decay': a['beta2'],
+                           'eps': a['eps'], 'eps_in_sqrt': 'False',
+                           'centered': a['centered']}, lr)
+
+
+def _lars_emit(a, lr):
+  if _is_zero(a['weight_decay']):
+    return _call('lars', {'learning_rate': a['learning_rate'], 'weight_decay': '0.0',
+                          'trust_coefficient': a['trust_coefficient'], 'eps': a['eps'],
+                          'momentum': a['beta'], 'nesterov': a['nesterov']}, lr)
+  return _ours('lars', a, lr, ('learning_rate', 'beta', 'weight_decay',
+                                'trust_coefficient', 'eps', 'nesterov'))
+
+
+def _rule_entry(name, hps, fields, update, emit, max_ulp, differences, **kw):
+  return OptimizerSpec(name=name, hyper_params=hps, state_fields=fields, emit_fn=emit,
+                       stock_max_ulp=max_ulp, differences=differences,
+                       param_update=update, **kw)
+
+
+_LR = HyperParam('learning_rate', None)
+
+ADABELIEF = _rule_entry(
+    'AdaBelief', (_LR, HyperParam('beta1', 0.9), HyperParam('beta2', 0.999),
+                  HyperParam('eps', 1e-16), HyperParam('weight_decay', 0.0)),
+    ('grad_ema', 'grad_sq_ema'), rules.adabelief, _adabelief_emit, 7,
+    'rounding only on optax >= 0.2 (scale_by_belief with eps_root=eps); optax 0.1.5 used '
+    'the old mean in (g - m) and is intrinsically different')
+ADADELTA = _rule_entry(
+    'Adadelta', (_LR, HyperParam('rho', 0.9), HyperParam('eps', 1e-6),
+                 HyperParam('weight_decay', 0.0)),
+    ('sq_avg', 'acc_delta'), rules.adadelta, _adadelta_emit, 7,
+    'rounding only; optax.adadelta(weight_decay=) is coupled L2, so weight decay is '
+    'emitted as add_decayed_weights after scale_by_adadelta')
+ADAGRAD = _rule_entry(
+    'Adagrad', (_LR, HyperParam('eps', 1e-8)), ('G',), rules.adagrad,
+    lambda a, lr: _ours('adagrad', a, lr, ('learning_rate', 'eps')), 0,
+    'optax.adagrad is intrinsically different (accumulator starts at 0.1, eps inside the '
+    'sqrt): the faithful optim_compat.transforms.adagrad is emitted')
+RMSPROP = _rule_entry(
+    'RMSProp', (_LR, HyperParam('beta2', 0.9), HyperParam('eps', 1e-8),
+                HyperParam('centered', False, static=True)),
+    ('v', 'mg'), rules.rmsprop, _rmsprop_emit, 3,
+    'rounding only with eps_in_sqrt=False (optax >= 0.2; the optax default puts eps inside '
+    'the sqrt and is intrinsically different)', init_param_state=rules.rmsprop_init)
+LAMB = _rule_entry(
+    'LAMB', (_LR, HyperParam('beta1', 0.9), HyperParam('beta2', 0.999),
+             HyperParam('weight_decay', 0, static=True), HyperParam('eps', 1e-6)),
+    ('grad_ema', 'grad_sq_ema'), rules.lamb,
+    lambda a, lr: _ours('lamb', a, lr, ('learning_rate', 'beta1', 'beta2', 'weight_decay', 'eps')),
+    1, 'optax.lamb moves zero-initialised leaves (trust ratio 1 where legacy gives 0): '
+       'the faithful optim_compat.transforms.lamb is emitted')
+LARS = _rule_entry(
+    'LARS', (_LR, HyperParam('beta', 0.9), HyperParam('weight_decay', 0, static=True),
+             HyperParam('trust_coefficient', 1e-3), HyperParam('eps', 0),
+             HyperParam('nesterov', False, static=True)),
+    ('momentum',), rules.lars, _lars_emit, 2,
+    'rounding only without weight decay (optax.lars); with weight decay optax uses '
+    '||g + wd*p|| in the trust ratio, so the faithful optim_compat.transforms.lars is emitted')
+ADAFACTOR = _rule_entry(
+    'Adafactor', (_LR, HyperParam('factored', True, static=True),
+                  HyperParam('multiply_by_parameter_scale', True, static=True),
+                  HyperParam('beta1', None, static=True), HyperParam('decay_rate', 0.8),
+                  HyperParam('step_offset', 0), HyperParam('clipping_threshold', 1.0, static=True),
+                  HyperParam('weight_decay_rate', None, static=True),
+                  HyperParam('min_dim_size_to_factor', 128, static=True),
+                  HyperParam('epsilon1', 1e-30), HyperParam('epsilon2', 1e-3)),
+    ('v_row', 'v_col', 'v', 'm'), rules.adafactor,
+    lambda a, lr: _ours('adafactor', a, lr, tuple(a)), 2,
+    'the faithful optim_compat.transforms.adafactor is emitted (a stock chain exists but '
+    'optax.adafactor has no epsilon2)',
+    init_param_state=rules.adafactor_init,
+    construction_only=('factored', 'multiply_by_parameter_scale', 'min_dim_size_to_factor'),
+    extra_args=(('dtype_momentum', jax.numpy.dtype('float32')),))
+
+
 #: The table, keyed by legacy class name.
-SPECS: dict[str, OptimizerSpec] = {s.name: s for s in (GRADIENT_DESCENT, MOMENTUM, ADAM)}
+SPECS: dict[str, OptimizerSpec] = {s.name: s for s in (
+    GRADIENT_DESCENT, MOMENTUM, ADAM, ADABELIEF, ADADELTA, ADAGRAD, RMSPROP, LAMB, LARS,
+    ADAFACTOR)}
 
 
 def tx_from_source(source: str) -> optax.GradientTransformation:
   """Evaluate emitted Optax source text (used by tests and the equivalence grid)."""
-  return eval(source, {'optax': optax, 'jax': jax})  # noqa: S307 - our own emitted text
+  import optim_compat
+  return eval(source, {'optax': optax, 'jax': jax, 'optim_compat': optim_compat})  # noqa: S307

@@ -12,10 +12,12 @@ from equivalence_tests import cases
 
 ROOT = __import__('pathlib').Path(__file__).resolve().parents[1]
 
-# Named, measured exceptions to "bitwise": legacy Adam with weight decay subtracts
-# twice (p - a - lr*wd*p); through optax.apply_updates the shim adds one update,
-# which can differ by one rounding where an element crosses zero.
-NOT_BITWISE = {'adam_wd': 1.0}
+# Named, measured exceptions to "bitwise": with decoupled weight decay legacy
+# subtracts twice (p - a - lr*wd*p, or (1-wdr)*p - u for Adafactor); through
+# optax.apply_updates the shim adds one update, which can differ by one rounding
+# where an element crosses zero. Measured: 0.5, 0.5, 0.5625 and 0.125 ulp.
+NOT_BITWISE = {'adam_wd': 1.0, 'adabelief_wd': 1.0, 'adadelta_wd': 1.0,
+               'adafactor_momentum': 1.0}
 
 
 @pytest.fixture(scope='module')
