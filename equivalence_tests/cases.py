@@ -60,6 +60,41 @@ CASES = (
                                       'clipping_threshold': None}),
 )
 
+# MultiOptimizer / focus cases (def name 'MultiOptimizer', or a 'focus' key): the
+# traversal filters below select by path only, as legacy requires.
+CASES += (
+    ('multi_momentum_adam', 'MultiOptimizer', {'groups': (
+        ('kernels_except_conv', 'Momentum', {'learning_rate': 0.05, 'beta': 0.8,
+                                            'nesterov': True}),
+        ('biases', 'Adam', {'learning_rate': 0.01, 'beta1': 0.85}))}),
+    ('multi_lars_lamb', 'MultiOptimizer', {'groups': (
+        ('kernels_except_conv', 'LARS', {'learning_rate': 0.3, 'trust_coefficient': 0.01,
+                                        'weight_decay': 1e-3}),
+        ('scalars', 'LAMB', {'learning_rate': 0.01}))}),
+    ('focus_adam_head', 'Adam', {'learning_rate': 0.01, 'focus': 'head'}),
+)
+
+FILTERS = {
+    'kernels_except_conv': lambda path, _: path.endswith('/kernel') and '/conv/' not in path,
+    'biases': lambda path, _: path.endswith('/bias'),
+    'scalars': lambda path, _: path in ('/temperature', '/offset'),
+    'head': lambda path, _: path.startswith('/head/'),
+}
+
+
+def build(optim_module, def_name: str, kwargs: dict):
+  """``(opt_def, focus)`` for a case, with ``optim_module`` the real flax.optim or the shim."""
+  kwargs = dict(kwargs)
+  traversal = optim_module.ModelParamTraversal
+  focus = kwargs.pop('focus', None)
+  focus = traversal(FILTERS[focus]) if focus else None
+  if def_name == 'MultiOptimizer':
+    groups = [(traversal(FILTERS[f]), getattr(optim_module, name)(**kw))
+              for f, name, kw in kwargs['groups']]
+    return optim_module.MultiOptimizer(*groups), focus
+  return getattr(optim_module, def_name)(**kwargs), focus
+
+
 #: Cases run in another parameter dtype (default float32).
 DTYPES = {'adam_bf16': 'bfloat16'}
 

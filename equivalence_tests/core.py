@@ -84,7 +84,7 @@ def _to_dict(tree):
 
 def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
                record: Sequence[int] | None = None, apply_kwargs: Callable | None = None,
-               use_pmap: bool | None = None):
+               use_pmap: bool | None = None, focus=None):
   """Run a legacy def (real ``flax.optim`` or the shim) for ``steps`` jitted steps.
 
   Args:
@@ -96,13 +96,15 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
       ``n_devices`` devices with ``pmean``'d gradients; otherwise ``jax.jit``.
     record: steps whose params to return (default: every step 1..steps).
     apply_kwargs: ``step -> dict`` of per-call hyper-parameter overrides.
+    focus: optional traversal passed to ``create(params, focus=...)``.
 
   Returns:
     ``(trajectory, final_optimizer)``; ``trajectory[step]`` is ``flat(params)``;
     under ``pmap`` each array has a leading device axis.
   """
   record = set(record or range(1, steps + 1))
-  opt = opt_def.create(jax.tree_util.tree_map(jnp.asarray, params))
+  target = jax.tree_util.tree_map(jnp.asarray, params)
+  opt = opt_def.create(target, focus=focus) if focus is not None else opt_def.create(target)
   kw = apply_kwargs or (lambda step: {})
   if use_pmap is None:
     use_pmap = n_devices > 1

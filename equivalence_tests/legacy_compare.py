@@ -31,11 +31,13 @@ def main() -> int:
   for case_id, def_name, kwargs in cases.CASES:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore', DeprecationWarning)
-      real_def = getattr(real, def_name)(**kwargs)
-      shim_def = getattr(shim, def_name)(**kwargs)
+      real_def, real_focus = cases.build(real, def_name, kwargs)
+      shim_def, shim_focus = cases.build(shim, def_name, kwargs)
     params = core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))
-    real_traj, real_opt = core.run_legacy(real_def, params, cases.STEPS, cases.SEED)
-    shim_traj, shim_opt = core.run_legacy(shim_def, params, cases.STEPS, cases.SEED)
+    real_traj, real_opt = core.run_legacy(real_def, params, cases.STEPS, cases.SEED,
+                                          focus=real_focus)
+    shim_traj, shim_opt = core.run_legacy(shim_def, params, cases.STEPS, cases.SEED,
+                                          focus=shim_focus)
     worst, where = core.compare(shim_traj, real_traj, cases.DTYPES.get(case_id))
     golden, _ = record_golden.load(case_id)
     result[case_id] = {

@@ -57,12 +57,12 @@ def main(argv=None) -> int:
   for case_id, def_name, kwargs in cases.CASES:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore', DeprecationWarning)
-      opt_def = getattr(shim, def_name)(**kwargs)
+      opt_def, focus = cases.build(shim, def_name, kwargs)
     params = core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))
     single, _ = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
-                                n_devices=1, use_pmap=True)
+                                n_devices=1, use_pmap=True, focus=focus)
     multi, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
-                                 n_devices=n, use_pmap=True)
+                                 n_devices=n, use_pmap=True, focus=focus)
     replicas_equal = all(np.array_equal(v[d], v[0], equal_nan=True)
                          for leaves in multi.values() for v in leaves.values()
                          for d in range(n))

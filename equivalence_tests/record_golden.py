@@ -28,10 +28,10 @@ def record_case(optim_module, def_name: str, kwargs: dict,
   """Arrays of one golden file for ``optim_module.<def_name>(**kwargs)``."""
   with warnings.catch_warnings():
     warnings.simplefilter('ignore', DeprecationWarning)
-    opt_def = getattr(optim_module, def_name)(**kwargs)
+    opt_def, focus = cases.build(optim_module, def_name, kwargs)
   params = core.reference_params(cases.SEED, dtype)
   traj, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
-                              record=cases.RECORDED_STEPS)
+                              record=cases.RECORDED_STEPS, focus=focus)
   out = {f'p/{step}/{path}': v for step, leaves in traj.items() for path, v in leaves.items()}
   sd = serialization.to_state_dict(opt)
   for k, v in traverse_util.flatten_dict(sd['state'], keep_empty_nodes=True).items():

@@ -134,11 +134,14 @@ class OptimizerDef:
     return hp
 
   def create(self, target, focus=None) -> 'Optimizer':
-    """A new :class:`Optimizer` for ``target`` (a pytree of arrays)."""
-    if focus is not None:
-      raise NotImplementedError('create(target, focus=...) is not supported yet '
-                                '(MultiOptimizer lands with the full shim).')
-    return Optimizer(self, self.init_state(target), target)
+    """A new :class:`Optimizer` for ``target`` (a pytree of arrays).
+
+    With ``focus`` (a traversal such as ``ModelParamTraversal``) only the
+    selected leaves are optimized: the def is wrapped as
+    ``MultiOptimizer((focus, self))``, as in legacy flax.optim.
+    """
+    opt_def = MultiOptimizer((focus, self)) if focus is not None else self
+    return Optimizer(opt_def, opt_def.init_state(target), target)
 
   def state_dict(self, target, state):
     return serialization.to_state_dict({
@@ -231,6 +234,94 @@ class ReplicatedOptimizer(OptimizerDef):
   def apply_gradient(self, hyper_params, params, state, grads):
     grads = jax.lax.pmean(grads, self.axis_name)
     return self.optimizer_def.apply_gradient(hyper_params, params, state, grads)
+
+
+class _Slot:
+  """Placeholder leaf while grouping (legacy passes ``_ShapeDtype`` to filters too)."""
+
+  def __init__(self, value):
+    self.value = value
+    self.shape = getattr(value, 'shape', ())
+    self.dtype = getattr(value, 'dtype', None)
+    self.groups: list[int] = []
+
+
+def _unslot(tree):
+  return jax.tree_util.tree_map(lambda x: None if isinstance(x, _Slot) else x, tree,
+                                is_leaf=lambda x: isinstance(x, _Slot))
+
+
+class MultiOptimizer(OptimizerDef):
+  """Legacy ``flax.optim.MultiOptimizer``: one def per traversal-selected group.
+
+  Args:
+    *traversals_and_optimizers: ``(traversal, opt_def)`` pairs; traversals are
+      ``flax.traverse_util.ModelParamTraversal`` (dict/FrozenDict targets).
+
+  Attributes:
+    hyper_params: a *list*, one entry per sub-optimizer (legacy layout).
+    traversals, sub_optimizers: tuples.
+
+  Semantics (legacy flax.optim 0.5.3): a leaf no traversal selects gets state
+  ``None`` and never changes; a leaf selected twice raises ``ValueError`` at
+  ``create``; keyword overrides go to every group (``TypeError`` if one lacks
+  the key); ``hyper_params=[hp0, hp1, ...]`` overrides per group. Each group
+  runs its def on the tuple of its leaves in sorted-path order, with the
+  shared ``step``.
+  """
+
+  def __init__(self, *traversals_and_optimizers):
+    traversals, sub_optimizers = zip(*traversals_and_optimizers)
+    super().__init__([opt.hyper_params for opt in sub_optimizers])
+    self.traversals = tuple(traversals)
+    self.sub_optimizers = tuple(sub_optimizers)
+
+  def init_state(self, params):
+    slots = jax.tree_util.tree_map(_Slot, params)
+    for idx, traversal in enumerate(self.traversals):
+      for slot in traversal.iterate(slots):
+        slot.groups.append(idx)
+    overlap = jax.tree_util.tree_map(lambda s: s.groups, slots,
+                                     is_leaf=lambda x: isinstance(x, _Slot))
+    if any(len(g) > 1 for g in jax.tree_util.tree_leaves(
+        overlap, is_leaf=lambda x: isinstance(x, list))):
+      raise ValueError(f'Multiple optimizers match the same leaves: {overlap}')
+    param_states = slots
+    for traversal, opt in zip(self.traversals, self.sub_optimizers):
+      param_states = traversal.update(lambda s, opt=opt: opt.init_param_state(s.value),
+                                      param_states)
+    return OptimizerState(jnp.asarray(0, dtype=jnp.int32), _unslot(param_states))
+
+  def update_hyper_params(self, **hyper_param_overrides):
+    """Per-group hyper-parameters; keywords go to every group.
+
+    Raises:
+      TypeError: a keyword some group's def lacks (the message names the group).
+    """
+    hps = hyper_param_overrides.pop('hyper_params', self.hyper_params)
+    if not hyper_param_overrides:
+      return hps
+    out = []
+    for i, hp in enumerate(hps):
+      valid = [f.name for f in dataclasses.fields(hp)]
+      unknown = sorted(set(hyper_param_overrides) - set(valid))
+      if unknown:
+        raise TypeError(f'MultiOptimizer group {i} ({type(self.sub_optimizers[i]).__name__}) '
+                        f'has no hyper-parameter(s) {unknown}; valid: {valid}')
+      out.append(hp.replace(**hyper_param_overrides))
+    return out
+
+  def apply_gradient(self, hyper_params, params, state, grads):
+    new_params = params
+    new_states = jax.tree_util.tree_map(_Slot, params)
+    for focus, opt, hp in zip(self.traversals, self.sub_optimizers, hyper_params):
+      ps = tuple(focus.iterate(params))
+      gs = tuple(focus.iterate(grads))
+      ss = tuple(focus.iterate(state.param_states))
+      group_params, group_state = opt.apply_gradient(hp, ps, OptimizerState(state.step, ss), gs)
+      new_params = focus.set(list(group_params), new_params)
+      new_states = focus.set(list(group_state.param_states), new_states)
+    return new_params, OptimizerState(state.step + 1, _unslot(new_states))
 
 
 def _deprecation_warning():

@@ -8,8 +8,11 @@ import sys
 def install() -> bool:
   """Alias ``flax.optim`` to ``optim_compat`` when Flax has no ``flax.optim``.
 
-  After this, ``import flax.optim``, ``from flax import optim`` and
-  ``flax.optim.Adam`` (after ``import flax``) give the shim.
+  After this, ``import flax.optim``, ``from flax import optim``,
+  ``flax.optim.Adam`` (after ``import flax``) and the legacy submodules
+  (``flax.optim.base``, ``flax.optim.adam``, ``flax.optim.dynamic_scale``, ...)
+  give the shim; ``flax.optim.dynamic_scale.DynamicScale`` is Flax's own
+  ``flax.training.dynamic_scale.DynamicScale``.
 
   Returns:
     ``True`` if the alias was installed; ``False`` when a real ``flax.optim``
@@ -24,4 +27,8 @@ def install() -> bool:
     return False
   sys.modules['flax.optim'] = optim_compat
   flax.optim = optim_compat
+  submodules = {'base': optim_compat.base, 'dynamic_scale': optim_compat.dynamic_scale,
+                **optim_compat.defs.LEGACY_MODULES}
+  for name, module in submodules.items():
+    sys.modules[f'flax.optim.{name}'] = module
   return True

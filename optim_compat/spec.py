@@ -72,6 +72,8 @@ class OptimizerSpec:
       defaults (Adafactor's ``dtype_momentum``).
     stock_max_ulp_low_precision: the measured bound in bfloat16 ulps where a
       bfloat16 run was recorded (None: not measured).
+    legacy_module: the def's legacy submodule (``flax.optim.<legacy_module>``;
+      default: the lower-cased name).
   """
   name: str
   hyper_params: tuple[HyperParam, ...]
@@ -87,6 +89,11 @@ class OptimizerSpec:
   construction_only: tuple[str, ...] = ()
   extra_args: tuple[tuple[str, Any], ...] = ()
   stock_max_ulp_low_precision: int | None = None
+  legacy_module: str = ''
+
+  @property
+  def module_name(self) -> str:
+    return self.legacy_module or self.name.lower()
 
   @property
   def hyper_param_names(self) -> tuple[str, ...]:
@@ -204,6 +211,7 @@ def _sgd_emit(a, lr):
 
 GRADIENT_DESCENT = OptimizerSpec(
     name='GradientDescent',
+    legacy_module='sgd',
     hyper_params=(HyperParam('learning_rate', None),),
     state_fields=(),
     shim_tx=_sgd_tx,

@@ -91,8 +91,10 @@ def test_replace_replicate_and_pmap():
 def test_state_dict_layout_is_the_recorded_legacy_one(case_id, def_name, kwargs):
   """Keys, shapes and dtypes equal those real flax.optim 0.5.3 saved (golden files)."""
   _, legacy_state = record_golden.load(case_id)
-  opt = getattr(optim, def_name)(**kwargs).create(jax.tree_util.tree_map(
-      jnp.asarray, core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))))
+  opt_def, focus = cases.build(optim, def_name, kwargs)
+  opt = opt_def.create(jax.tree_util.tree_map(
+      jnp.asarray, core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))),
+      focus=focus)
   opt = opt.apply_gradient(core.reference_grads(opt.target, 0))
   sd = serialization.to_state_dict(opt)
   assert set(sd) == {'target', 'state'}
@@ -120,6 +122,13 @@ def test_install_aliases_flax_optim_on_modern_flax():
   assert sys.modules['flax.optim'] is optim and flax.optim.Adam is optim.Adam
   mod = importlib.import_module('flax.optim')
   assert mod.Momentum is optim.Momentum
+  # legacy submodule paths real code imports
+  assert importlib.import_module('flax.optim.base').ReplicatedOptimizer is optim.ReplicatedOptimizer
+  assert importlib.import_module('flax.optim.adam')._AdamParamState.__name__ == '_AdamParamState'
+  assert importlib.import_module('flax.optim.sgd').GradientDescent is optim.GradientDescent
+  from flax.training import dynamic_scale
+  legacy_ds = importlib.import_module('flax.optim.dynamic_scale').DynamicScale
+  assert legacy_ds is dynamic_scale.DynamicScale is flax.optim.DynamicScale
 
 
 def test_legacy_replicate_method_averages_gradients_like_replicated_optimizer():
@@ -131,3 +140,75 @@ def test_legacy_replicate_method_averages_gradients_like_replicated_optimizer():
   assert type(out.unreplicate().optimizer_def).__name__ == 'GradientDescent'
   with pytest.raises(ValueError, match='replicate'):
     optim.Adam(0.1).create({'w': jnp.zeros(())}).unreplicate()
+
+
+def _multi_params():
+  return {'a': {'kernel': jnp.ones((2, 2)), 'bias': jnp.zeros(2)},
+          'conv': {'kernel': jnp.full((3,), 0.7)}, 's': jnp.float32(1.0)}
+
+
+def _traversals():
+  kernels = optim.ModelParamTraversal(lambda p, _: p.endswith('/kernel') and '/conv/' not in p)
+  biases = optim.ModelParamTraversal(lambda p, _: p.endswith('/bias'))
+  return kernels, biases
+
+
+def test_multi_optimizer_unselected_leaves_have_no_state_and_never_move():
+  kernels, biases = _traversals()
+  p = _multi_params()
+  opt = optim.MultiOptimizer((kernels, optim.Momentum(0.1)), (biases, optim.Adam(0.1))).create(p)
+  assert opt.state.param_states['conv']['kernel'] is None and opt.state.param_states['s'] is None
+  assert isinstance(opt.optimizer_def.hyper_params, list) and len(opt.optimizer_def.hyper_params) == 2
+  g = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 3.0), p)
+  for _ in range(3):
+    opt = jax.jit(lambda o: o.apply_gradient(g))(opt)
+  assert int(opt.state.step) == 3
+  np.testing.assert_array_equal(opt.target['conv']['kernel'], p['conv']['kernel'])
+  np.testing.assert_array_equal(opt.target['s'], p['s'])
+  assert not np.array_equal(opt.target['a']['kernel'], p['a']['kernel'])
+
+
+def test_multi_optimizer_overlap_and_override_errors():
+  kernels, biases = _traversals()
+  everything = optim.ModelParamTraversal(lambda p, _: True)
+  with pytest.raises(ValueError, match='Multiple optimizers match the same leaves'):
+    optim.MultiOptimizer((kernels, optim.Momentum(0.1)), (everything, optim.Adam(0.1))).create(
+        _multi_params())
+  opt = optim.MultiOptimizer((kernels, optim.Momentum(0.1)), (biases, optim.Adam(0.1))).create(
+      _multi_params())
+  g = jax.tree_util.tree_map(jnp.ones_like, opt.target)
+  with pytest.raises(TypeError, match=r"group 0 \(Momentum\).*\['beta1'\]"):
+    opt.apply_gradient(g, beta1=0.5)
+  # a keyword reaches every group; hyper_params=[...] is per group
+  both = opt.apply_gradient(g, learning_rate=0.0)
+  np.testing.assert_array_equal(both.target['a']['kernel'], opt.target['a']['kernel'])
+  np.testing.assert_array_equal(both.target['a']['bias'], opt.target['a']['bias'])
+  hps = opt.optimizer_def.hyper_params
+  per_group = opt.apply_gradient(g, hyper_params=[hps[0].replace(learning_rate=0.0), hps[1]])
+  np.testing.assert_array_equal(per_group.target['a']['kernel'], opt.target['a']['kernel'])
+  assert not np.array_equal(per_group.target['a']['bias'], opt.target['a']['bias'])
+
+
+def test_to_optax_runs_a_user_subclass_with_train_state():
+  from flax.training import train_state
+
+  @__import__('flax').struct.dataclass
+  class _HP:
+    learning_rate: float
+
+  class SignSGD(optim.OptimizerDef):
+    """A user-written legacy def (per-leaf protocol)."""
+
+    def init_param_state(self, param):
+      return ()
+
+    def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      return param - hyper_params.learning_rate * jnp.sign(grad), state
+
+  p = {'w': jnp.array([0.5, -0.5, 2.0])}
+  g = {'w': jnp.array([1.0, -2.0, 0.0])}
+  legacy = SignSGD(_HP(0.25)).create(p).apply_gradient(g)
+  state = train_state.TrainState.create(apply_fn=None, params=p, tx=optim.to_optax(SignSGD(_HP(0.25))))
+  state = state.apply_gradients(grads=g)
+  np.testing.assert_array_equal(state.params['w'], legacy.target['w'])
+  np.testing.assert_array_equal(state.params['w'], np.float32([0.25, -0.25, 2.0]))
