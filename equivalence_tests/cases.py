@@ -72,6 +72,13 @@ CASES += (
                                         'weight_decay': 1e-3}),
         ('scalars', 'LAMB', {'learning_rate': 0.01}))}),
     ('focus_adam_head', 'Adam', {'learning_rate': 0.01, 'focus': 'head'}),
+    # WeightNorm (legacy raises IndexError on a 0-d leaf: these run without 'temperature')
+    ('weightnorm_adam', 'WeightNorm', {'inner': ('Adam', {'learning_rate': 0.01, 'beta1': 0.85}),
+                                       'wn_decay': 1e-3}),
+    ('weightnorm_momentum', 'WeightNorm', {'inner': ('Momentum', {'learning_rate': 0.05,
+                                                                 'beta': 0.8}),
+                                           'wn_decay': 1e-3}),
+    ('weightnorm_default', 'WeightNorm', {'inner': ('GradientDescent', {'learning_rate': 0.1})}),
 )
 
 FILTERS = {
@@ -88,11 +95,23 @@ def build(optim_module, def_name: str, kwargs: dict):
   traversal = optim_module.ModelParamTraversal
   focus = kwargs.pop('focus', None)
   focus = traversal(FILTERS[focus]) if focus else None
+  if def_name == 'WeightNorm':
+    name, kw = kwargs.pop('inner')
+    return optim_module.WeightNorm(getattr(optim_module, name)(**kw), **kwargs), focus
   if def_name == 'MultiOptimizer':
     groups = [(traversal(FILTERS[f]), getattr(optim_module, name)(**kw))
               for f, name, kw in kwargs['groups']]
     return optim_module.MultiOptimizer(*groups), focus
   return getattr(optim_module, def_name)(**kwargs), focus
+
+
+def params_for(case_id: str):
+  """The reference params of a case (its dtype; no 0-d leaf for WeightNorm)."""
+  from equivalence_tests import core
+  params = core.reference_params(SEED, DTYPES.get(case_id, 'float32'))
+  if case_id.startswith('weightnorm'):
+    params = {k: v for k, v in params.items() if k != 'temperature'}
+  return params
 
 
 #: Cases run in another parameter dtype (default float32).

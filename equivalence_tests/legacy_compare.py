@@ -33,7 +33,7 @@ def main() -> int:
       warnings.simplefilter('ignore', DeprecationWarning)
       real_def, real_focus = cases.build(real, def_name, kwargs)
       shim_def, shim_focus = cases.build(shim, def_name, kwargs)
-    params = core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))
+    params = cases.params_for(case_id)
     real_traj, real_opt = core.run_legacy(real_def, params, cases.STEPS, cases.SEED,
                                           focus=real_focus)
     shim_traj, shim_opt = core.run_legacy(shim_def, params, cases.STEPS, cases.SEED,

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore', DeprecationWarning)
       opt_def, focus = cases.build(shim, def_name, kwargs)
-    params = core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))
+    params = cases.params_for(case_id)
     single, _ = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
                                 n_devices=1, use_pmap=True, focus=focus)
     multi, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,

@@ -23,13 +23,12 @@ from equivalence_tests import cases, core
 GOLDEN_DIR = pathlib.Path(__file__).parent / 'golden'
 
 
-def record_case(optim_module, def_name: str, kwargs: dict,
-                dtype: str = 'float32') -> dict[str, np.ndarray]:
+def record_case(optim_module, case_id: str, def_name: str, kwargs: dict) -> dict[str, np.ndarray]:
   """Arrays of one golden file for ``optim_module.<def_name>(**kwargs)``."""
   with warnings.catch_warnings():
     warnings.simplefilter('ignore', DeprecationWarning)
     opt_def, focus = cases.build(optim_module, def_name, kwargs)
-  params = core.reference_params(cases.SEED, dtype)
+  params = cases.params_for(case_id)
   traj, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
                               record=cases.RECORDED_STEPS, focus=focus)
   out = {f'p/{step}/{path}': v for step, leaves in traj.items() for path, v in leaves.items()}
@@ -70,7 +69,7 @@ def main(argv=None) -> int:
   from flax import optim  # the real one: this only runs in the old stack
   failures = 0
   for case_id, def_name, kwargs in cases.CASES:
-    arrays = record_case(optim, def_name, kwargs, cases.DTYPES.get(case_id, 'float32'))
+    arrays = record_case(optim, case_id, def_name, kwargs)
     path = args.out / f'{case_id}.npz'
     if args.check:
       old = np.load(path)

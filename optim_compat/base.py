@@ -423,6 +423,8 @@ def to_optax(opt_def: OptimizerDef, **hyper_param_overrides) -> optax.GradientTr
     return spec.shim_tx(hp)
   if spec is not None:
     return transforms.from_legacy_rule(opt_def, hp, spec.param_update)
+  if type(opt_def).apply_gradient is not OptimizerDef.apply_gradient:
+    return _whole_tree_tx(opt_def, hp)
 
   def user_rule(d, step, hp, param, state, grad):
     new_param, new_state = d.apply_param_gradient(step, hp, param, state, grad)
@@ -456,3 +458,20 @@ def faithful_factory(entry: spec_lib.OptimizerSpec):
                      f'(arguments as ``optim_compat.{entry.name}``; state: '
                      f'``transforms.LegacyRuleState``). {entry.differences}.')
   return factory
+
+
+def _whole_tree_tx(opt_def: OptimizerDef, hyper_params) -> optax.GradientTransformation:
+  """Optax wrapper for defs that update the whole tree (WeightNorm,
+  MultiOptimizer, a user's overridden ``apply_gradient``): the state is the
+  legacy ``OptimizerState`` and the update is ``new_params - params``."""
+
+  def init_fn(params):
+    return opt_def.init_state(params)
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError(f'{type(opt_def).__name__} needs params: call tx.update(grads, state, params)')
+    new_params, new_state = opt_def.apply_gradient(hyper_params, params, state, updates)
+    return jax.tree_util.tree_map(lambda n, p: n - p, new_params, params), new_state
+
+  return optax.GradientTransformation(init_fn, update_fn)

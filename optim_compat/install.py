@@ -28,6 +28,7 @@ def install() -> bool:
   sys.modules['flax.optim'] = optim_compat
   flax.optim = optim_compat
   submodules = {'base': optim_compat.base, 'dynamic_scale': optim_compat.dynamic_scale,
+                'weight_norm': optim_compat.weight_norm,
                 **optim_compat.defs.LEGACY_MODULES}
   for name, module in submodules.items():
     sys.modules[f'flax.optim.{name}'] = module

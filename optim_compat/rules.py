@@ -199,3 +199,13 @@ def adafactor(opt_def, step, hp, param, state, grad):
   else:
     new_param = param - subtrahend
   return new_param.astype(param.dtype) - param, type(state)(**new)
+
+
+# -- Momentum: weight decay is L2 added to the gradient before the momentum ---------
+def momentum(opt_def, step, hp, param, state, grad):
+  lr = _lr(hp)
+  if hp.weight_decay != 0:  # Python branch, as legacy: a traced value raises
+    grad += hp.weight_decay * param
+  m = hp.beta * state.momentum + grad
+  d = grad + hp.beta * m if hp.nesterov else m
+  return -(lr * d), state.replace(momentum=m)

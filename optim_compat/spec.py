@@ -170,26 +170,6 @@ def _no_state(template, step, fields):
   return template
 
 
-def _walk_replace(state, cls, **values):
-  """Replace the fields of every ``cls`` instance inside a chain's state."""
-  if isinstance(state, cls):
-    return state._replace(**values)
-  if isinstance(state, tuple) and not hasattr(state, '_fields'):
-    return tuple(_walk_replace(s, cls, **values) for s in state)
-  return state
-
-
-def _walk_find(state, cls):
-  if isinstance(state, cls):
-    return state
-  if isinstance(state, tuple) and not hasattr(state, '_fields'):
-    for s in state:
-      found = _walk_find(s, cls)
-      if found is not None:
-        return found
-  return None
-
-
 def _lr(hp):
   if hp.learning_rate is None:
     raise ValueError('no learning rate provided: pass learning_rate= to the '
@@ -227,22 +207,6 @@ GRADIENT_DESCENT = OptimizerSpec(
 # Momentum
 
 
-def _momentum_tx(hp):
-  sgd = optax.sgd(_lr(hp), momentum=hp.beta, nesterov=bool(hp.nesterov))
-  if hp.weight_decay != 0:  # legacy branches in Python: traced wd raises, as in 0.5.3
-    return optax.chain(optax.add_decayed_weights(hp.weight_decay), sgd)
-  return sgd
-
-
-def _momentum_to(template, step, fields):
-  del step
-  return _walk_replace(template, optax.TraceState, trace=fields['momentum'])
-
-
-def _momentum_from(opt_state):
-  return {'momentum': _walk_find(opt_state, optax.TraceState).trace}
-
-
 def _momentum_emit(a, lr):
   sgd = _call('sgd', {'learning_rate': a['learning_rate'], 'momentum': a['beta'],
                       'nesterov': a['nesterov']}, lr)
@@ -257,14 +221,13 @@ MOMENTUM = OptimizerSpec(
                   HyperParam('weight_decay', 0, static=True),
                   HyperParam('nesterov', False, static=True)),
     state_fields=('momentum',),
-    shim_tx=_momentum_tx,
-    to_opt_state=_momentum_to,
-    from_opt_state=_momentum_from,
+    param_update=rules.momentum,
     emit_fn=_momentum_emit,
     stock_max_ulp=0,
     differences=('none: weight_decay is coupled L2 added to the gradient before '
                  'the momentum, i.e. chain(add_decayed_weights(wd), sgd(...)); '
-                 'bitwise equal, also with a learning rate injected per step.'),
+                 'bitwise equal, also with a learning rate injected per step. The shim '
+                 'runs the legacy rule itself, which stays bitwise inside WeightNorm too'),
 )
 
 

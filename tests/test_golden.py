@@ -18,7 +18,7 @@ def test_shim_matches_golden(case_id, def_name, kwargs):
   golden, golden_state = record_golden.load(case_id)
   opt_def, focus = cases.build(optim, def_name, kwargs)
   traj, opt = core.run_legacy(opt_def,
-                              core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32')),
+                              cases.params_for(case_id),
                               cases.STEPS, cases.SEED, record=cases.RECORDED_STEPS, focus=focus)
   worst, where = core.compare(traj, golden, cases.DTYPES.get(case_id))
   assert worst <= MAX_ULP, f'{case_id}: {worst} ulp at step/leaf {where}'
@@ -41,7 +41,7 @@ def test_emitted_optax_chain_matches_golden(case_id, def_name, kwargs):
   """The Optax source the codemod writes, evaluated, against real flax.optim."""
   entry = spec.SPECS[def_name]
   source = entry.emit({k: repr(v) for k, v in kwargs.items()})
-  traj = core.run_optax(spec.tx_from_source(source), core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32')),
+  traj = core.run_optax(spec.tx_from_source(source), cases.params_for(case_id),
                         cases.STEPS, cases.SEED, record=cases.RECORDED_STEPS)
   golden, _ = record_golden.load(case_id)
   dtype = cases.DTYPES.get(case_id)

@@ -93,7 +93,7 @@ def test_state_dict_layout_is_the_recorded_legacy_one(case_id, def_name, kwargs)
   _, legacy_state = record_golden.load(case_id)
   opt_def, focus = cases.build(optim, def_name, kwargs)
   opt = opt_def.create(jax.tree_util.tree_map(
-      jnp.asarray, core.reference_params(cases.SEED, cases.DTYPES.get(case_id, 'float32'))),
+      jnp.asarray, cases.params_for(case_id)),
       focus=focus)
   opt = opt.apply_gradient(core.reference_grads(opt.target, 0))
   sd = serialization.to_state_dict(opt)
@@ -212,3 +212,21 @@ def test_to_optax_runs_a_user_subclass_with_train_state():
   state = state.apply_gradients(grads=g)
   np.testing.assert_array_equal(state.params['w'], legacy.target['w'])
   np.testing.assert_array_equal(state.params['w'], np.float32([0.25, -0.25, 2.0]))
+
+
+def test_weight_norm_to_optax_matches_the_shim_and_0d_leaf_raises_like_legacy():
+  from flax.training import train_state
+  p = {'kernel': jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(3, 4), 'bias': jnp.zeros(4)}
+  g = jax.tree_util.tree_map(lambda x: jnp.cos(x) + 0.5, p)
+  wn = optim.WeightNorm(optim.Momentum(0.1, beta=0.8), wn_decay=1e-3)
+  opt = wn.create(p)
+  assert set(opt.state.param_states['kernel'].__dict__) >= {'direction', 'scale'}
+  assert opt.state.param_states['kernel'].scale.shape == (1, 4)
+  state = train_state.TrainState.create(apply_fn=None, params=p, tx=optim.to_optax(wn))
+  for _ in range(3):
+    opt = opt.apply_gradient(g)
+    state = state.apply_gradients(grads=g)
+  for k in p:
+    assert core.ulp_distance(state.params[k], opt.target[k]) <= 1
+  with pytest.raises(IndexError):
+    wn.create({'s': jnp.float32(1.0)})
