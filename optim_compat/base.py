@@ -186,6 +186,15 @@ class Optimizer(struct.PyTreeNode):
 
   compute_gradients = compute_gradient
 
+  def optimize(self, loss_fn, **hyper_param_overrides):
+    """Deprecated legacy helper: ``(new_optimizer, loss[, aux])`` after one step."""
+    warnings.warn('optimize() is deprecated; use jax.value_and_grad() and apply_gradient().',
+                  DeprecationWarning, stacklevel=2)
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      out = self.compute_gradient(loss_fn)
+    return (self.apply_gradient(out[-1], **hyper_param_overrides),) + tuple(out[:-1])
+
   def replicate(self, devices=None, axis_name='batch') -> 'Optimizer':
     """Deprecated legacy method: replicate over ``devices`` (default: all local).
 

@@ -230,3 +230,12 @@ def test_weight_norm_to_optax_matches_the_shim_and_0d_leaf_raises_like_legacy():
     assert core.ulp_distance(state.params[k], opt.target[k]) <= 1
   with pytest.raises(IndexError):
     wn.create({'s': jnp.float32(1.0)})
+
+
+def test_deprecated_compute_gradient_and_optimize():
+  opt = optim.GradientDescent(0.5).create({'w': jnp.float32(2.0)})
+  loss, grad = opt.compute_gradient(lambda t: t['w'] ** 2)
+  assert float(loss) == 4.0 and float(grad['w']) == 4.0
+  new, loss, aux = opt.optimize(lambda t: (t['w'] ** 2, 'aux'), learning_rate=0.25)
+  assert aux == 'aux' and float(loss) == 4.0 and float(new.target['w']) == 1.0
+  assert int(new.state.step) == 1
