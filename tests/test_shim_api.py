@@ -1,5 +1,7 @@
 """The shim's legacy API surface, on the modern stack."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,8 +34,11 @@ def test_legacy_defaults_and_signatures():
 
 
 def test_deprecation_warning_on_construction():
-  with pytest.warns(DeprecationWarning):
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
     optim.Adam(0.1)
+  assert [w.category for w in caught] == [DeprecationWarning]
+  assert 'optim-migrate rewrite' in str(caught[0].message)
 
 
 def test_step_counts_calls_and_is_int32():
