@@ -66,6 +66,17 @@ class _Base:
       return None
     return (id(assignments[0].scope), name.value)
 
+  def name_bindings(self, targets):
+    """Bindings of the plain-name assignment targets among ``targets``."""
+    for t in targets:
+      if isinstance(t, cst.Name) and (b := self.binding(t)):
+        yield b
+
+  def is_def(self, expr, def_vars) -> bool:
+    """``expr`` is ``flax.optim.<Def>(...)`` or a name bound to one (in ``def_vars``)."""
+    return self.legacy_def(expr) is not None or (
+        isinstance(expr, cst.Name) and self.binding(expr) in def_vars)
+
 
 class _Analyzer(_Base, cst.CSTVisitor):
   """Collect def variables, optimizer variables and lr-override usage."""
@@ -93,18 +104,12 @@ class _Analyzer(_Base, cst.CSTVisitor):
     value = node.value
     targets = [t.target for t in node.targets]
     if self.legacy_def(value):
-      for t in targets:
-        if isinstance(t, cst.Name) and (b := self.binding(t)):
-          self.def_vars[b] = value
-    if self._produces_optimizer(value):
-      for t in targets:
-        if isinstance(t, cst.Name) and (b := self.binding(t)):
-          self.opt_vars.add(b)
-    elif not self.legacy_def(value) and not self._passes_name_through(value, targets):
+      self.def_vars.update(dict.fromkeys(self.name_bindings(targets), value))
+    elif self._produces_optimizer(value):
+      self.opt_vars.update(self.name_bindings(targets))
+    elif not self._passes_name_through(value, targets):
       # `opt = Thing()`: this name also holds something else; never rewrite it blindly
-      for t in targets:
-        if isinstance(t, cst.Name) and (b := self.binding(t)):
-          self.rebound.add(b)
+      self.rebound.update(self.name_bindings(targets))
 
   def _passes_name_through(self, value, targets) -> bool:
     """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
@@ -126,12 +131,10 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if not isinstance(value, cst.Call):
       return False
     func = value.func
-    if m.matches(func, m.Attribute(attr=m.Name('create') | m.Name('apply_gradient'))):
-      recv = func.value
-      if self.legacy_def(recv) or func.attr.value == 'apply_gradient':
-        return True
-      if isinstance(recv, cst.Name) and self.binding(recv) in self.def_vars:
-        return True
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
+      return True
+    if m.matches(func, m.Attribute(attr=m.Name('create'))) and self.is_def(func.value, self.def_vars):
+      return True
     if self.qnames(func) & REPLICATE_FNS and value.args:
       arg = value.args[0].value
       return isinstance(arg, cst.Name) and self.binding(arg) in self.opt_vars
@@ -187,8 +190,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
       recv, method = expr.func.value, expr.func.attr.value
       if method == 'create':  # `Def(...).create(p).target`
-        return self.legacy_def(recv) is not None or (
-            isinstance(recv, cst.Name) and self.binding(recv) in self.a.def_vars)
+        return self.is_def(recv, self.a.def_vars)
       if method == 'apply_gradient':  # `opt.apply_gradient(g).target`
         return True
     return False
@@ -225,10 +227,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return self._rewrite_def(original, updated, name)
     func = updated.func
     if m.matches(func, m.Attribute(attr=m.Name('create'))):
-      recv = original.func.value
-      is_def = self.legacy_def(recv) is not None or (
-          isinstance(recv, cst.Name) and self.binding(recv) in self.a.def_vars)
-      if is_def and not self.blocked:
+      if self.is_def(original.func.value, self.a.def_vars) and not self.blocked:
         return self._rewrite_create(original, updated)
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and self.mixed_lr:
       self.flag(original, 'OM102', 'some apply_gradient calls pass learning_rate and some do '

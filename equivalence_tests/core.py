@@ -64,11 +64,11 @@ def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
 
 def flat(tree) -> dict[str, np.ndarray]:
   """``{'a/b/c': array}`` for a nested-dict pytree."""
-  return {'/'.join(map(str, k)): _storable(v)
+  return {'/'.join(map(str, k)): storable(v)
           for k, v in traverse_util.flatten_dict(_to_dict(tree)).items()}
 
 
-def _storable(x) -> np.ndarray:
+def storable(x) -> np.ndarray:
   """numpy array; bfloat16/float16 widened to float32 (exact) so .npz can hold it."""
   x = np.asarray(x)
   if x.dtype.kind == 'V' or x.dtype.name in ('bfloat16', 'float16'):

@@ -42,7 +42,7 @@ def record_case(optim_module, case_id: str, def_name: str, kwargs: dict) -> dict
     if v is None:
       out[key] = np.zeros((0,), np.int8)
     else:
-      out[key] = np.zeros((0,), np.uint8) if empty else core._storable(v)
+      out[key] = np.zeros((0,), np.uint8) if empty else core.storable(v)
   return out
 
 

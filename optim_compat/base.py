@@ -74,45 +74,23 @@ class OptimizerDef:
     """One update of the whole tree; returns ``(new_params, new_state)``.
 
     Raises:
-      ValueError: ``grads`` or ``state.param_states`` do not match the
-        structure of ``params``.
+      ValueError: ``grads`` do not match the structure of ``params`` (the
+        message shows both structures).
     """
-    treedef = jax.tree_util.tree_structure(params)
-    try:
+    if self._spec is None:  # a user's per-leaf def: the legacy loop, exactly
+      treedef = jax.tree_util.tree_structure(params)
       flat_states = treedef.flatten_up_to(state.param_states)
-      flat_grads = treedef.flatten_up_to(grads)
-    except (ValueError, TypeError) as e:
-      raise ValueError(f'gradients/state do not match the params tree: {e}') from e
-    flat_params = treedef.flatten_up_to(params)
-    if self._spec is None:
+      flat_grads = transforms.flatten_like(treedef, grads)
       out = [self.apply_param_gradient(state.step, hyper_params, p, s, g)
-             for p, s, g in zip(flat_params, flat_states, flat_grads)]
+             for p, s, g in zip(treedef.flatten_up_to(params), flat_states, flat_grads)]
       new_params_flat, new_states_flat = list(zip(*out)) if out else ((), ())
       return (treedef.unflatten(new_params_flat),
               OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
-
-    spec = self._spec
-    for name in spec.construction_only:  # legacy reads these from the def, not the call
-      hyper_params = hyper_params.replace(**{name: getattr(self.hyper_params, name)})
-    if spec.param_update is not None:
-      tx = transforms.from_legacy_rule(self, hyper_params, spec.param_update)
-      opt_state = transforms.LegacyRuleState(state.step, state.param_states)
-      updates, new_opt_state = tx.update(grads, opt_state, params)
-      return (optax.apply_updates(params, updates),
-              OptimizerState(new_opt_state.count, new_opt_state.param_states))
-    tx = spec.shim_tx(hyper_params)
-    fields = {f: treedef.unflatten([getattr(s, f) for s in flat_states])
-              for f in spec.state_fields}
-    opt_state = spec.to_opt_state(tx.init(params), state.step, fields)
+    tx = transforms.from_legacy_rule(self, hyper_params, self._spec.param_update)
+    opt_state = transforms.LegacyRuleState(state.step, state.param_states)
     updates, new_opt_state = tx.update(grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    new_fields = spec.from_opt_state(new_opt_state)
-    flat_new = {f: treedef.flatten_up_to(new_fields[f]) for f in spec.state_fields}
-    state_cls = self._param_state_cls
-    new_states = [state_cls(**{f: flat_new[f][i] for f in spec.state_fields})
-                  if spec.state_fields else ()
-                  for i in range(len(flat_params))]
-    return new_params, OptimizerState(state.step + 1, treedef.unflatten(new_states))
+    return (optax.apply_updates(params, updates),
+            OptimizerState(new_opt_state.count, new_opt_state.param_states))
 
   def update_hyper_params(self, **hyper_param_overrides):
     """Hyper-parameters for one step: the def's, with per-call overrides.
@@ -396,10 +374,6 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     """Legacy per-leaf protocol: ``(new_param, new_state)`` for one leaf."""
-    if entry.param_update is None:
-      new_params, new_state = self.apply_gradient(
-          hyper_params, [param], OptimizerState(step, [state]), [grad])
-      return new_params[0], new_state.param_states[0]
     update, new_state = entry.param_update(self, step, hyper_params, param, state, grad)
     return param + update, new_state
 
@@ -409,7 +383,7 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
   cls = type(entry.name, (OptimizerDef,), {
       '__init__': __init__, 'init_param_state': init_param_state, '__doc__': doc,
       'apply_param_gradient': apply_param_gradient,
-      '__module__': module, '_spec': entry, '_param_state_cls': state_cls,
+      '__module__': module, '_spec': entry,
       '_hyper_params_cls': hp_cls})
   return cls, hp_cls, state_cls
 
@@ -420,18 +394,17 @@ def to_optax(opt_def: OptimizerDef, **hyper_param_overrides) -> optax.GradientTr
   Usable with ``TrainState`` (``tx=to_optax(def)``). For table entries it is
   the shim's own transformation; for a user subclass of ``OptimizerDef`` its
   ``init_param_state`` / ``apply_param_gradient`` run per leaf (the update is
-  ``new_param - param``). The state is ``transforms.LegacyRuleState`` (legacy
-  step and per-parameter states) except for stock-Optax entries.
+  ``new_param - param``); whole-tree defs (WeightNorm, MultiOptimizer, an
+  overridden ``apply_gradient``) update the tree at once. The state is the
+  legacy step and per-parameter states (``transforms.LegacyRuleState``, or the
+  ``OptimizerState`` itself for whole-tree defs).
 
   Raises:
     TypeError: unknown hyper-parameter override.
   """
   hp = opt_def.update_hyper_params(**hyper_param_overrides)
-  spec = opt_def._spec
-  if spec is not None and spec.param_update is None:
-    return spec.shim_tx(hp)
-  if spec is not None:
-    return transforms.from_legacy_rule(opt_def, hp, spec.param_update)
+  if opt_def._spec is not None:
+    return transforms.from_legacy_rule(opt_def, hp, opt_def._spec.param_update)
   if type(opt_def).apply_gradient is not OptimizerDef.apply_gradient:
     return _whole_tree_tx(opt_def, hp)
 

@@ -20,7 +20,12 @@ import numpy as np
 from jax import lax
 
 
-def _lr(hp):
+def require_learning_rate(hp):
+  """``hp.learning_rate``.
+
+  Raises:
+    ValueError: it is ``None`` (legacy asserts 'no learning rate provided').
+  """
   if hp.learning_rate is None:
     raise ValueError('no learning rate provided: pass learning_rate= to the '
                      'optimizer def or to apply_gradient().')
@@ -45,17 +50,24 @@ def _bias_corrected(step, dtype, beta1, beta2, m, v):
   return m / (1 - beta1 ** t), v / (1 - beta2 ** t)
 
 
-def zeros_state(cls, *fields):
-  """``init_param_state`` giving ``cls`` with each field ``zeros_like(param)``."""
-  def init(opt_def, param):
-    del opt_def
-    return cls(**{f: jnp.zeros_like(param) for f in fields})
-  return init
+# -- GradientDescent: p - lr*g --------------------------------------------------
+def sgd(opt_def, step, hp, param, state, grad):
+  return -(require_learning_rate(hp) * grad), state
+
+
+# -- Adam: decay decoupled but lr-scaled; t in the parameter's dtype ---------------
+def adam(opt_def, step, hp, param, state, grad):
+  lr = require_learning_rate(hp)
+  m = hp.beta1 * state.grad_ema + (1. - hp.beta1) * grad
+  v = hp.beta2 * state.grad_sq_ema + (1. - hp.beta2) * lax.square(grad)
+  m_hat, v_hat = _bias_corrected(step, param.dtype, hp.beta1, hp.beta2, m, v)
+  step_term = lr * m_hat / (jnp.sqrt(v_hat) + hp.eps)
+  return _decoupled(param, step_term, lr, hp.weight_decay), state.replace(grad_ema=m, grad_sq_ema=v)
 
 
 # -- AdaBelief: s tracks (g - m_new)^2 + eps; eps again outside the sqrt ----------
 def adabelief(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   m = hp.beta1 * state.grad_ema + (1. - hp.beta1) * grad
   s = hp.beta2 * state.grad_sq_ema + (1. - hp.beta2) * lax.square(grad - m) + hp.eps
   m_hat, s_hat = _bias_corrected(step, param.dtype, hp.beta1, hp.beta2, m, s)
@@ -65,7 +77,7 @@ def adabelief(opt_def, step, hp, param, state, grad):
 
 # -- Adadelta: delta from the *old* accumulator; decay lr-scaled, after the step --
 def adadelta(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   rho, eps = hp.rho, hp.eps
   sq_avg = rho * state.sq_avg + jnp.square(grad) * (1 - rho)
   delta = (jnp.sqrt(state.acc_delta + eps) / jnp.sqrt(sq_avg + eps)) * grad
@@ -76,7 +88,7 @@ def adadelta(opt_def, step, hp, param, state, grad):
 
 # -- Adagrad: G starts at 0; eps outside the sqrt ------------------------------------
 def adagrad(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   G = state.G + jnp.square(grad)
   return -(lr * grad / (jnp.sqrt(G) + hp.eps)), state.replace(G=G)
 
@@ -90,7 +102,7 @@ def rmsprop_init(cls):
 
 
 def rmsprop(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   v = hp.beta2 * state.v + (1.0 - hp.beta2) * jnp.square(grad)
   if hp.centered:
     mg = hp.beta2 * state.mg + (1.0 - hp.beta2) * grad
@@ -102,7 +114,7 @@ def rmsprop(opt_def, step, hp, param, state, grad):
 
 # -- LAMB: trust ratio ||p||/||u|| is 0 for a zero leaf (it never moves) ------------
 def lamb(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   m = hp.beta1 * state.grad_ema + (1. - hp.beta1) * grad
   v = hp.beta2 * state.grad_sq_ema + (1. - hp.beta2) * lax.square(grad)
   t = jnp.array(step + 1, lax.dtype(param.dtype))
@@ -119,7 +131,7 @@ def lamb(opt_def, step, hp, param, state, grad):
 
 # -- LARS: ratio tc*||p|| / (||g|| + wd*||p|| + eps) on the raw g; L2 after it ------
 def lars(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   p_norm = jnp.linalg.norm(param)
   g_norm = jnp.linalg.norm(grad)
   ratio = hp.trust_coefficient * p_norm / (g_norm + hp.weight_decay * p_norm + hp.eps)
@@ -160,7 +172,7 @@ def adafactor_init(cls):
 
 
 def adafactor(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   fixed = opt_def.hyper_params  # factoring and parameter scaling: fixed at construction
   grad = grad.astype(jnp.float32)
   new = {k: jnp.zeros((1,)) for k in ('v_row', 'v_col', 'v', 'm')}
@@ -203,7 +215,7 @@ def adafactor(opt_def, step, hp, param, state, grad):
 
 # -- Momentum: weight decay is L2 added to the gradient before the momentum ---------
 def momentum(opt_def, step, hp, param, state, grad):
-  lr = _lr(hp)
+  lr = require_learning_rate(hp)
   if hp.weight_decay != 0:  # Python branch, as legacy: a traced value raises
     grad += hp.weight_decay * param
   m = hp.beta * state.momentum + grad

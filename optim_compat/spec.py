@@ -3,8 +3,9 @@
 One :class:`OptimizerSpec` per legacy def drives all three parts of the toolkit:
 
 * the shim (``optim_compat``) builds its ``OptimizerDef`` classes from
-  ``hyper_params`` / ``state_fields`` and runs ``shim_tx`` (an Optax
-  ``GradientTransformation``) inside ``Optimizer.apply_gradient``;
+  ``hyper_params`` / ``state_fields`` and runs ``param_update`` (the legacy
+  per-parameter rule) as an Optax ``GradientTransformation`` inside
+  ``Optimizer.apply_gradient``;
 * the codemod emits ``emit(...)`` — Optax source text — for a rewritten
   ``Def(...).create(params)``;
 * the equivalence tests iterate :data:`SPECS` and check both against golden
@@ -22,7 +23,7 @@ from typing import Any, Callable, Mapping
 import jax
 import optax
 
-from optim_compat import rules, transforms
+from optim_compat import rules
 
 #: Marker for "the learning rate is set at apply time" in :meth:`OptimizerSpec.emit`.
 INJECT = object()
@@ -58,16 +59,10 @@ class OptimizerSpec:
     stock_max_ulp: measured bound (ulps of a leaf's largest magnitude, 20
       steps) of the emitted Optax chain against legacy flax.optim; 0 = bitwise.
     differences: human-readable statement of every known difference.
-    shim_tx, to_opt_state, from_opt_state: for entries run through a stock (or
-      NamedTuple-state) Optax transformation: ``hp -> tx``,
-      ``(opt_state_template, step, fields) -> opt_state`` and back, where
-      ``fields`` maps each state field to a pytree like params.
-    param_update: otherwise, the legacy per-parameter rule
-      (``optim_compat.rules``), run through ``transforms.from_legacy_rule``.
+    param_update: the legacy per-parameter rule (``optim_compat.rules``), run
+      by the shim through ``transforms.from_legacy_rule``.
     init_param_state: ``ParamStateClass -> (opt_def, param) -> state``
       (default: every field ``zeros_like(param)``).
-    construction_only: hyper-parameters legacy reads from the def, ignoring
-      per-call overrides (Adafactor's factoring flags).
     extra_args: constructor arguments that are not hyper-parameters, with
       defaults (Adafactor's ``dtype_momentum``).
     stock_max_ulp_low_precision: the measured bound in bfloat16 ulps where a
@@ -81,12 +76,8 @@ class OptimizerSpec:
   emit_fn: Callable[[dict, Any], str]
   stock_max_ulp: int
   differences: str
-  shim_tx: Callable[[Any], optax.GradientTransformation] | None = None
-  to_opt_state: Callable[[Any, Any, Mapping[str, Any]], Any] | None = None
-  from_opt_state: Callable[[Any], dict] | None = None
-  param_update: Callable | None = None
+  param_update: Callable
   init_param_state: Callable[[type], Callable] | None = None
-  construction_only: tuple[str, ...] = ()
   extra_args: tuple[tuple[str, Any], ...] = ()
   stock_max_ulp_low_precision: int | None = None
   legacy_module: str = ''
@@ -165,24 +156,8 @@ def _call(fn: str, args: Mapping[str, str], lr_injected) -> str:
   return f'{fn}({body})'
 
 
-def _no_state(template, step, fields):
-  del step, fields
-  return template
-
-
-def _lr(hp):
-  if hp.learning_rate is None:
-    raise ValueError('no learning rate provided: pass learning_rate= to the '
-                     'optimizer def or to apply_gradient().')
-  return hp.learning_rate
-
-
 # --------------------------------------------------------------------------
 # GradientDescent
-
-
-def _sgd_tx(hp):
-  return optax.sgd(_lr(hp))
 
 
 def _sgd_emit(a, lr):
@@ -194,9 +169,7 @@ GRADIENT_DESCENT = OptimizerSpec(
     legacy_module='sgd',
     hyper_params=(HyperParam('learning_rate', None),),
     state_fields=(),
-    shim_tx=_sgd_tx,
-    to_opt_state=_no_state,
-    from_opt_state=lambda opt_state: {},
+    param_update=rules.sgd,
     emit_fn=_sgd_emit,
     stock_max_ulp=0,
     differences='none: optax.sgd is bitwise equal (p - lr*g).',
@@ -235,18 +208,6 @@ MOMENTUM = OptimizerSpec(
 # Adam
 
 
-def _adam_tx(hp):
-  return transforms.legacy_adam(_lr(hp), hp.beta1, hp.beta2, hp.eps, hp.weight_decay)
-
-
-def _adam_to(template, step, fields):
-  return transforms.LegacyAdamState(step, fields['grad_ema'], fields['grad_sq_ema'])
-
-
-def _adam_from(opt_state):
-  return {'grad_ema': opt_state.grad_ema, 'grad_sq_ema': opt_state.grad_sq_ema}
-
-
 def _adam_emit(a, lr):
   args = {'learning_rate': a['learning_rate'], 'b1': a['beta1'], 'b2': a['beta2'],
           'eps': a['eps']}
@@ -263,9 +224,7 @@ ADAM = OptimizerSpec(
                   HyperParam('beta2', 0.999), HyperParam('eps', 1e-8),
                   HyperParam('weight_decay', 0.0)),
     state_fields=('grad_ema', 'grad_sq_ema'),
-    shim_tx=_adam_tx,
-    to_opt_state=_adam_to,
-    from_opt_state=_adam_from,
+    param_update=rules.adam,
     emit_fn=_adam_emit,
     stock_max_ulp=6,
     stock_max_ulp_low_precision=17,
@@ -380,8 +339,7 @@ ADAFACTOR = _rule_entry(
     lambda a, lr: _ours('adafactor', a, lr, tuple(a)), 2,
     'the faithful optim_compat.transforms.adafactor is emitted (a stock chain exists but '
     'optax.adafactor has no epsilon2)',
-    init_param_state=rules.adafactor_init,
-    construction_only=('factored', 'multiply_by_parameter_scale', 'min_dim_size_to_factor'),
+    init_param_state=rules.adafactor_init,  # factoring flags: read from the def, as legacy
     extra_args=(('dtype_momentum', jax.numpy.dtype('float32')),))
 
 

@@ -29,7 +29,7 @@ def test_shim_matches_golden(case_id, def_name, kwargs):
   assert int(flat['step']) == int(golden_state['step']) == cases.STEPS
   for key, value in golden_state.items():
     if value.size and key != 'step':
-      assert core.ulp_distance(core._storable(flat[key]), value,
+      assert core.ulp_distance(core.storable(flat[key]), value,
                                dtype=cases.DTYPES.get(case_id)) <= MAX_ULP_STATE, key
 
 

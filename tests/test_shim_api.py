@@ -113,7 +113,7 @@ def test_state_dict_layout_is_the_recorded_legacy_one(case_id, def_name, kwargs)
       assert flat[key] is None, key
     else:
       assert np.shape(flat[key]) == legacy_value.shape, key
-      assert core._storable(flat[key]).dtype == legacy_value.dtype, key
+      assert core.storable(flat[key]).dtype == legacy_value.dtype, key
   restored = serialization.from_state_dict(opt, serialization.to_state_dict(opt))
   for a, b in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(opt)):
     np.testing.assert_array_equal(a, b)
