@@ -47,7 +47,7 @@ class FileResult:
       return ''
     return ''.join(difflib.unified_diff(
         self.original.splitlines(keepends=True), self.new.splitlines(keepends=True),
-        fromfile=f'a/{self.path}', tofile=f'b/{self.path}'))
+        fromfile=f'a/{self.path.lstrip("/")}', tofile=f'b/{self.path.lstrip("/")}'))
 
 
 def rewrite_source(source: str, path: str = '<string>') -> FileResult:
@@ -87,6 +87,8 @@ def iter_python_files(paths: Iterable[str]) -> list[pathlib.Path]:
   """``.py`` files under ``paths`` (files taken as given), sorted, hidden dirs skipped."""
   out = []
   for p in map(pathlib.Path, paths):
+    if not p.exists():
+      continue  # reported by the caller
     if p.is_dir():
       out.extend(f for f in sorted(p.rglob('*.py'))
                  if not any(part.startswith('.') for part in f.relative_to(p).parts))
@@ -109,9 +111,12 @@ def read_source(path: pathlib.Path) -> tuple[str, str]:
 def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None:
   """Replace ``path`` with ``text`` via a temporary file and ``os.replace``.
 
+  A symlink is written through (its target is replaced; the link stays).
+
   ``encoding`` is the file's own (``utf-8-sig`` keeps a BOM); newlines are
   written as they are in ``text``.
   """
+  path = path.resolve()
   mode = path.stat().st_mode
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
   try:

@@ -23,6 +23,11 @@ from optim_compat import spec as spec_lib
 
 LEGACY = 'flax.optim'
 REPLICATE_FNS = {'flax.jax_utils.replicate', 'flax.jax_utils.unreplicate'}
+#: Optimizer attributes a TrainState does not have and no rule converts yet.
+LEGACY_ONLY_ATTRS = {
+    'optimizer_def': 'OM100', 'state': 'OM103', 'replicate': 'OM100', 'unreplicate': 'OM100',
+    'compute_gradient': 'OM100', 'compute_gradients': 'OM100', 'optimize': 'OM100',
+    'state_dict': 'OM100', 'restore_state': 'OM100'}
 
 
 @dataclasses.dataclass
@@ -88,14 +93,35 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.apply_calls: list[cst.Call] = []
     self.uses_legacy = False        # the module references flax.optim at all
     self.def_calls: list[cst.Call] = []
+    self.create_calls: list[cst.Call] = []
     self.params: set = set()        # bindings of function parameters
+    self.legacy_attrs: list[cst.Attribute] = []  # opt.optimizer_def, opt.state, opt.replicate...
+    self.subclasses: list[cst.ClassDef] = []     # user OptimizerDef subclasses
+    self.defines_apply_gradient = False          # the module has its own `def apply_gradient`
+    self._state_step: set[int] = set()
     self.rebound: set = set()       # bindings also assigned something else
+
+  def visit_Attribute(self, node: cst.Attribute) -> None:
+    self.visit_Name(node)  # `flax.optim.X` after `import flax`
+    attr = node.attr.value
+    if attr == 'step' and m.matches(node.value, m.Attribute(attr=m.Name('state'))):
+      self._state_step.add(id(node.value))  # `.state.step` is converted (OM004)
+    elif attr in LEGACY_ONLY_ATTRS and id(node) not in self._state_step:
+      self.legacy_attrs.append(node)
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    if any(q.startswith(LEGACY + '.') for base in node.bases for q in self.qnames(base.value)):
+      self.subclasses.append(node)
+
+  def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    if node.name.value == 'apply_gradient':
+      self.defines_apply_gradient = True
 
   def visit_Param(self, node: cst.Param) -> None:
     if (b := self.binding(node.name)):
       self.params.add(b)
 
-  def visit_Name(self, node: cst.Name) -> None:
+  def visit_Name(self, node) -> None:
     if not self.uses_legacy and any(q == LEGACY or q.startswith(LEGACY + '.')
                                     for q in self.qnames(node)):
       self.uses_legacy = True
@@ -116,11 +142,16 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if not isinstance(value, cst.Call):
       return False
     names = {t.value for t in targets if isinstance(t, cst.Name)}
+    if m.matches(value.func, m.Attribute(value=m.Name())) and value.func.value.value in names:
+      return True  # `x = x.method(...)`
     return any(isinstance(a.value, cst.Name) and a.value.value in names for a in value.args)
 
   def visit_Call(self, node: cst.Call) -> None:
     if self.legacy_def(node):
       self.def_calls.append(node)
+    if m.matches(node.func, m.Attribute(attr=m.Name('create'))) and \
+        self.is_def(node.func.value, self.def_vars):
+      self.create_calls.append(node)
     if m.matches(node.func, m.Attribute(attr=m.Name('apply_gradient'))):
       self.apply_calls.append(node)
       recv = node.func.value
@@ -158,9 +189,32 @@ class _Rewriter(_Base, cst.CSTTransformer):
     # one def we cannot convert leaves every optimizer in the file legacy: then
     # usages are not rewritten either (half-migrated code would not run)
     self.blocked = False
+    self.unproven = False
+    self._legacy_attr_ids = {id(a) for a in analysis.legacy_attrs}
 
   def visit_Module(self, node: cst.Module) -> None:
-    self.blocked = self.mixed_lr or any(self._def_problem(c) for c in self.a.def_calls)
+    self.blocked = (self.mixed_lr or any(self._def_problem(c) for c in self.a.def_calls)
+                    or any(self._create_problem(c) for c in self.a.create_calls)
+                    or bool(self.a.subclasses) or bool(self._legacy_only_uses()))
+    # a file that never references flax.optim: nothing proves `.apply_gradient` is ours
+    self.unproven = not self.a.uses_legacy
+
+  def _legacy_only_uses(self) -> list[cst.Attribute]:
+    return [a for a in self.a.legacy_attrs if self._is_optimizer(a.value)]
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    if any(node is c for c in self.a.subclasses):
+      self._consumed.update(id(base.value) for base in node.bases)
+      self.flag(node, 'OM100', f'`{node.name.value}` subclasses a flax.optim class: use '
+                               f'optim_compat.to_optax({node.name.value}(...)) as the TrainState tx '
+                               '(this file keeps its legacy optimizer code)')
+
+  @staticmethod
+  def _create_problem(call: cst.Call) -> Optional[str]:
+    if len(call.args) != 1 or call.args[0].keyword is not None:
+      return ('create(target, focus=...) -> optax.multi_transform is not converted yet '
+              '(this file keeps its legacy optimizer code)')
+    return None
 
   # -- helpers -------------------------------------------------------------
   @staticmethod
@@ -227,12 +281,22 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return self._rewrite_def(original, updated, name)
     func = updated.func
     if m.matches(func, m.Attribute(attr=m.Name('create'))):
-      if self.is_def(original.func.value, self.a.def_vars) and not self.blocked:
-        return self._rewrite_create(original, updated)
+      if self.is_def(original.func.value, self.a.def_vars):
+        problem = self._create_problem(original)
+        if problem:
+          self.flag(original, 'OM100', problem)
+        elif not self.blocked:
+          return self._rewrite_create(original, updated)
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and self.mixed_lr:
       self.flag(original, 'OM102', 'some apply_gradient calls pass learning_rate and some do '
                                    'not; legacy overrides last one call, Optax state persists '
                                    '(this file keeps its legacy optimizer code)')
+      return updated
+    if self.unproven:
+      if (m.matches(func, m.Attribute(attr=m.Name('apply_gradient')))
+          and not self.a.defines_apply_gradient):
+        self.flag(original, 'OM100', 'this file never imports flax.optim: if this is a flax.optim '
+                                     'Optimizer, migrate it where it is created')
       return updated
     if self.blocked:
       return updated
@@ -294,17 +358,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
     spec = spec_lib.SPECS[name]
     source = spec.emit(self._def_args(updated, spec), learning_rate_injected=self.inject_lr)
     AddImportsVisitor.add_needed_import(self.context, 'optax')
+    if 'optim_compat.' in source:  # a faithful transformation (intrinsic difference)
+      AddImportsVisitor.add_needed_import(self.context, 'optim_compat')
     distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
                 f'measured <= {spec.stock_max_ulp} ulp from legacy: {spec.differences}')
     self.fixed(original, 'OM001', f'flax.optim.{name}(...) -> {source} ({distance})')
     return cst.parse_expression(source)
 
   def _rewrite_create(self, original, updated):
-    kwargs = self._kwargs(updated)
-    if 'focus' in kwargs or len(updated.args) != 1:
-      self.flag(original, 'OM100', 'create(target, focus=...) -> optax.multi_transform '
-                                   'is not converted yet')
-      return updated
     target = updated.args[0].value
     AddImportsVisitor.add_needed_import(self.context, 'flax.training', 'train_state')
     self.fixed(original, 'OM001', '.create(params) -> train_state.TrainState.create(...)')
@@ -336,7 +397,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return cst.parse_expression(template).visit(_Substitute(subs))
 
   def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
-    if self.blocked:
+    rule = LEGACY_ONLY_ATTRS.get(original.attr.value)
+    if rule and id(original) in self._legacy_attr_ids and self._is_optimizer(original.value):
+      self.flag(original, rule, f'`.{original.attr.value}` of a flax.optim Optimizer has no '
+                                'TrainState equivalent yet (this file keeps its legacy optimizer code)')
+    if self.blocked or self.unproven:
       return updated
     if original.attr.value == 'target':
       if self._is_optimizer(original.value):
@@ -423,13 +488,12 @@ class MigrateCommand(CodemodCommand):
     rewriter = _Rewriter(self.context, analysis)
     result = wrapper.visit(rewriter)
     self.findings = rewriter.findings
-    if any(f.fixed for f in self.findings):
-      # only once something was converted: a legacy import still in use stays
-      RemoveImportsVisitor.remove_unused_import(self.context, 'flax', 'optim')
-      RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim')
-      RemoveImportsVisitor.remove_unused_import(self.context, 'flax')
-      for name in spec_lib.SPECS:
-        RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim', name)
-      for module, obj, asname in _aliased_legacy_imports(tree):
-        RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
+    # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
+    RemoveImportsVisitor.remove_unused_import(self.context, 'flax', 'optim')
+    RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim')
+    RemoveImportsVisitor.remove_unused_import(self.context, 'flax')
+    for name in spec_lib.SPECS:
+      RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim', name)
+    for module, obj, asname in _aliased_legacy_imports(tree):
+      RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
     return result

@@ -89,8 +89,10 @@ class OptimizerDef:
     tx = transforms.from_legacy_rule(self, hyper_params, self._spec.param_update)
     opt_state = transforms.LegacyRuleState(state.step, state.param_states)
     updates, new_opt_state = tx.update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates),
-            OptimizerState(new_opt_state.count, new_opt_state.param_states))
+    # `p + u` without optax.apply_updates' cast back to p's dtype: legacy returns the
+    # rule's result dtype (an int32 leaf under SGD becomes float32, as in 0.5.3)
+    new_params = jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
+    return new_params, OptimizerState(new_opt_state.count, new_opt_state.param_states)
 
   def update_hyper_params(self, **hyper_param_overrides):
     """Hyper-parameters for one step: the def's, with per-call overrides.

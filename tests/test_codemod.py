@@ -146,3 +146,30 @@ def test_parse_error_names_file_and_line():
   result = engine.rewrite_source('from flax import optim\ndef f(:\n', 'b.py')
   assert result.error.startswith('b.py:2:') and 'cannot parse' in result.error
   assert result.new is None
+
+
+def test_apply_gradient_in_a_file_without_flax_optim_is_flagged_not_rewritten():
+  source = 'def train(opt, g):\n  opt = opt.apply_gradient(g)\n  return opt.target\n'
+  result = engine.rewrite_source(source, 'o.py')
+  assert 'opt.apply_gradient(g)' in result.new and 'apply_gradients' not in result.new
+  assert [f.rule for f in result.manual] == ['OM100']
+  assert not [f for f in result.findings if f.fixed]
+
+
+def test_write_goes_through_a_symlink_and_missing_paths_count_once(tmp_path):
+  real = tmp_path / 'real.py'
+  real.write_text((FIXTURES / 'bare_flax_import' / 'before.py').read_text())
+  link = tmp_path / 'link.py'
+  link.symlink_to(real)
+  proc = _cli('rewrite', '--write', str(link))
+  assert proc.returncode == 1, proc.stderr
+  assert link.is_symlink()
+  assert real.read_text() == (FIXTURES / 'bare_flax_import' / 'after.py').read_text()
+  proc = _cli('rewrite', str(tmp_path / 'nope.py'))
+  assert proc.returncode == 2 and proc.stderr.count('nope.py') == 1
+  assert '1 error(s)' in proc.stderr
+
+
+def test_demo_rejects_zero_steps():
+  proc = _cli('demo', '--steps', '0')
+  assert proc.returncode == 2 and '--steps' in proc.stderr

@@ -244,3 +244,11 @@ def test_deprecated_compute_gradient_and_optimize():
   new, loss, aux = opt.optimize(lambda t: (t['w'] ** 2, 'aux'), learning_rate=0.25)
   assert aux == 'aux' and float(loss) == 4.0 and float(new.target['w']) == 1.0
   assert int(new.state.step) == 1
+
+
+def test_integer_params_are_promoted_like_legacy():
+  """Legacy 0.5.3 returns the rule's dtype: p - lr*g on int32 gives float32 [-0.1, 0.9, 1.9]."""
+  opt = optim.GradientDescent(0.1).create({'a': jnp.arange(3)})
+  out = opt.apply_gradient({'a': jnp.ones(3, jnp.int32)})
+  assert out.target['a'].dtype == jnp.float32
+  np.testing.assert_allclose(out.target['a'], np.float32([-0.1, 0.9, 1.9]))
