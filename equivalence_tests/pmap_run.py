@@ -35,10 +35,16 @@ def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900,
     env['XLA_FLAGS'] = (f'{env.get("XLA_FLAGS", "")} {extra_xla_flags} '
                         f'--xla_force_host_platform_device_count={n}').strip()
     env['JAX_PLATFORMS'] = 'cpu'
-    proc = subprocess.run([str(python), '-m', 'equivalence_tests.pmap_run', str(n)],
-                          capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    for _attempt in range(2):
+      proc = subprocess.run([str(python), '-m', 'equivalence_tests.pmap_run', str(n)],
+                            capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+      # a process killed by a signal (seen once, 8 host devices on 2 cores, empty
+      # stderr) produced no result at all: run it once more; any other failure is final
+      if proc.returncode >= 0:
+        break
     if proc.returncode != 0:
-      raise RuntimeError(f'pmap_run {n} failed:\n{proc.stderr[-4000:]}')
+      raise RuntimeError(f'pmap_run {n} failed with exit status {proc.returncode}:\n'
+                         f'{proc.stderr[-4000:]}{proc.stdout[-1000:]}')
     out[n] = json.loads(proc.stdout)
   return out
 
