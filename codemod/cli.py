@@ -13,6 +13,10 @@ import sys
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 
+#: Modules that add subcommands: each has ``register(subparsers)``, which adds
+#: its parsers with ``set_defaults(func=...)`` (``func(args) -> exit status``).
+EXTRA_COMMANDS: tuple[str, ...] = ()
+
 
 def cmd_rewrite(args) -> int:
   from codemod import engine
@@ -97,6 +101,9 @@ def main(argv=None) -> int:
   p.add_argument('--devices', type=int, default=2, help='CPU devices for pmap')
   p.add_argument('--examples', default=None, help='examples directory (default: found)')
   p.set_defaults(func=cmd_demo)
+  import importlib
+  for module in EXTRA_COMMANDS:
+    importlib.import_module(module).register(sub)
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ['run'] and len(argv) > 1 and not argv[1].startswith('-'):
     # everything after SCRIPT belongs to the script, `--` included
