@@ -17,6 +17,7 @@ re-arrangement.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import warnings
 from typing import Any
 
@@ -77,12 +78,15 @@ class OptimizerDef:
       ValueError: ``grads`` do not match the structure of ``params`` (the
         message shows both structures).
     """
+    if self._spec is not None:
+      check_hyper_params(self._spec, dataclasses.asdict(hyper_params))
     if self._spec is None:  # a user's per-leaf def: the legacy loop, exactly
       treedef = jax.tree_util.tree_structure(params)
       flat_states = treedef.flatten_up_to(state.param_states)
-      flat_grads = transforms.flatten_like(treedef, grads)
+      flat_params = treedef.flatten_up_to(params)
+      flat_grads = transforms.flatten_like(treedef, grads, flat_params)
       out = [self.apply_param_gradient(state.step, hyper_params, p, s, g)
-             for p, s, g in zip(treedef.flatten_up_to(params), flat_states, flat_grads)]
+             for p, s, g in zip(flat_params, flat_states, flat_grads)]
       new_params_flat, new_states_flat = list(zip(*out)) if out else ((), ())
       return (treedef.unflatten(new_params_flat),
               OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
@@ -358,6 +362,7 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
         raise TypeError(f'{entry.name}() got multiple values for argument {key!r}')
       values[key] = value
     _deprecation_warning()
+    check_hyper_params(entry, values, traced_ok=True)
     for key in extra:
       value = values.pop(key)
       setattr(self, key, jax.dtypes.canonicalize_dtype(value) if 'dtype' in key else value)
@@ -379,15 +384,86 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
     update, new_state = entry.param_update(self, step, hyper_params, param, state, grad)
     return param + update, new_state
 
-  doc = (f'Legacy ``flax.optim.{entry.name}`` ({", ".join(f"{h.name}={h.default!r}" for h in entry.hyper_params)}),\n'
-         f'run through Optax. Per-parameter state fields: {entry.state_fields or "()"}.\n\n'
-         f'Known differences of the emitted Optax chain: {entry.differences}')
+  doc = def_docstring(entry)
   cls = type(entry.name, (OptimizerDef,), {
       '__init__': __init__, 'init_param_state': init_param_state, '__doc__': doc,
       'apply_param_gradient': apply_param_gradient,
       '__module__': module, '_spec': entry,
       '_hyper_params_cls': hp_cls})
   return cls, hp_cls, state_cls
+
+
+def _is_number_like(value) -> bool:
+  if value is None or isinstance(value, (numbers.Number, jax.core.Tracer)):
+    return True
+  dtype = getattr(value, 'dtype', None)
+  return dtype is not None and getattr(dtype, 'kind', 'V') in 'biufcV' and hasattr(value, 'shape')
+
+
+def check_hyper_params(entry: spec_lib.OptimizerSpec, values: dict, traced_ok: bool = False):
+  """Reject hyper-parameter values legacy flax.optim would fail on obscurely.
+
+  Args:
+    entry: the def's table entry.
+    values: hyper-parameter name -> value (extra constructor args are skipped).
+    traced_ok: skip the traced-value check (at construction, where a traced
+      value may still be replaced per call).
+
+  Raises:
+    TypeError: a value that is not a number, bool, ``None`` or numeric array
+      (e.g. the string ``'1e-3'``); the message names the hyper-parameter.
+    jax.errors.ConcretizationTypeError: a traced value for a hyper-parameter
+      the legacy rule branches on in Python (``HyperParam.static``: Momentum
+      ``weight_decay`` / ``nesterov``, RMSProp ``centered``, LAMB
+      ``weight_decay``, LARS ``weight_decay`` / ``nesterov``); legacy raised
+      the same error type without naming it.
+  """
+  for hp in entry.hyper_params:
+    value = values.get(hp.name)
+    if not _is_number_like(value):
+      raise TypeError(f'{entry.name}: hyper-parameter {hp.name!r} must be a number, bool, '
+                      f'None or a numeric array, got {type(value).__name__} {value!r}')
+    if hp.static and not traced_ok and isinstance(value, jax.core.Tracer):
+      raise jax.errors.ConcretizationTypeError(
+          value, f'{entry.name}: hyper-parameter {hp.name!r} is traced, but legacy flax.optim '
+                 f'0.5.3 branches on its value in Python; pass a Python value (not an argument '
+                 f'of the jitted/pmapped function) for {hp.name!r}')
+
+
+def def_docstring(entry: spec_lib.OptimizerSpec) -> str:
+  """The docstring of a generated def: arguments, state, equation, Optax forms."""
+  import textwrap
+  wrap = lambda text, indent: textwrap.fill(text, 88, initial_indent=indent,
+                                            subsequent_indent=indent + '  ')
+  lines = [wrap(f'{h.name}: {h.describe()} (default {h.default!r}).', '  ')
+           for h in entry.hyper_params]
+  lines += [wrap(f'{k}: constructor argument kept as an attribute (default {v!r}).', '  ')
+            for k, v in entry.extra_args]
+  args = '\n'.join(lines)
+  fields = ', '.join(entry.state_fields) or '() -- saved as {} in checkpoints'
+  static = [h.name for h in entry.hyper_params if h.static]
+  bound = ('bitwise equal to legacy' if entry.stock_max_ulp == 0 else
+           f"within {entry.stock_max_ulp} ulp of each leaf's largest magnitude of legacy")
+  raises = ('  TypeError: an unknown argument, or a hyper-parameter value that is not a number,\n'
+            '    bool, None or numeric array.\n'
+            '  ValueError: no learning rate, neither here nor per call.\n')
+  if static:
+    raises += (f'  jax.errors.ConcretizationTypeError: a traced {" / ".join(static)} at apply time\n'
+               '    (legacy branches on it in Python).\n')
+  return (
+      f'Legacy ``flax.optim.{entry.name}`` (flax.optim 0.5.3), running on Optax.\n\n'
+      f'Args:\n{args}\n\n'
+      f'Per-parameter state (checkpoint keys under ``state/param_states/<path>/``): {fields}.\n'
+      f'The global state is the int32 ``step``.\n\n'
+      f'Update, per parameter leaf ``p`` with gradient ``g`` (source: legacy flax.optim\n'
+      f'0.5.3, ``flax/optim/{entry.module_name}.py``)::\n\n{wrap(entry.equation, "    ")}\n\n'
+      f'Optax: the shim runs this rule, in the legacy operation order, as a\n'
+      f'GradientTransformation of ours (``optim_compat.transforms.{entry.name.lower()}``),\n'
+      f'so that it matches legacy flax.optim bit for bit where one update can (see the\n'
+      f'README). The codemod emits ``{entry.emit({"learning_rate": "lr"})}``,\n'
+      f'measured {bound} over 20 steps.\n'
+      f'{wrap("Differences: " + entry.differences + ".", "")}\n\n'
+      f'Raises:\n{raises}')
 
 
 def to_optax(opt_def: OptimizerDef, **hyper_param_overrides) -> optax.GradientTransformation:

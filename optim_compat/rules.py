@@ -105,6 +105,9 @@ def rmsprop(opt_def, step, hp, param, state, grad):
   lr = require_learning_rate(hp)
   v = hp.beta2 * state.v + (1.0 - hp.beta2) * jnp.square(grad)
   if hp.centered:
+    if state.mg is None:  # legacy failed here with a TypeError on None
+      raise ValueError('RMSProp: centered=True needs a def created with centered=True '
+                       '(the state has no mg); it cannot be switched on per call')
     mg = hp.beta2 * state.mg + (1.0 - hp.beta2) * grad
     var = v - jnp.square(mg)
   else:

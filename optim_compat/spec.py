@@ -36,13 +36,32 @@ class HyperParam:
   Attributes:
     name: legacy keyword name (also the field of the legacy ``_XHyperParams``).
     default: legacy default value (``None`` for ``learning_rate``).
-    static: ``True`` when the legacy rule branches on it in Python
-      (``if hp.weight_decay != 0``), so a traced value raises
-      ``ConcretizationTypeError`` — exactly as legacy flax.optim does.
+    static: ``True`` when the legacy rule branches on its value in Python
+      (``if hp.weight_decay != 0``, ``if hp.nesterov``), so it must be a
+      Python value at every step: a traced value raises
+      ``ConcretizationTypeError``, as in legacy flax.optim, and the shim's
+      message names the hyper-parameter.
+    doc: its meaning (units, placement), for the def's docstring; empty =
+      the generic meaning of that name in :data:`GENERIC_DOCS`.
   """
   name: str
   default: Any
   static: bool = False
+  doc: str = ''
+
+  def describe(self) -> str:
+    return self.doc or GENERIC_DOCS.get(self.name, '')
+
+
+#: Meanings shared by several defs (a def's own ``HyperParam.doc`` wins).
+GENERIC_DOCS = {
+    'learning_rate': 'step size (required: here or per call in ``apply_gradient``)',
+    'beta1': 'decay rate of the first-moment (gradient) moving average',
+    'beta2': 'decay rate of the second-moment (squared-gradient) moving average',
+    'beta': 'momentum coefficient',
+    'eps': 'added to the denominator for numerical stability',
+    'nesterov': 'use Nesterov momentum (a Python bool: the rule branches on it)',
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +88,9 @@ class OptimizerSpec:
       bfloat16 run was recorded (None: not measured).
     legacy_module: the def's legacy submodule (``flax.optim.<legacy_module>``;
       default: the lower-cased name).
+    equation: the legacy update, per parameter leaf ``p`` with gradient ``g``
+      and pre-increment step ``t`` (0-based), as legacy flax.optim 0.5.3
+      computes it (``shared/legacy-flax-optim.md`` §2).
   """
   name: str
   hyper_params: tuple[HyperParam, ...]
@@ -81,6 +103,7 @@ class OptimizerSpec:
   extra_args: tuple[tuple[str, Any], ...] = ()
   stock_max_ulp_low_precision: int | None = None
   legacy_module: str = ''
+  equation: str = ''
 
   @property
   def module_name(self) -> str:
@@ -173,6 +196,7 @@ GRADIENT_DESCENT = OptimizerSpec(
     emit_fn=_sgd_emit,
     stock_max_ulp=0,
     differences='none: optax.sgd is bitwise equal (p - lr*g).',
+    equation='p <- p - lr*g',
 )
 
 
@@ -191,7 +215,9 @@ def _momentum_emit(a, lr):
 MOMENTUM = OptimizerSpec(
     name='Momentum',
     hyper_params=(HyperParam('learning_rate', None), HyperParam('beta', 0.9),
-                  HyperParam('weight_decay', 0, static=True),
+                  HyperParam('weight_decay', 0, static=True,
+                             doc='coupled L2: wd*p is added to the gradient before the momentum '
+                                 '(a Python number: the rule branches on wd != 0)'),
                   HyperParam('nesterov', False, static=True)),
     state_fields=('momentum',),
     param_update=rules.momentum,
@@ -201,11 +227,16 @@ MOMENTUM = OptimizerSpec(
                  'the momentum, i.e. chain(add_decayed_weights(wd), sgd(...)); '
                  'bitwise equal, also with a learning rate injected per step. The shim '
                  'runs the legacy rule itself, which stays bitwise inside WeightNorm too'),
+    equation=('g <- g + wd*p (only when wd != 0); m <- beta*m + g; '
+              'd = g + beta*m if nesterov else m; p <- p - lr*d'),
 )
 
 
 # --------------------------------------------------------------------------
 # Adam
+
+_LR_SCALED_DECAY = ('decoupled weight decay scaled by the learning rate: lr*wd*p is '
+                    'subtracted after the step')
 
 
 def _adam_emit(a, lr):
@@ -222,7 +253,7 @@ ADAM = OptimizerSpec(
     name='Adam',
     hyper_params=(HyperParam('learning_rate', None), HyperParam('beta1', 0.9),
                   HyperParam('beta2', 0.999), HyperParam('eps', 1e-8),
-                  HyperParam('weight_decay', 0.0)),
+                  HyperParam('weight_decay', 0.0, doc=_LR_SCALED_DECAY)),
     state_fields=('grad_ema', 'grad_sq_ema'),
     param_update=rules.adam,
     emit_fn=_adam_emit,
@@ -233,6 +264,9 @@ ADAM = OptimizerSpec(
                  'legacy subtracts twice; in bfloat16 legacy raises beta**t with t in '
                  'bfloat16 and optax rounds its float32 bias correction to bfloat16 '
                  '(measured 17 bfloat16 ulp over 20 steps)'),
+    equation=('m <- b1*m + (1-b1)*g; v <- b2*v + (1-b2)*g^2; with t+1 in the '
+              'parameter dtype: m^ = m/(1-b1^(t+1)), v^ = v/(1-b2^(t+1)); '
+              'p <- p - lr*m^/(sqrt(v^)+eps) - lr*wd*p (two subtractions)'),
 )
 
 
@@ -289,58 +323,107 @@ def _rule_entry(name, hps, fields, update, emit, max_ulp, differences, **kw):
 
 
 _LR = HyperParam('learning_rate', None)
+_EPS_OUTSIDE = 'added to the denominator outside the square root: sqrt(.) + eps'
 
 ADABELIEF = _rule_entry(
     'AdaBelief', (_LR, HyperParam('beta1', 0.9), HyperParam('beta2', 0.999),
-                  HyperParam('eps', 1e-16), HyperParam('weight_decay', 0.0)),
+                  HyperParam('eps', 1e-16, doc='added to the belief term s at every step and to '
+                                               'the denominator sqrt(s^) + eps'),
+                  HyperParam('weight_decay', 0.0, doc=_LR_SCALED_DECAY)),
     ('grad_ema', 'grad_sq_ema'), rules.adabelief, _adabelief_emit, 7,
     'rounding only on optax >= 0.2 (scale_by_belief with eps_root=eps); optax 0.1.5 used '
-    'the old mean in (g - m) and is intrinsically different')
+    'the old mean in (g - m) and is intrinsically different',
+    equation=('m <- b1*m + (1-b1)*g; s <- b2*s + (1-b2)*(g - m)^2 + eps (the new m); '
+              'bias correction as Adam; p <- p - lr*m^/(sqrt(s^)+eps) - lr*wd*p'))
 ADADELTA = _rule_entry(
-    'Adadelta', (_LR, HyperParam('rho', 0.9), HyperParam('eps', 1e-6),
-                 HyperParam('weight_decay', 0.0)),
+    'Adadelta', (_LR, HyperParam('rho', 0.9, doc='decay rate of both moving averages'),
+                 HyperParam('eps', 1e-6, doc='added inside both square roots'),
+                 HyperParam('weight_decay', 0.0, doc=_LR_SCALED_DECAY + ' (the legacy '
+                            'docstring says "l2", but it is applied like Adam\'s)')),
     ('sq_avg', 'acc_delta'), rules.adadelta, _adadelta_emit, 7,
     'rounding only; optax.adadelta(weight_decay=) is coupled L2, so weight decay is '
-    'emitted as add_decayed_weights after scale_by_adadelta')
+    'emitted as add_decayed_weights after scale_by_adadelta',
+    equation=('sq <- rho*sq + (1-rho)*g^2; delta = sqrt(acc+eps)/sqrt(sq+eps)*g (the old acc); '
+              'p <- p - lr*delta - lr*wd*p; acc <- rho*acc + (1-rho)*delta^2'))
 ADAGRAD = _rule_entry(
-    'Adagrad', (_LR, HyperParam('eps', 1e-8)), ('G',), rules.adagrad,
+    'Adagrad', (_LR, HyperParam('eps', 1e-8, doc=_EPS_OUTSIDE)), ('G',), rules.adagrad,
     lambda a, lr: _ours('adagrad', a, lr, ('learning_rate', 'eps')), 0,
     'optax.adagrad is intrinsically different (accumulator starts at 0.1, eps inside the '
-    'sqrt): the faithful optim_compat.transforms.adagrad is emitted')
+    'sqrt): the faithful optim_compat.transforms.adagrad is emitted',
+    equation='G <- G + g^2 (G starts at 0); p <- p - lr*g/(sqrt(G)+eps)')
 RMSPROP = _rule_entry(
-    'RMSProp', (_LR, HyperParam('beta2', 0.9), HyperParam('eps', 1e-8),
-                HyperParam('centered', False, static=True)),
+    'RMSProp', (_LR, HyperParam('beta2', 0.9), HyperParam('eps', 1e-8, doc=_EPS_OUTSIDE),
+                HyperParam('centered', False, static=True,
+                           doc='divide by the centred second moment sqrt(v - mg^2) (a Python '
+                               'bool: the rule branches on it; mg is None unless centred)')),
     ('v', 'mg'), rules.rmsprop, _rmsprop_emit, 3,
     'rounding only with eps_in_sqrt=False (optax >= 0.2; the optax default puts eps inside '
-    'the sqrt and is intrinsically different)', init_param_state=rules.rmsprop_init)
+    'the sqrt and is intrinsically different)', init_param_state=rules.rmsprop_init,
+    equation=('v <- b2*v + (1-b2)*g^2; centred: mg <- b2*mg + (1-b2)*g, den = sqrt(v - mg^2) '
+              '+ eps, else den = sqrt(v) + eps; p <- p - lr*g/den'))
 LAMB = _rule_entry(
     'LAMB', (_LR, HyperParam('beta1', 0.9), HyperParam('beta2', 0.999),
-             HyperParam('weight_decay', 0, static=True), HyperParam('eps', 1e-6)),
+             HyperParam('weight_decay', 0, static=True,
+                        doc='wd*p is added to the Adam direction before the trust ratio (a '
+                            'Python number: the rule branches on wd != 0)'),
+             HyperParam('eps', 1e-6)),
     ('grad_ema', 'grad_sq_ema'), rules.lamb,
     lambda a, lr: _ours('lamb', a, lr, ('learning_rate', 'beta1', 'beta2', 'weight_decay', 'eps')),
     1, 'optax.lamb moves zero-initialised leaves (trust ratio 1 where legacy gives 0): '
-       'the faithful optim_compat.transforms.lamb is emitted')
+       'the faithful optim_compat.transforms.lamb is emitted',
+    equation=('Adam moments and bias correction (t+1 in the parameter dtype); u = m^/(sqrt(v^)+eps) '
+              '+ wd*p; r = ||p||/||u|| over the whole leaf when ||p|| + ||u|| > 0, else 1 '
+              '(so r = 0 and the leaf stays put when ||p|| = 0); p <- p - r*lr*u'))
 LARS = _rule_entry(
-    'LARS', (_LR, HyperParam('beta', 0.9), HyperParam('weight_decay', 0, static=True),
-             HyperParam('trust_coefficient', 1e-3), HyperParam('eps', 0),
+    'LARS', (_LR, HyperParam('beta', 0.9),
+             HyperParam('weight_decay', 0, static=True,
+                        doc='coupled L2 (g + wd*p) that also enters the trust-ratio '
+                            'denominator as wd*||p|| (a Python number: the rule branches on it)'),
+             HyperParam('trust_coefficient', 1e-3, doc='scales the layer-wise trust ratio'),
+             HyperParam('eps', 0, doc='added to the trust-ratio denominator'),
              HyperParam('nesterov', False, static=True)),
     ('momentum',), rules.lars, _lars_emit, 2,
     'rounding only without weight decay (optax.lars); with weight decay optax uses '
-    '||g + wd*p|| in the trust ratio, so the faithful optim_compat.transforms.lars is emitted')
+    '||g + wd*p|| in the trust ratio, so the faithful optim_compat.transforms.lars is emitted',
+    equation=('r = tc*||p||/(||g|| + wd*||p|| + eps), or 1 when ||g|| or ||p|| is 0; '
+              's = lr*r*(g + wd*p); m <- beta*m + s; d = s + beta*m if nesterov else m; '
+              'p <- p - d (the momentum buffer holds lr-scaled steps)'))
 ADAFACTOR = _rule_entry(
-    'Adafactor', (_LR, HyperParam('factored', True, static=True),
-                  HyperParam('multiply_by_parameter_scale', True, static=True),
-                  HyperParam('beta1', None, static=True), HyperParam('decay_rate', 0.8),
-                  HyperParam('step_offset', 0), HyperParam('clipping_threshold', 1.0, static=True),
-                  HyperParam('weight_decay_rate', None, static=True),
-                  HyperParam('min_dim_size_to_factor', 128, static=True),
-                  HyperParam('epsilon1', 1e-30), HyperParam('epsilon2', 1e-3)),
+    'Adafactor', (_LR,
+                  HyperParam('factored', True,
+                             doc='factor the second moment of leaves with ndim >= 2 into row '
+                                 'and column averages (read from the def: per-call overrides '
+                                 'are ignored, as in legacy)'),
+                  HyperParam('multiply_by_parameter_scale', True,
+                             doc='scale the step by max(RMS(p), epsilon2) (read from the def)'),
+                  HyperParam('beta1', None, doc='first-moment decay; None: no momentum'),
+                  HyperParam('decay_rate', 0.8,
+                             doc='second-moment decay: rho = 1 - (t - step_offset + 1)^-decay_rate'),
+                  HyperParam('step_offset', 0, doc='steps subtracted from t in rho'),
+                  HyperParam('clipping_threshold', 1.0,
+                             doc='clip the update RMS to this value; None: no clipping'),
+                  HyperParam('weight_decay_rate', None,
+                             doc='p is multiplied by (1 - weight_decay_rate), NOT scaled by the '
+                                 'learning rate; None: no decay'),
+                  HyperParam('min_dim_size_to_factor', 128,
+                             doc='factor only when the second-largest dimension is at least '
+                                 'this (read from the def)'),
+                  HyperParam('epsilon1', 1e-30, doc='added to g^2'),
+                  HyperParam('epsilon2', 1e-3, doc='floor of RMS(p) in the parameter scale')),
     ('v_row', 'v_col', 'v', 'm'), rules.adafactor,
     lambda a, lr: _ours('adafactor', a, lr, tuple(a)), 2,
     'the faithful optim_compat.transforms.adafactor is emitted (a stock chain exists but '
     'optax.adafactor has no epsilon2)',
     init_param_state=rules.adafactor_init,  # factoring flags: read from the def, as legacy
-    extra_args=(('dtype_momentum', jax.numpy.dtype('float32')),))
+    extra_args=(('dtype_momentum', jax.numpy.dtype('float32')),),
+    equation=('g in float32; rho = 1 - (t - step_offset + 1)^-decay_rate (0 at the first '
+              'step); g2 = g^2 + eps1; factored (largest axis d0, second largest d1): '
+              'v_row <- rho*v_row + (1-rho)*mean_d0(g2), v_col <- rho*v_col + (1-rho)*mean_d1(g2), '
+              'y = g * (v_row/mean(v_row))^-1/2 * v_col^-1/2; otherwise v <- rho*v + (1-rho)*g2, '
+              'y = g*v^-1/2; y <- y / max(1, RMS(y)/clipping_threshold); u = lr*max(RMS(p), '
+              'eps2)*y (or lr*y); with beta1: m <- b1*m + (1-b1)*u, u = m; '
+              'p <- (1-wdr)*p - u, cast to the parameter dtype. Unused state fields are '
+              'zeros((1,)) placeholders'))
 
 
 #: The table, keyed by legacy class name.

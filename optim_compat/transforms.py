@@ -53,8 +53,11 @@ def from_legacy_rule(opt_def, hyper_params, param_update) -> optax.GradientTrans
   """
 
   def init_fn(params):
-    return LegacyRuleState(jnp.zeros([], jnp.int32),
-                           jax.tree_util.tree_map(opt_def.init_param_state, params))
+    # flax.nnx.Optimizer passes params wrapped in nnx Variables: the state mirrors the
+    # values (the per-parameter states are the nodes, as optax's own states are)
+    states = jax.tree_util.tree_map(lambda p: opt_def.init_param_state(_unwrap(p)), params,
+                                    is_leaf=_is_nnx_variable)
+    return LegacyRuleState(jnp.zeros([], jnp.int32), states)
 
   def update_fn(updates, state, params=None):
     if params is None:
@@ -62,7 +65,7 @@ def from_legacy_rule(opt_def, hyper_params, param_update) -> optax.GradientTrans
     treedef = jax.tree_util.tree_structure(params)
     flat_p = treedef.flatten_up_to(params)
     flat_s = treedef.flatten_up_to(state.param_states)
-    flat_g = flatten_like(treedef, updates)
+    flat_g = flatten_like(treedef, updates, flat_p)
     out = [param_update(opt_def, state.count, hyper_params, p, s, g)
            for p, s, g in zip(flat_p, flat_s, flat_g)]
     flat_u = [u for u, _ in out]
@@ -72,14 +75,70 @@ def from_legacy_rule(opt_def, hyper_params, param_update) -> optax.GradientTrans
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def flatten_like(treedef, tree):
-  """``treedef.flatten_up_to(tree)`` with an error that shows both structures."""
+def _is_nnx_variable(x) -> bool:
+  return type(x).__module__.startswith('flax.nnx') and hasattr(x, 'get_value')
+
+
+def _unwrap(x):
+  return x.get_value() if _is_nnx_variable(x) else x
+
+
+def flatten_like(treedef, tree, flat_params=None):
+  """``treedef.flatten_up_to(tree)`` for a gradient tree, with clear errors.
+
+  Args:
+    treedef: the params' tree structure.
+    tree: the gradients.
+    flat_params: the params' leaves; when given, each gradient leaf must
+      broadcast to its parameter's shape without changing it.
+
+  Raises:
+    ValueError: the trees differ (the message names the first differing
+      pytree path and shows both structures), or a gradient leaf's shape would
+      change its parameter's shape (legacy flax.optim broadcast it silently:
+      a (3,) parameter took a (3, 3) gradient and became (3, 3)).
+  """
   try:
-    return treedef.flatten_up_to(tree)
+    flat = treedef.flatten_up_to(tree)
   except (ValueError, TypeError) as e:
     other = jax.tree_util.tree_structure(tree)
-    raise ValueError(f'gradient tree does not match the params tree:\n  params: {treedef}\n'
-                     f'  grads:  {other}\n  ({e})') from e
+    raise ValueError(f'gradient tree does not match the params tree at '
+                     f'{_first_difference(treedef, tree)}:\n  params: {treedef}\n'
+                     f'  grads:  {other}') from e
+  if flat_params is not None:
+    for i, (p, g) in enumerate(zip(flat_params, flat)):
+      p_shape, g_shape = jnp.shape(p), jnp.shape(g)
+      if p_shape != g_shape and _broadcast(p_shape, g_shape) != p_shape:
+        path = jax.tree_util.keystr(_paths(treedef)[i])
+        raise ValueError(f'gradient at {path or "the root"} has shape {g_shape}, but the '
+                         f'parameter has shape {p_shape}')
+  return flat
+
+
+def _broadcast(a, b):
+  try:
+    return tuple(jnp.broadcast_shapes(a, b))
+  except ValueError:
+    return None
+
+
+def _paths(treedef):
+  skeleton = treedef.unflatten([0] * treedef.num_leaves)
+  return [path for path, _ in jax.tree_util.tree_flatten_with_path(skeleton)[0]]
+
+
+def _first_difference(treedef, tree) -> str:
+  """``keystr`` of the first leaf path where ``tree`` departs from ``treedef``."""
+  expected = _paths(treedef)
+  found = [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  for a, b in zip(expected, found):
+    if a != b:
+      return f'{jax.tree_util.keystr(a)} (grads have {jax.tree_util.keystr(b)})'
+  if len(expected) > len(found):
+    return f'{jax.tree_util.keystr(expected[len(found)])} (missing from the grads)'
+  if len(found) > len(expected):
+    return f'{jax.tree_util.keystr(found[len(expected)])} (not in the params)'
+  return 'a container of a different type'
 
 
 _FACTORIES: dict = {}

@@ -252,3 +252,121 @@ def test_integer_params_are_promoted_like_legacy():
   out = opt.apply_gradient({'a': jnp.ones(3, jnp.int32)})
   assert out.target['a'].dtype == jnp.float32
   np.testing.assert_allclose(out.target['a'], np.float32([-0.1, 0.9, 1.9]))
+
+
+def test_gradient_tree_or_shape_mismatch_names_the_path():
+  opt = optim.Adam(0.1).create(_params())
+  bad = _grads(opt.target)
+  bad['dense']['weights'] = bad['dense'].pop('kernel')
+  with pytest.raises(ValueError, match=r"at \['dense'\]\['kernel'\] \(grads have \['dense'\]\['weights'\]\)"
+                                       r"[\s\S]*params: PyTreeDef[\s\S]*grads: +PyTreeDef"):
+    opt.apply_gradient(bad)
+  # legacy broadcast a (3, 2, 2) gradient into the (3, 2) kernel and changed its shape
+  wide = _grads(opt.target)
+  wide['dense']['kernel'] = jnp.ones((3, 3, 2))
+  with pytest.raises(ValueError, match=r"\['dense'\]\['kernel'\] has shape \(3, 3, 2\), but the "
+                                       r"parameter has shape \(3, 2\)"):
+    opt.apply_gradient(wide)
+  # a gradient that broadcasts without changing the parameter's shape is legacy-valid
+  narrow = _grads(opt.target)
+  narrow['dense']['kernel'] = jnp.float32(0.5)
+  stepped = opt.apply_gradient(narrow)
+  assert stepped.target['dense']['kernel'].shape == (3, 2)
+
+
+@pytest.mark.parametrize('make', [lambda: optim.Adam(learning_rate='1e-3'),
+                                  lambda: optim.Momentum(0.1, beta=[0.9]),
+                                  lambda: optim.LARS(0.1).create(_params()).apply_gradient(
+                                      _grads(_params()), weight_decay='0.1')])
+def test_wrong_hyper_parameter_type_names_it(make):
+  with pytest.raises(TypeError, match=r"hyper-parameter '(learning_rate|beta|weight_decay)' must "
+                                      r"be a number"):
+    make()
+
+
+@pytest.mark.parametrize('def_name,name,value', [
+    ('Momentum', 'nesterov', True), ('Momentum', 'weight_decay', 0.1),
+    ('RMSProp', 'centered', True), ('LAMB', 'weight_decay', 0.1), ('LARS', 'nesterov', True)])
+def test_traced_hyper_parameter_legacy_branches_on_is_named(def_name, name, value):
+  opt = getattr(optim, def_name)(0.1, **{name: value}).create(_params())
+  step = jax.jit(lambda o, v: o.apply_gradient(_grads(o.target), **{name: v}))
+  with pytest.raises(jax.errors.ConcretizationTypeError, match=f"{def_name}: hyper-parameter "
+                                                               f"'{name}' is traced"):
+    step(opt, value)
+  # the same value passed as a Python constant works, as in legacy
+  jax.jit(lambda o: o.apply_gradient(_grads(o.target), **{name: value}))(opt)
+
+
+def test_rmsprop_centered_cannot_be_switched_on_per_call():
+  opt = optim.RMSProp(0.1).create(_params())
+  with pytest.raises(ValueError, match='centered=True needs a def created with centered=True'):
+    opt.apply_gradient(_grads(opt.target), centered=True)
+
+
+def test_nan_and_inf_gradients_pass_through_unclipped():
+  """Legacy flax.optim has no clipping or finiteness guard: NaN/inf reach the params."""
+  p = {'w': jnp.array([1.0, 2.0, 3.0])}
+  g = {'w': jnp.array([jnp.nan, jnp.inf, 1.0])}
+  sgd = optim.GradientDescent(0.1).create(p).apply_gradient(g)
+  assert np.isnan(sgd.target['w'][0]) and sgd.target['w'][1] == -np.inf
+  assert sgd.target['w'][2] == np.float32(3.0) - np.float32(0.1)
+  adam = optim.Adam(0.1).create(p).apply_gradient(g)
+  assert np.isnan(adam.target['w'][:2]).all() and np.isfinite(adam.target['w'][2])
+
+
+@pytest.mark.parametrize('name', sorted(optim.SPECS))
+def test_every_def_docstring_documents_its_hyper_parameters_state_and_update(name):
+  entry = optim.SPECS[name]
+  doc = ' '.join(getattr(optim, name).__doc__.split())  # unwrapped
+  for h in entry.hyper_params:
+    assert f' {h.name}: {h.describe()} (default {h.default!r}).' in doc, h.name
+    assert h.describe(), f'{name}.{h.name} has no meaning documented'
+  assert all(field in doc for field in entry.state_fields)
+  assert entry.equation and ' '.join(entry.equation.split()) in doc
+  assert 'source: legacy flax.optim 0.5.3' in doc and entry.emit({'learning_rate': 'lr'}) in doc
+  assert 'Raises: TypeError' in doc
+
+
+@__import__('flax').struct.dataclass
+class _UserHP:
+  learning_rate: float
+  beta: float
+
+
+@__import__('flax').struct.dataclass
+class _UserState:
+  trace: jnp.ndarray
+
+
+class _UserMomentumSign(optim.OptimizerDef):
+  """A user-written def with its own hyper-parameter and state dataclasses."""
+
+  def init_param_state(self, param):
+    return _UserState(jnp.zeros_like(param))
+
+  def apply_param_gradient(self, step, hyper_params, param, state, grad):
+    trace = hyper_params.beta * state.trace + jnp.sign(grad)
+    return param - hyper_params.learning_rate * trace, _UserState(trace)
+
+
+@pytest.mark.parametrize('make_def', [lambda: optim.LAMB(0.01, weight_decay=1e-2),
+                                      lambda: optim.Momentum(0.05, nesterov=True),
+                                      lambda: _UserMomentumSign(_UserHP(0.01, 0.5))],
+                         ids=['LAMB', 'Momentum', 'user_def'])
+def test_to_optax_drives_flax_nnx_optimizer_like_the_shim(make_def):
+  from flax import nnx
+  model = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)
+  x = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32).reshape(2, 4)
+  loss = lambda m: jnp.mean(m(x) ** 2)
+  opt_def = make_def()
+  nnx_opt = nnx.Optimizer(model, optim.to_optax(opt_def), wrt=nnx.Param)
+  legacy = opt_def.create(jax.tree_util.tree_map(jnp.asarray, nnx.to_pure_dict(params)))
+  for _ in range(3):
+    grads = nnx.grad(loss)(model)
+    legacy = legacy.apply_gradient(nnx.to_pure_dict(grads))
+    nnx_opt.update(model, grads)
+  for path, value in traverse_util.flatten_dict(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items():
+    expected = traverse_util.flatten_dict(legacy.target)[path]
+    np.testing.assert_array_equal(value, expected, err_msg=str(path))
+  assert int(legacy.state.step) == 3
