@@ -1,0 +1,247 @@
+"""``codemod_vs_libcst_noop``: whole-tree rewrite time vs a LibCST no-op codemod.
+
+A tree of generated Python files is written to a temporary directory: 10% are
+legacy ``flax.optim`` programs (the bodies of this repository's codemod
+fixtures that import flax, and ``examples/legacy/train_digits.py``), 5% are
+look-alikes that mention the prefilter's markers without using flax.optim
+(``torch.optim``, ``scipy.optimize``, another library's ``.target``), 85% are
+ordinary modules; every file is padded with ordinary functions and classes so
+files have 60–300 lines.
+
+Contenders, each a fresh subprocess, alternated round by round:
+
+- ours: ``python -m codemod.cli rewrite TREE`` (prints the diff, writes nothing);
+- reference: ``python -m libcst.tool codemod --no-format noop.NOOPCommand TREE``
+  (LibCST's own no-op command; it parses and re-emits every file, with its
+  default process pool of one job per core).
+
+Reported: median of per-round wall-time ratios ours / reference. Also the
+rewrite throughput in files/s on the legacy files alone (in process,
+``engine.rewrite_file``, no writes), the peak resident memory of our whole-tree
+subprocess (``ru_maxrss`` from ``os.wait4``, MiB) and the peak of Python
+allocations during an in-process whole-tree rewrite (``tracemalloc``, MiB).
+The full run also times one pathological file: 20,000 statements on one line.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+
+from common import fmt_range, ratios, summary
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MARKERS_FREE_CHECK = ('optim', 'apply_gradient', '.target')
+
+LOOKALIKES = [
+    '''import torch
+
+
+def fit(model, loader, lr=0.01):
+  """Plain PyTorch training loop."""
+  opt = torch.optim.SGD(model.parameters(), lr=lr)
+  for batch in loader:
+    opt.zero_grad()
+    loss = model(batch.inputs).sub(batch.target).pow(2).mean()
+    loss.backward()
+    opt.step()
+  return model
+''',
+    '''import numpy as np
+from scipy import optimize
+
+
+def fit_curve(xs, ys):
+  """Least squares fit of a line with scipy.optimize."""
+  def residual(theta):
+    return theta[0] * xs + theta[1] - ys
+  return optimize.least_squares(residual, np.zeros(2)).x
+''',
+]
+
+
+def _filler(rng: random.Random, tag: str, n_blocks: int) -> str:
+  """Ordinary code without any prefilter marker: functions, classes, constants."""
+  parts = []
+  for b in range(n_blocks):
+    kind = rng.randrange(3)
+    name = f'{tag}_{b}'
+    if kind == 0:
+      parts.append(f'''
+
+def accumulate_{name}(values, scale={rng.randint(1, 9)}.5):
+  """Running totals of ``values`` times ``scale``."""
+  total = 0.0
+  out = []
+  for v in values:
+    total += v * scale
+    if total > {rng.randint(100, 999)}:
+      total = total % {rng.randint(7, 97)}
+    out.append(total)
+  return out
+''')
+    elif kind == 1:
+      parts.append(f'''
+
+class Record{name.title().replace('_', '')}:
+  """A small record with a name and a size."""
+
+  def __init__(self, name, size={rng.randint(0, 64)}):
+    self.name = name
+    self.size = size
+
+  def describe(self):
+    return f'{{self.name}}: {{self.size}} items'
+
+  def grow(self, by=1):
+    self.size += by
+    return self
+''')
+    else:
+      parts.append(f'''
+
+TABLE_{name.upper()} = {{
+    'alpha': {rng.random():.6f},
+    'beta': [{', '.join(str(rng.randint(0, 99)) for _ in range(6))}],
+    'gamma': ('a', 'b', 'c'),
+}}
+
+
+def lookup_{name}(key, default=None):
+  return TABLE_{name.upper()}.get(key, default)
+''')
+  return ''.join(parts)
+
+
+def legacy_pool() -> list[str]:
+  """Sources that use flax.optim: codemod fixtures importing flax, and the example."""
+  pool = [p.read_text() for p in sorted((ROOT / 'tests' / 'fixtures' / 'codemod').glob('*/before.py'))
+          if 'flax' in p.read_text()]
+  pool.append((ROOT / 'examples' / 'legacy' / 'train_digits.py').read_text())
+  return pool
+
+
+def make_tree(root: pathlib.Path, n_files: int, seed: int = 0) -> dict[str, list[pathlib.Path]]:
+  """Write the tree; ``{'legacy': [...], 'lookalike': [...], 'plain': [...]}``."""
+  rng = random.Random(seed)
+  legacy = legacy_pool()
+  out = {'legacy': [], 'lookalike': [], 'plain': []}
+  for i in range(n_files):
+    kind = 'legacy' if i % 10 == 0 else ('lookalike' if i % 20 == 5 else 'plain')
+    head = {'legacy': lambda: rng.choice(legacy), 'lookalike': lambda: rng.choice(LOOKALIKES),
+            'plain': lambda: '"""Utility module."""\nimport math\n'}[kind]()
+    body = _filler(rng, f'm{i}', rng.randint(4, 20))
+    assert not any(m in body for m in MARKERS_FREE_CHECK)
+    path = root / f'pkg{i % 17}' / f'sub{i % 5}' / f'mod_{i}.py'
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head.rstrip('\n') + '\n' + body)
+    out[kind].append(path)
+  return out
+
+
+def _run_timed(cmd, cwd) -> tuple[float, float, int]:
+  """``(seconds, peak RSS MiB, exit status)`` of one subprocess."""
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  t0 = time.perf_counter()
+  proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  _, status, usage = os.wait4(proc.pid, 0)
+  seconds = time.perf_counter() - t0
+  stderr = proc.stderr.read().decode(errors='replace')
+  proc.stderr.close()
+  proc.returncode = os.waitstatus_to_exitcode(status)
+  if proc.returncode not in (0, 1):
+    raise RuntimeError(f'{" ".join(map(str, cmd))} failed ({proc.returncode}): {stderr[-2000:]}')
+  return seconds, usage.ru_maxrss / 1024, proc.returncode
+
+
+def _noop_one(source: str) -> str:
+  import libcst as cst
+  from libcst.codemod import CodemodContext
+  from libcst.codemod.commands.noop import NOOPCommand
+  return NOOPCommand(CodemodContext()).transform_module(cst.parse_module(source)).code
+
+
+def run(quick: bool) -> list[tuple[str, float, str]]:
+  from codemod import engine
+  n_files, rounds = (30, 1) if quick else (1000, 2)
+  n_traced = 0 if quick else 10
+  out = []
+  with tempfile.TemporaryDirectory(prefix='bench-codemod-') as tmp:
+    tree = pathlib.Path(tmp) / 'tree'
+    kinds = make_tree(tree, n_files)
+    n_lines = sum(len(p.read_text().splitlines()) for ps in kinds.values() for p in ps)
+    ours_cmd = [sys.executable, '-m', 'codemod.cli', 'rewrite', str(tree)]
+    noop_cmd = [sys.executable, '-m', 'libcst.tool', 'codemod', '--no-format',
+                '--hide-progress', 'noop.NOOPCommand', str(tree)]
+    ours_s, noop_s, ours_rss = [], [], []
+    for r in range(rounds):
+      order = ('ours', 'noop') if r % 2 == 0 else ('noop', 'ours')
+      for who in order:
+        if who == 'ours':
+          s, rss, status = _run_timed(ours_cmd, tmp)
+          ours_s.append(s)
+          ours_rss.append(rss)
+        else:
+          noop_s.append(_run_timed(noop_cmd, tmp)[0])
+    rs = ratios(ours_s, noop_s)
+    out.append(('codemod_vs_libcst_noop', summary(rs)[0],
+                f'whole-tree `optim-migrate rewrite` / `libcst.tool codemod noop.NOOPCommand` '
+                f'(-j {os.cpu_count()}) wall time, subprocesses; {fmt_range(rs)} rounds; '
+                f'{n_files} files ({len(kinds["legacy"])} flax.optim, {len(kinds["lookalike"])} '
+                f'look-alikes), {n_lines} lines; ours {statistics.median(ours_s):.2f} s, '
+                f'noop {statistics.median(noop_s):.2f} s; ours exit status {status}'))
+
+    legacy = kinds['legacy']
+    t0 = time.perf_counter()
+    results = [engine.rewrite_file(p) for p in legacy]
+    seconds = time.perf_counter() - t0
+    n_changed = sum(r.changed for r in results)
+    n_err = sum(r.error is not None for r in results)
+    legacy_lines = sum(len(p.read_text().splitlines()) for p in legacy)
+    out.append(('codemod_legacy_files_per_s', len(legacy) / seconds,
+                f'files/s, in-process engine.rewrite_file on the {len(legacy)} flax.optim files '
+                f'({legacy_lines} lines, no writes), one pass of {seconds:.1f} s; {n_changed} '
+                f'changed, {sum(len(r.manual) for r in results)} manual items, {n_err} errors'))
+
+    # files are processed one at a time, so the traced peak is the largest file's;
+    # a sample of the biggest parsed files bounds it (tracemalloc slows Python ~2x)
+    parsed = sorted(kinds['legacy'] + kinds['lookalike'], key=lambda p: -p.stat().st_size)
+    traced = 'not traced in --quick'
+    if n_traced:
+      tracemalloc.start()
+      for p in parsed[:n_traced]:
+        engine.rewrite_file(p)
+      traced = f'{tracemalloc.get_traced_memory()[1] / 2**20:.1f} MiB'
+      tracemalloc.stop()
+    out.append(('codemod_peak_memory_mib', statistics.median(ours_rss),
+                f'MiB, peak RSS of the whole-tree rewrite subprocess ({fmt_range(ours_rss, 1)}); '
+                f'peak traced Python allocations in process while rewriting the {n_traced} largest '
+                f'parsed files: {traced}'))
+
+  if not quick:
+    line = 'from flax import optim; ' + '; '.join(f'v{i} = {i}' for i in range(20000)) + '\n'
+    t0 = time.perf_counter()
+    res = engine.rewrite_source(line, 'one_line.py')
+    ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    _noop_one(line)
+    noop = time.perf_counter() - t0
+    out.append(('codemod_one_line_20k_statements_s', ours,
+                f'seconds, rewrite_source on one line of 20,000 statements (importing flax.optim); '
+                f'in-process LibCST no-op on the same text {noop:.2f} s (ratio {ours / noop:.1f}); '
+                f'error={res.error is not None}; known slow, single measurement'))
+  if quick:
+    out = [(n, v, d + '; --quick: 30-file tree, 1 round') for n, v, d in out]
+  return out
+
+
+if __name__ == '__main__':
+  for name, value, details in run('--quick' in sys.argv):
+    print(f'{name}: {value:.4g} ({details})')

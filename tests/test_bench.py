@@ -1,0 +1,35 @@
+"""Smoke run of ``bench/run.py --quick``: it runs and prints well-formed metrics.
+
+Benchmarks never assert timings; this only checks the harness and the format.
+"""
+import math
+import pathlib
+import re
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LINE = re.compile(r'^(?P<name>[\w\[\]/.\-]+): (?P<value>\S+) \((?P<details>.*)\)$')
+EXPECTED = ('shim_vs_optax_step[', 'shim_vs_legacy_step[', 'codemod_vs_libcst_noop',
+            'equivalence_grid_seconds')
+
+
+def test_quick_run_prints_finite_positive_metrics(tmp_path):
+  out = tmp_path / 'results.md'
+  proc = subprocess.run([sys.executable, str(ROOT / 'bench' / 'run.py'), '--quick', '--out', str(out)],
+                        capture_output=True, text=True, cwd=str(ROOT), timeout=300)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  lines = [l for l in proc.stdout.splitlines() if l.strip()]
+  assert lines
+  names = []
+  for line in lines:
+    m = LINE.match(line)
+    assert m, f'malformed metric line: {line!r}'
+    value = float(m['value'])
+    assert math.isfinite(value) and value > 0, line
+    names.append(m['name'])
+  for prefix in EXPECTED:
+    assert any(n.startswith(prefix) for n in names), (prefix, names)
+  table = out.read_text()
+  assert '| module | metric |' in table and 'machine:' in table
+  assert all(f'`{n}`' in table for n in names)
