@@ -1,0 +1,433 @@
+"""Legacy checkpoints written by real flax.optim 0.5.3, restored and resumed as TrainState.
+
+One old-stack subprocess per module (``equivalence_tests.checkpoint_legacy``):
+real flax.optim trains 5 steps, saves, trains 5 more. Here the modern stack
+restores / converts the saved checkpoint, resumes for 5 steps and must match
+the legacy continuation within the migration table's bound for the emitted tx.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import serialization, struct
+from flax.training import checkpoints, train_state
+
+import optim_compat as oc
+from equivalence_tests import cases, checkpoint_legacy, core
+from optim_compat import checkpoint as ck
+from optim_compat import spec, state_map
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SELECTED = checkpoint_legacy.selected_cases()
+SINGLE = [c for c in SELECTED if c[1] in spec.SPECS and 'focus' not in c[2]]
+WHOLE_TREE = [c for c in SELECTED if c not in SINGLE]
+#: the shim's own bound against real flax.optim on the modern stack (README: <= 2 ulp,
+#: 4 with a margin for the 5-step continuation)
+SHIM_ULP = 4.0
+
+
+@pytest.fixture(scope='module')
+def legacy(legacy_python, tmp_path_factory):
+  out = tmp_path_factory.mktemp('legacy_checkpoints')
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={checkpoint_legacy.REPLICATED_DEVICES}')
+  proc = subprocess.run([legacy_python, '-m', 'equivalence_tests.checkpoint_legacy', str(out)],
+                        capture_output=True, text=True, cwd=ROOT, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  info = json.loads(proc.stdout.strip().splitlines()[-1])
+  info['dir'] = out
+  return info
+
+
+def _continuation(legacy, case_id):
+  data = np.load(legacy['dir'] / f'{case_id}.npz')
+  traj, final = {}, {}
+  for key in data.files:
+    head, rest = key.split('/', 1)
+    if head == 'final':
+      final[rest] = data[key]
+    else:
+      traj.setdefault(int(head), {})[rest] = data[key]
+  return traj, final
+
+
+def _ckpt(legacy, case_id):
+  return legacy['dir'] / case_id / f'checkpoint_{legacy["before"]}'
+
+
+def _emitted_tx(def_name, kwargs, injected=False):
+  args = {k: repr(v) for k, v in kwargs.items()}
+  return spec.tx_from_source(spec.SPECS[def_name].emit(args, injected))
+
+
+def _shim_def(def_name, kwargs):
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    opt_def, focus = cases.build(oc, def_name, kwargs)
+  if focus is not None:
+    opt_def = oc.MultiOptimizer((focus, opt_def))
+  return opt_def
+
+
+def _target(params, tx):
+  return train_state.TrainState.create(apply_fn=None,
+                                       params=jax.tree_util.tree_map(jnp.asarray, params), tx=tx)
+
+
+def _resume(state, params, legacy):
+  step = jax.jit(lambda s, g: s.apply_gradients(grads=g))
+  traj = {}
+  for s in range(legacy['before'], legacy['before'] + legacy['after']):
+    state = step(state, core.reference_grads(params, s))
+    traj[s + 1] = core.flat(state.params)
+  return traj, state
+
+
+def _counts(opt_state):
+  leaves = jax.tree_util.tree_flatten_with_path(opt_state)[0]
+  return [int(np.asarray(v)) for path, v in leaves
+          if getattr(path[-1], 'name', None) in ('count', 'step')]
+
+
+def _bound(def_name, case_id):
+  entry = spec.SPECS[def_name]
+  if cases.DTYPES.get(case_id) == 'bfloat16':
+    return float(entry.stock_max_ulp_low_precision)
+  return float(entry.stock_max_ulp)
+
+
+def _flat_legacy(opt):
+  return {k: v for k, v in ((k, core.storable(v)) for k, v in _sd_items(opt))}
+
+
+def _sd_items(opt):
+  from flax import traverse_util
+  for k, v in traverse_util.flatten_dict(serialization.to_state_dict(opt)).items():
+    if v is None or (isinstance(v, dict) and not v):
+      continue
+    yield '/'.join(k), v
+
+
+def test_it_really_is_the_old_stack(legacy):
+  assert (legacy['jax'], legacy['flax']) == ('0.4.13', '0.5.3')
+  assert {c[0] for c in SELECTED} <= set(legacy['cases'])
+
+
+def test_every_table_entry_has_a_state_mapping_and_a_resume_case():
+  assert set(state_map.OPTAX_STATE_SOURCES) == set(spec.SPECS)
+  assert {c[1] for c in SINGLE} == set(spec.SPECS)
+
+
+@pytest.mark.parametrize('case_id,def_name,kwargs', SINGLE, ids=[c[0] for c in SINGLE])
+def test_resume_as_train_state_matches_legacy(legacy, case_id, def_name, kwargs):
+  params = cases.params_for(case_id)
+  target = _target(params, _emitted_tx(def_name, kwargs))
+  restored = ck.restore_legacy(_ckpt(legacy, case_id), target)
+  assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(target)
+  assert restored.step == legacy['before']
+  assert set(_counts(restored.opt_state)) <= {legacy['before']}
+  traj, final_state = _resume(restored, params, legacy)
+  expected, legacy_final = _continuation(legacy, case_id)
+  worst, where = core.compare(traj, expected, cases.DTYPES.get(case_id))
+  assert worst <= _bound(def_name, case_id), (worst, where)
+  # rollback: the TrainState as a legacy optimizer is legacy's own final state, and
+  # TrainState -> legacy -> TrainState is bitwise
+  legacy_opt = ck.to_legacy(final_state, _shim_def(def_name, kwargs))
+  rolled = _flat_legacy(legacy_opt)
+  assert set(rolled) == set(legacy_final)
+  for key, value in legacy_final.items():
+    assert rolled[key].shape == value.shape and rolled[key].dtype == value.dtype, key
+    d = core.ulp_distance(rolled[key], value, dtype=cases.DTYPES.get(case_id))
+    assert d <= max(_bound(def_name, case_id), 1.0) * 4, (key, d)
+  back = ck.restore_legacy(serialization.to_state_dict(legacy_opt), final_state)
+  assert _leaves_equal(back, final_state)
+
+
+#: the first recorded case of every table entry
+FIRST = [c for i, c in enumerate(SINGLE) if c[1] not in {d[1] for d in SINGLE[:i]}]
+
+
+@pytest.mark.parametrize('case_id,def_name,kwargs', FIRST, ids=[c[0] for c in FIRST])
+def test_resume_with_injected_learning_rate_matches_legacy(legacy, case_id, def_name, kwargs):
+  """The codemod's form for code passing learning_rate= at apply time."""
+  params = cases.params_for(case_id)
+  no_lr = {k: v for k, v in kwargs.items() if k != 'learning_rate'}
+  target = _target(params, _emitted_tx(def_name, no_lr, injected=True))
+  state = ck.restore_legacy(_ckpt(legacy, case_id), target)
+  assert set(_counts(state.opt_state)) == {legacy['before']}
+  lr = jnp.float32(kwargs['learning_rate'])
+
+  @jax.jit
+  def step(s, g):
+    s = s.replace(opt_state=optax.tree_utils.tree_set(s.opt_state, learning_rate=lr))
+    return s.apply_gradients(grads=g)
+  traj = {}
+  for s in range(legacy['before'], legacy['before'] + legacy['after']):
+    state = step(state, core.reference_grads(params, s))
+    traj[s + 1] = core.flat(state.params)
+  worst, where = core.compare(traj, _continuation(legacy, case_id)[0], cases.DTYPES.get(case_id))
+  assert worst <= _bound(def_name, case_id), (worst, where)
+  legacy_opt = ck.to_legacy(state, _shim_def(def_name, kwargs))
+  assert _leaves_equal(ck.restore_legacy(serialization.to_state_dict(legacy_opt), state), state)
+
+
+SHIM_CASES = FIRST + WHOLE_TREE
+
+
+@pytest.mark.parametrize('case_id,def_name,kwargs', SHIM_CASES, ids=[c[0] for c in SHIM_CASES])
+def test_resume_as_shim_optimizer_matches_legacy(legacy, case_id, def_name, kwargs):
+  params = cases.params_for(case_id)
+  opt_def = _shim_def(def_name, kwargs)
+  target = opt_def.create(jax.tree_util.tree_map(jnp.asarray, params))
+  restored = ck.restore_legacy(_ckpt(legacy, case_id), target)
+  assert int(restored.state.step) == legacy['before']
+  step = jax.jit(lambda o, g: o.apply_gradient(g))
+  traj = {}
+  for s in range(legacy['before'], legacy['before'] + legacy['after']):
+    restored = step(restored, core.reference_grads(params, s))
+    traj[s + 1] = core.flat(restored.target)
+  expected, _ = _continuation(legacy, case_id)
+  worst, where = core.compare(traj, expected, cases.DTYPES.get(case_id))
+  assert worst <= SHIM_ULP, (worst, where)
+
+
+@pytest.mark.parametrize('case_id,def_name,kwargs', WHOLE_TREE, ids=[c[0] for c in WHOLE_TREE])
+def test_multi_focus_weightnorm_resume_as_train_state(legacy, case_id, def_name, kwargs):
+  params = cases.params_for(case_id)
+  opt_def = _shim_def(def_name, kwargs)
+  target = _target(params, oc.to_optax(opt_def))
+  restored = ck.restore_legacy(_ckpt(legacy, case_id), target)
+  assert restored.step == legacy['before'] and _counts(restored.opt_state) == [legacy['before']]
+  if def_name == 'MultiOptimizer' or 'focus' in kwargs:  # unselected leaves: state None
+    assert None in jax.tree_util.tree_leaves(restored.opt_state.param_states,
+                                             is_leaf=lambda x: x is None)
+  traj, final_state = _resume(restored, params, legacy)
+  expected, legacy_final = _continuation(legacy, case_id)
+  worst, where = core.compare(traj, expected)
+  assert worst <= SHIM_ULP, (worst, where)
+  rolled = _flat_legacy(ck.to_legacy(final_state, opt_def))
+  assert set(rolled) == set(legacy_final)
+
+
+def _replicated_target():
+  params = cases.params_for('replicated_momentum')
+  return params, _target(params, _emitted_tx('Momentum', {'learning_rate': 0.05, 'beta': 0.8,
+                                                          'nesterov': True}))
+
+
+def test_pmap_replicated_checkpoint_is_stripped_and_resumes(legacy):
+  params, target = _replicated_target()
+  with pytest.warns(ck.ReplicatedCheckpointWarning, match='device axis of 2'):
+    restored = ck.restore_legacy(_ckpt(legacy, 'replicated_momentum'), target)
+  assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(target)
+  assert restored.step == legacy['before']
+  traj, _ = _resume(restored, params, legacy)
+  expected, _ = _continuation(legacy, 'replicated_momentum')
+  worst, where = core.compare(traj, expected)
+  assert worst <= SHIM_ULP, (worst, where)
+
+
+@struct.dataclass
+class TrainingState:
+  """The migrated form of the legacy container (``optimizer`` now a TrainState)."""
+  optimizer: Any
+  model_state: Any
+  ema: Any
+  step: Any
+
+
+class Pair(NamedTuple):
+  optimizer: Any
+  ema: Any
+
+
+ADAM_KW = checkpoint_legacy.CONTAINER_CASE[2]
+
+
+def _container_target(kind):
+  params = cases.params_for('adam_betas')
+  ts = _target(params, _emitted_tx('Adam', ADAM_KW))
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, ts.params)
+  model_state = {'batch_stats': {'mean': jnp.zeros((4,), jnp.float32)}}
+  return params, {
+      'container_dict': {'optimizer': ts, 'model_state': model_state, 'step': 0},
+      'container_tuple': (ts, zeros),
+      'container_dataclass': TrainingState(optimizer=ts, model_state=model_state, ema=zeros,
+                                           step=0),
+  }[kind]
+
+
+@pytest.mark.parametrize('kind', ['container_dict', 'container_tuple', 'container_dataclass'])
+def test_containers_keep_their_types_and_pass_the_rest_through(legacy, kind):
+  params, target = _container_target(kind)
+  restored = ck.restore_legacy(_ckpt(legacy, kind), target)
+  assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(target)
+  if kind == 'container_tuple':
+    ts, ema = restored
+  else:
+    get = (lambda k: restored[k]) if kind == 'container_dict' else (lambda k: getattr(restored, k))
+    ts, ema = get('optimizer'), None
+    np.testing.assert_array_equal(get('model_state')['batch_stats']['mean'], np.arange(4))
+    assert get('step') == legacy['before']
+    if kind == 'container_dataclass':
+      ema = get('ema')
+  if ema is not None:  # legacy saved 0.5 * the initial params
+    for a, b in zip(jax.tree_util.tree_leaves(ema), jax.tree_util.tree_leaves(params)):
+      np.testing.assert_array_equal(a, np.asarray(b) * np.float32(0.5))
+  traj, _ = _resume(ts, params, legacy)
+  worst, where = core.compare(traj, _continuation(legacy, kind)[0])
+  assert worst <= _bound('Adam', 'adam_betas'), (worst, where)
+
+
+def test_both_namedtuple_layouts_restore_the_same(legacy):
+  params = cases.params_for('adam_betas')
+  ts = _target(params, _emitted_tx('Adam', ADAM_KW))
+  zeros = jax.tree_util.tree_map(jnp.zeros_like, ts.params)
+  sd = ck.read_state_dict(_ckpt(legacy, 'container_tuple'))
+  new_layout = {'optimizer': sd['0'], 'ema': sd['1']}  # flax >= 0.3: field names
+  old_layout = {'name': 'Pair', 'fields': {'0': 'optimizer', '1': 'ema'},  # older flax
+                'values': {'0': sd['0'], '1': sd['1']}}
+  a = ck.restore_legacy(new_layout, Pair(ts, zeros))
+  b = ck.restore_legacy(old_layout, Pair(ts, zeros))
+  assert type(a) is Pair and type(b) is Pair
+  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+    np.testing.assert_array_equal(x, y)
+  assert a.optimizer.step == 5
+
+
+def _leaves_equal(a, b):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  return (jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+          and all(np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+                  for x, y in zip(la, lb)))
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+def _cli(*args):
+  from codemod import cli
+  return cli.main(['convert-checkpoint', *map(str, args)])
+
+
+def _sha(path):
+  return hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize('fmt', ['flax', 'orbax'])
+def test_cli_converts_and_dst_restores_with_standard_tools(legacy, tmp_path, fmt):
+  src = _ckpt(legacy, 'adam_betas')
+  before = _sha(src)
+  dst = tmp_path / 'converted'
+  opt = 'Adam(learning_rate=0.01, beta1=0.85, beta2=0.99, eps=1e-6)'
+  assert _cli(src, dst, '--optimizer', opt, '--format', fmt) == 0
+  assert _sha(src) == before
+  params = cases.params_for('adam_betas')
+  target = _target(params, _emitted_tx('Adam', ADAM_KW))
+  restored = checkpoints.restore_checkpoint(str(dst), target=target)
+  assert _leaves_equal(restored, ck.restore_legacy(src, target))
+  # again: DST exists -> refused, untouched; --force replaces it
+  stamp = dst.stat().st_mtime_ns
+  assert _cli(src, dst, '--optimizer', opt, '--format', fmt) == 2
+  assert dst.stat().st_mtime_ns == stamp
+  assert _cli(src, dst, '--optimizer', opt, '--format', fmt, '--force') == 0
+
+
+def test_cli_directory_step_container_and_inference(legacy, tmp_path, capsys):
+  dst = tmp_path / 'c.msgpack'
+  # a directory SRC, --step picks the file; Adagrad is inferred from its field 'G'
+  assert _cli(legacy['dir'] / 'adagrad_eps', dst, '--step', legacy['before']) == 0
+  assert 'inferred from its state fields: Adagrad' in capsys.readouterr().err
+  target = _target(cases.params_for('adagrad_eps'),
+                   _emitted_tx('Adagrad', {'learning_rate': 0.0}))
+  restored = checkpoints.restore_checkpoint(str(dst), target=target)
+  assert restored.step == legacy['before'] and _counts(restored.opt_state) == [5]
+  # Momentum and LARS share 'momentum': refused without --optimizer, nothing written
+  assert _cli(legacy['dir'] / 'lars_params', tmp_path / 'x', '--step', 5) == 2
+  assert 'pass --optimizer' in capsys.readouterr().err and not (tmp_path / 'x').exists()
+  assert _cli(legacy['dir'] / 'adagrad_eps', tmp_path / 'y', '--step', 99) == 2
+  # a container: the optimizer converted, the rest copied
+  assert _cli(_ckpt(legacy, 'container_dict'), tmp_path / 'z', '--optimizer', 'Adam') == 0
+  sd = ck.read_state_dict(tmp_path / 'z')
+  assert set(sd) == {'optimizer', 'model_state', 'step'}
+  assert set(sd['optimizer']) == {'step', 'params', 'opt_state'}
+  np.testing.assert_array_equal(sd['model_state']['batch_stats']['mean'], np.arange(4))
+
+
+def test_cli_replicated_and_injected(legacy, tmp_path, capsys):
+  dst = tmp_path / 'r'
+  assert _cli(_ckpt(legacy, 'replicated_momentum'), dst, '--optimizer',
+              'Momentum(beta=0.8, nesterov=True)', '--learning-rate-injected') == 0
+  assert 'replicated optimizer (leading device axis of 2' in capsys.readouterr().err
+  params = cases.params_for('replicated_momentum')
+  tx = _emitted_tx('Momentum', {'beta': 0.8, 'nesterov': True}, True)
+  restored = checkpoints.restore_checkpoint(str(dst), target=_target(params, tx))
+  assert _counts(restored.opt_state) == [5]  # inject_hyperparams' count
+  # the migrated code writes the learning rate into the state at every step
+  restored = restored.replace(opt_state=optax.tree_utils.tree_set(restored.opt_state,
+                                                                  learning_rate=0.05))
+  traj, _ = _resume(restored, params, legacy)
+  worst, where = core.compare(traj, _continuation(legacy, 'replicated_momentum')[0])
+  assert worst <= SHIM_ULP, (worst, where)
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('damage', ['truncated', 'garbage', 'empty'])
+def test_truncated_or_corrupt_file_is_a_clear_error_and_nothing_is_written(legacy, tmp_path,
+                                                                           damage, capsys):
+  data = _ckpt(legacy, 'adam_betas').read_bytes()
+  bad = tmp_path / 'checkpoint_5'
+  bad.write_bytes({'truncated': data[:len(data) // 2], 'garbage': b'\xc1' * 64,
+                   'empty': b''}[damage])
+  params = cases.params_for('adam_betas')
+  with pytest.raises(ck.CheckpointError, match=str(bad)):
+    ck.restore_legacy(bad, _target(params, _emitted_tx('Adam', ADAM_KW)))
+  assert _cli(bad, tmp_path / 'out', '--optimizer', 'Adam') == 2
+  assert str(bad) in capsys.readouterr().err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_5']
+
+
+def test_structure_mismatch_names_the_first_differing_path(legacy):
+  params = cases.params_for('adam_betas')
+  params = {**params, 'head': {**params['head'], 'kernel': np.zeros((128, 9), np.float32)}}
+  with pytest.raises(ck.CheckpointError,
+                     match=r"structure mismatch at target/head/kernel: expected float32\[128, 9\], "
+                           r"found float32\[128, 10\]"):
+    ck.restore_legacy(_ckpt(legacy, 'adam_betas'), _target(params, _emitted_tx('Adam', ADAM_KW)))
+  fewer = {k: v for k, v in cases.params_for('adam_betas').items() if k != 'offset'}
+  with pytest.raises(ck.CheckpointError, match='structure mismatch at target/offset: expected '
+                                               r'nothing, found float32\[1\]'):
+    ck.restore_legacy(_ckpt(legacy, 'adam_betas'), _target(fewer, _emitted_tx('Adam', ADAM_KW)))
+
+
+def test_wrong_optimizer_is_refused_not_silently_dropped(legacy):
+  params = cases.params_for('adam_betas')
+  momentum = _target(params, _emitted_tx('Momentum', {'learning_rate': 0.1}))
+  with pytest.raises(ck.CheckpointError, match='cannot hold'):
+    ck.restore_legacy(_ckpt(legacy, 'adam_betas'), momentum)
+  sgd = _target(params, _emitted_tx('GradientDescent', {'learning_rate': 0.1}))
+  with pytest.raises(ck.CheckpointError, match='grad_ema.*silently dropped'):
+    ck.restore_legacy(_ckpt(legacy, 'adam_betas'), sgd)
+
+
+def test_container_target_without_an_optimizer_in_the_checkpoint(legacy):
+  params, target = _container_target('container_dict')
+  sd = ck.read_state_dict(_ckpt(legacy, 'container_dict'))
+  del sd['optimizer']
+  with pytest.raises(ck.CheckpointError, match='structure mismatch at optimizer: the target has '
+                                               'an optimizer there'):
+    ck.restore_legacy(sd, target)
