@@ -81,6 +81,139 @@ CASES += (
     ('weightnorm_default', 'WeightNorm', {'inner': ('GradientDescent', {'learning_rate': 0.1})}),
 )
 
+# Per-call overrides ('apply': a key of APPLY), user-written OptimizerDef
+# subclasses (def name 'user:<name>', see USER_DEFS) and non-finite gradients
+# ('grads': a key of GRADS).
+CASES += (
+    ('adam_lr_schedule', 'Adam', {'learning_rate': 0.01, 'beta1': 0.85, 'apply': 'lr_decay'}),
+    ('momentum_beta_override', 'Momentum', {'learning_rate': 0.05, 'nesterov': True,
+                                            'apply': 'lr_and_beta'}),
+    ('multi_keyword_lr', 'MultiOptimizer', {'apply': 'lr_decay', 'groups': (
+        ('kernels_except_conv', 'Momentum', {'learning_rate': 0.05, 'beta': 0.8}),
+        ('biases', 'Adam', {'learning_rate': 0.01}))}),
+    ('multi_group_hyper_params', 'MultiOptimizer', {'apply': 'group_lrs', 'groups': (
+        ('kernels_except_conv', 'LAMB', {'learning_rate': 0.01}),
+        ('biases', 'Adagrad', {'learning_rate': 0.05}))}),
+    ('user_sign_momentum', 'user:SignMomentum', {'learning_rate': 0.01, 'beta': 0.5}),
+    ('user_global_clip_sgd', 'user:GlobalClipSGD', {'learning_rate': 0.1, 'max_norm': 20.0}),
+    ('adam_nonfinite', 'Adam', {'learning_rate': 0.01, 'grads': 'nonfinite'}),
+    ('lamb_nonfinite', 'LAMB', {'learning_rate': 0.01, 'grads': 'nonfinite'}),
+)
+
+
+def _lr_decay(step):
+  return {'learning_rate': 0.01 * 0.9 ** step}
+
+
+def _lr_and_beta(step):
+  return {'learning_rate': 0.05 * 0.95 ** step, 'beta': 0.5 + 0.02 * step}
+
+
+def _group_lrs(step):
+  return {'lr0': 0.02 * 0.9 ** step, 'lr1': 0.1 / (1 + step)}
+
+
+def _per_group(opt_def, values):
+  """``hyper_params=[...]``: each group's hyper-parameters with its own learning rate."""
+  hps = opt_def.hyper_params
+  return {'hyper_params': [hps[0].replace(learning_rate=values['lr0']),
+                           hps[1].replace(learning_rate=values['lr1'])]}
+
+
+#: ``name -> (schedule: step -> {name: float}, to_kwargs: (opt_def, values) -> kwargs or None)``
+APPLY = {
+    'lr_decay': (_lr_decay, None),
+    'lr_and_beta': (_lr_and_beta, None),
+    'group_lrs': (_group_lrs, _per_group),
+}
+
+
+def _nonfinite(step, grads):
+  """At step 5: NaN, +inf and -inf in three elements (legacy does not guard)."""
+  if step != 5:
+    return grads
+  import numpy as np
+  grads = {k: v for k, v in grads.items()}
+  enc = dict(grads['encoder'])
+  dense = dict(enc['dense'])
+  kernel = np.array(dense['kernel'], copy=True)
+  kernel[0, 0], kernel[1, 1] = np.nan, np.inf
+  dense['kernel'] = kernel
+  enc['dense'] = dense
+  grads['encoder'] = enc
+  head = dict(grads['head'])
+  bias = np.array(head['bias'], copy=True)
+  bias[3] = -np.inf
+  head['bias'] = bias
+  grads['head'] = head
+  return grads
+
+
+#: ``name -> (step, grads) -> grads``
+GRADS = {'nonfinite': _nonfinite}
+
+
+def _sign_momentum(optim_module):
+  """A user def with its own hyper-parameter and state dataclasses (per-leaf protocol)."""
+  import jax.numpy as jnp
+  from flax import struct
+
+  @struct.dataclass
+  class _SignMomentumHyperParams:
+    learning_rate: float
+    beta: float
+
+  @struct.dataclass
+  class _SignMomentumState:
+    trace: jnp.ndarray
+
+  class SignMomentum(optim_module.OptimizerDef):
+    def __init__(self, learning_rate=None, beta=0.9):
+      super().__init__(_SignMomentumHyperParams(learning_rate, beta))
+
+    def init_param_state(self, param):
+      return _SignMomentumState(jnp.zeros_like(param))
+
+    def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      trace = hyper_params.beta * state.trace + grad
+      new_param = param - hyper_params.learning_rate * jnp.sign(trace) * jnp.sqrt(jnp.abs(trace))
+      return new_param, _SignMomentumState(trace)
+  return SignMomentum
+
+
+def _global_clip_sgd(optim_module):
+  """A user def overriding the whole-tree ``apply_gradient`` (global-norm clipping)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import struct
+
+  @struct.dataclass
+  class _ClipHyperParams:
+    learning_rate: float
+    max_norm: float
+
+  class GlobalClipSGD(optim_module.OptimizerDef):
+    def __init__(self, learning_rate=None, max_norm=1.0):
+      super().__init__(_ClipHyperParams(learning_rate, max_norm))
+
+    def init_param_state(self, param):
+      return ()
+
+    def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      raise NotImplementedError('whole-tree def')
+
+    def apply_gradient(self, hyper_params, params, state, grads):
+      norm = jnp.sqrt(sum(jnp.sum(g * g) for g in jax.tree_util.tree_leaves(grads)))
+      scale = jnp.minimum(1.0, hyper_params.max_norm / norm)
+      new_params = jax.tree_util.tree_map(
+          lambda p, g: p - hyper_params.learning_rate * scale * g, params, grads)
+      return new_params, optim_module.OptimizerState(state.step + 1, state.param_states)
+  return GlobalClipSGD
+
+
+#: ``name -> optim_module -> OptimizerDef subclass`` (built against real flax.optim or the shim)
+USER_DEFS = {'SignMomentum': _sign_momentum, 'GlobalClipSGD': _global_clip_sgd}
+
 FILTERS = {
     'kernels_except_conv': lambda path, _: path.endswith('/kernel') and '/conv/' not in path,
     'biases': lambda path, _: path.endswith('/bias'),
@@ -91,10 +224,12 @@ FILTERS = {
 
 def build(optim_module, def_name: str, kwargs: dict):
   """``(opt_def, focus)`` for a case, with ``optim_module`` the real flax.optim or the shim."""
-  kwargs = dict(kwargs)
+  kwargs = {k: v for k, v in kwargs.items() if k not in ('apply', 'grads')}
   traversal = optim_module.ModelParamTraversal
   focus = kwargs.pop('focus', None)
   focus = traversal(FILTERS[focus]) if focus else None
+  if def_name.startswith('user:'):
+    return USER_DEFS[def_name[5:]](optim_module)(**kwargs), focus
   if def_name == 'WeightNorm':
     name, kw = kwargs.pop('inner')
     return optim_module.WeightNorm(getattr(optim_module, name)(**kw), **kwargs), focus
@@ -103,6 +238,24 @@ def build(optim_module, def_name: str, kwargs: dict):
               for f, name, kw in kwargs['groups']]
     return optim_module.MultiOptimizer(*groups), focus
   return getattr(optim_module, def_name)(**kwargs), focus
+
+
+def run_case(optim_module, case_id: str, **run_kwargs):
+  """``core.run_legacy`` of a case: its def, focus, overrides and gradients.
+
+  ``run_kwargs`` go to ``run_legacy`` (``n_devices``, ``use_pmap``,
+  ``record``); returns ``(trajectory, final_optimizer)``.
+  """
+  import warnings
+  from equivalence_tests import core
+  _, def_name, kwargs = CASE_BY_ID[case_id]
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    opt_def, focus = build(optim_module, def_name, kwargs)
+  schedule, to_kwargs = APPLY.get(kwargs.get('apply'), (None, None))
+  return core.run_legacy(opt_def, params_for(case_id), STEPS, SEED, focus=focus,
+                         apply_kwargs=schedule, overrides=to_kwargs,
+                         corrupt_grads=GRADS.get(kwargs.get('grads')), **run_kwargs)
 
 
 def params_for(case_id: str):
@@ -121,3 +274,6 @@ STEPS = 20
 #: Steps (after that many updates) whose parameters the golden files keep.
 RECORDED_STEPS = (1, 3, 20)
 SEED = 0
+
+#: ``case_id -> (case_id, def_name, kwargs)``
+CASE_BY_ID = {c[0]: c for c in CASES}

@@ -84,7 +84,8 @@ def _to_dict(tree):
 
 def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
                record: Sequence[int] | None = None, apply_kwargs: Callable | None = None,
-               use_pmap: bool | None = None, focus=None):
+               use_pmap: bool | None = None, focus=None, overrides: Callable | None = None,
+               corrupt_grads: Callable | None = None):
   """Run a legacy def (real ``flax.optim`` or the shim) for ``steps`` jitted steps.
 
   Args:
@@ -95,8 +96,15 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
       ``jax_utils.replicate`` and each step is a ``jax.pmap`` over the first
       ``n_devices`` devices with ``pmean``'d gradients; otherwise ``jax.jit``.
     record: steps whose params to return (default: every step 1..steps).
-    apply_kwargs: ``step -> dict`` of per-call hyper-parameter overrides.
+    apply_kwargs: ``step -> dict`` of per-call hyper-parameter overrides
+      (numbers; under ``pmap`` they become per-device arrays).
     focus: optional traversal passed to ``create(params, focus=...)``.
+    overrides: ``(opt_def, values) -> apply_gradient kwargs``, run inside the
+      jitted step with ``values = apply_kwargs(step)`` traced (e.g. to build
+      a MultiOptimizer's per-group ``hyper_params=[...]`` list); default:
+      the values themselves.
+    corrupt_grads: ``(step, grads) -> grads`` applied to each device's
+      gradients (e.g. to insert NaN/inf).
 
   Returns:
     ``(trajectory, final_optimizer)``; ``trajectory[step]`` is ``flat(params)``;
@@ -106,10 +114,12 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
   target = jax.tree_util.tree_map(jnp.asarray, params)
   opt = opt_def.create(target, focus=focus) if focus is not None else opt_def.create(target)
   kw = apply_kwargs or (lambda step: {})
+  to_kwargs = overrides or (lambda opt_def, values: values)
+  grads_at = _grads_fn(params, seed, corrupt_grads)
   if use_pmap is None:
     use_pmap = n_devices > 1
   if not use_pmap:
-    step_fn = jax.jit(lambda o, g, k: o.apply_gradient(g, **k))
+    step_fn = jax.jit(lambda o, g, k: o.apply_gradient(g, **to_kwargs(o.optimizer_def, k)))
   else:
     devices = jax.local_devices()[:n_devices]
     if len(devices) < n_devices:
@@ -122,15 +132,15 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
       # optimizer's arithmetic, where it changes which multiply-add LLVM
       # contracts into an FMA (a program difference, not an optimizer one).
       g = jax.lax.optimization_barrier(jax.lax.pmean(g, 'batch'))
-      return o.apply_gradient(g, **k)
+      return o.apply_gradient(g, **to_kwargs(o.optimizer_def, k))
     step_fn = jax.pmap(pstep, axis_name='batch', devices=devices)
   traj = {}
   for step in range(steps):
     if not use_pmap:
-      g = reference_grads(params, step, seed)
+      g = grads_at(step)
       k = kw(step)
     else:
-      per_dev = [reference_grads(params, step, seed, d, n_devices) for d in range(n_devices)]
+      per_dev = [grads_at(step, d, n_devices) for d in range(n_devices)]
       g = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_dev)
       k = {name: np.full((n_devices,), v, np.float32) for name, v in kw(step).items()}
     opt = step_fn(opt, g, k)
@@ -139,12 +149,22 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
   return traj, opt
 
 
-def run_optax(tx, params, steps: int, seed: int = 0, record=None, hyperparams=None):
+def _grads_fn(params, seed, corrupt_grads):
+  def grads_at(step, device=None, n_devices=1):
+    g = reference_grads(params, step, seed, device, n_devices)
+    return corrupt_grads(step, g) if corrupt_grads else g
+  return grads_at
+
+
+def run_optax(tx, params, steps: int, seed: int = 0, record=None, hyperparams=None,
+              corrupt_grads: Callable | None = None):
   """Run an Optax ``GradientTransformation`` the way ``TrainState`` does.
 
   ``hyperparams``: ``step -> dict`` written into an ``inject_hyperparams``
   state before each update (the migrated form of a per-call lr override).
+  ``corrupt_grads``: as in :func:`run_legacy`.
   """
+  grads_at = _grads_fn(params, seed, corrupt_grads)
   import optax
   record = set(record or range(1, steps + 1))
   p = jax.tree_util.tree_map(jnp.asarray, params)
@@ -159,7 +179,7 @@ def run_optax(tx, params, steps: int, seed: int = 0, record=None, hyperparams=No
   traj = {}
   for step in range(steps):
     hp = {k: jnp.float32(v) for k, v in (hyperparams(step) if hyperparams else {}).items()}
-    p, state = step_fn(p, state, reference_grads(params, step, seed), hp)
+    p, state = step_fn(p, state, grads_at(step), hp)
     if step + 1 in record:
       traj[step + 1] = flat(p)
   return traj
@@ -176,18 +196,23 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray, scale: float | None =
   The ulp is ``np.spacing`` of ``scale`` (default ``max|expected|``) in
   ``dtype`` (default ``expected``'s; ``'bfloat16'`` for values widened from
   bfloat16): the spacing at the leaf's scale. 0.0 means equal values; NaN at
-  the same positions counts as equal.
+  the same positions, and equal infinities, count as equal; any other
+  difference involving NaN or inf is ``inf``.
   """
   a = np.asarray(actual, np.float64)
   e = np.asarray(expected, np.float64)
   if a.shape != e.shape:
     raise ValueError(f'shape mismatch {a.shape} vs {e.shape}')
-  both_nan = np.isnan(a) & np.isnan(e)
-  diff = np.where(both_nan, 0.0, np.abs(a - e))
+  same = (a == e) | (np.isnan(a) & np.isnan(e))  # equal infinities count as equal too
+  with np.errstate(invalid='ignore'):
+    diff = np.where(same, 0.0, np.abs(a - e))
+  if not np.all(np.isfinite(diff)):  # NaN vs a number, inf vs a number, +inf vs -inf
+    return float('inf')
   if diff.size == 0 or not np.any(diff):
-    return 0.0 if not np.isnan(diff).any() else float('inf')
+    return 0.0
   if scale is None:
-    scale = np.max(np.abs(e[~np.isnan(e)])) if np.any(~np.isnan(e)) else 0.0
+    finite = np.abs(e[np.isfinite(e)])
+    scale = float(finite.max()) if finite.size else 0.0
   base = np.asarray(expected).dtype
   if base.kind != 'f':
     base = np.dtype(np.float32)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 
 import jax
 import numpy as np
@@ -29,15 +28,8 @@ def main() -> int:
   import optim_compat as shim
   result = {}
   for case_id, def_name, kwargs in cases.CASES:
-    with warnings.catch_warnings():
-      warnings.simplefilter('ignore', DeprecationWarning)
-      real_def, real_focus = cases.build(real, def_name, kwargs)
-      shim_def, shim_focus = cases.build(shim, def_name, kwargs)
-    params = cases.params_for(case_id)
-    real_traj, real_opt = core.run_legacy(real_def, params, cases.STEPS, cases.SEED,
-                                          focus=real_focus)
-    shim_traj, shim_opt = core.run_legacy(shim_def, params, cases.STEPS, cases.SEED,
-                                          focus=shim_focus)
+    real_traj, real_opt = cases.run_case(real, case_id)
+    shim_traj, shim_opt = cases.run_case(shim, case_id)
     worst, where = core.compare(shim_traj, real_traj, cases.DTYPES.get(case_id))
     golden, _ = record_golden.load(case_id)
     result[case_id] = {

@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 
 
 def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900,
@@ -61,14 +60,8 @@ def main(argv=None) -> int:
     return 2
   result = {}
   for case_id, def_name, kwargs in cases.CASES:
-    with warnings.catch_warnings():
-      warnings.simplefilter('ignore', DeprecationWarning)
-      opt_def, focus = cases.build(shim, def_name, kwargs)
-    params = cases.params_for(case_id)
-    single, _ = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
-                                n_devices=1, use_pmap=True, focus=focus)
-    multi, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
-                                 n_devices=n, use_pmap=True, focus=focus)
+    single, _ = cases.run_case(shim, case_id, n_devices=1, use_pmap=True)
+    multi, opt = cases.run_case(shim, case_id, n_devices=n, use_pmap=True)
     replicas_equal = all(np.array_equal(v[d], v[0], equal_nan=True)
                          for leaves in multi.values() for v in leaves.values()
                          for d in range(n))

@@ -1,6 +1,6 @@
 """Record golden trajectories of real ``flax.optim`` (run in the old stack).
 
-    .legacy-venv/bin/python -m equivalence_tests.record_golden [--out DIR] [--check]
+    .legacy-venv/bin/python -m equivalence_tests.record_golden [--out DIR] [--check] [--cases ID...]
 
 Writes ``DIR/<case_id>.npz`` per case of ``cases.py``: ``p/<step>/<leaf path>``
 for the recorded steps and ``state/<flattened legacy state dict key>`` of the
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
-import warnings
 
 import jax
 import numpy as np
@@ -25,12 +24,7 @@ GOLDEN_DIR = pathlib.Path(__file__).parent / 'golden'
 
 def record_case(optim_module, case_id: str, def_name: str, kwargs: dict) -> dict[str, np.ndarray]:
   """Arrays of one golden file for ``optim_module.<def_name>(**kwargs)``."""
-  with warnings.catch_warnings():
-    warnings.simplefilter('ignore', DeprecationWarning)
-    opt_def, focus = cases.build(optim_module, def_name, kwargs)
-  params = cases.params_for(case_id)
-  traj, opt = core.run_legacy(opt_def, params, cases.STEPS, cases.SEED,
-                              record=cases.RECORDED_STEPS, focus=focus)
+  traj, opt = cases.run_case(optim_module, case_id, record=cases.RECORDED_STEPS)
   out = {f'p/{step}/{path}': v for step, leaves in traj.items() for path, v in leaves.items()}
   sd = serialization.to_state_dict(opt)
   for k, v in traverse_util.flatten_dict(sd['state'], keep_empty_nodes=True).items():
@@ -65,10 +59,17 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--out', type=pathlib.Path, default=GOLDEN_DIR)
   parser.add_argument('--check', action='store_true')
+  parser.add_argument('--cases', nargs='+', metavar='CASE_ID',
+                      help='only these cases (default: all of cases.py)')
   args = parser.parse_args(argv)
+  unknown = set(args.cases or ()) - set(cases.CASE_BY_ID)
+  if unknown:
+    parser.error(f'unknown case id(s) {sorted(unknown)}')
   from flax import optim  # the real one: this only runs in the old stack
   failures = 0
   for case_id, def_name, kwargs in cases.CASES:
+    if args.cases and case_id not in args.cases:
+      continue
     arrays = record_case(optim, case_id, def_name, kwargs)
     path = args.out / f'{case_id}.npz'
     if args.check:

@@ -369,7 +369,7 @@ LAMB = _rule_entry(
              HyperParam('eps', 1e-6)),
     ('grad_ema', 'grad_sq_ema'), rules.lamb,
     lambda a, lr: _ours('lamb', a, lr, ('learning_rate', 'beta1', 'beta2', 'weight_decay', 'eps')),
-    1, 'optax.lamb moves zero-initialised leaves (trust ratio 1 where legacy gives 0): '
+    2, 'optax.lamb moves zero-initialised leaves (trust ratio 1 where legacy gives 0): '
        'the faithful optim_compat.transforms.lamb is emitted',
     equation=('Adam moments and bias correction (t+1 in the parameter dtype); u = m^/(sqrt(v^)+eps) '
               '+ wd*p; r = ||p||/||u|| over the whole leaf when ||p|| + ||u|| > 0, else 1 '
