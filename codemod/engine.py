@@ -19,6 +19,7 @@ from typing import Iterable
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from codemod.rules import Options
 from codemod.transform import Finding, MigrateCommand
 
 #: Cheap text prefilter: files without any of these are not parsed.
@@ -50,7 +51,8 @@ class FileResult:
         fromfile=f'a/{self.path.lstrip("/")}', tofile=f'b/{self.path.lstrip("/")}'))
 
 
-def rewrite_source(source: str, path: str = '<string>') -> FileResult:
+def rewrite_source(source: str, path: str = '<string>',
+                   options: Options | None = None) -> FileResult:
   """Rewrite one module's source text; never raises for bad input.
 
   Returns:
@@ -66,7 +68,7 @@ def rewrite_source(source: str, path: str = '<string>') -> FileResult:
   except cst.ParserSyntaxError as e:
     result.error = f'{path}:{e.editor_line}:{e.editor_column}: cannot parse: {e.message}'
     return result
-  command = MigrateCommand(CodemodContext(filename=path))
+  command = MigrateCommand(CodemodContext(filename=path), options)
   try:
     new_module = command.transform_module(module)
   except Exception as e:  # noqa: BLE001 - one file's failure must not stop the run
@@ -130,12 +132,12 @@ def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None
     raise
 
 
-def rewrite_file(path: pathlib.Path) -> FileResult:
+def rewrite_file(path: pathlib.Path, options: Options | None = None) -> FileResult:
   """Rewrite one file in memory (``result.encoding`` is the file's encoding)."""
   try:
     source, encoding = read_source(path)
   except (OSError, UnicodeDecodeError, SyntaxError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
-  result = rewrite_source(source, str(path))
+  result = rewrite_source(source, str(path), options)
   result.encoding = encoding
   return result

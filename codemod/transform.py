@@ -18,7 +18,7 @@ from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
-from codemod.rules import RULES, TODO_PREFIX
+from codemod.rules import RULES, TODO_PREFIX, Options
 from optim_compat import spec as spec_lib
 
 LEGACY = 'flax.optim'
@@ -28,6 +28,33 @@ LEGACY_ONLY_ATTRS = {
     'optimizer_def': 'OM100', 'state': 'OM103', 'replicate': 'OM100', 'unreplicate': 'OM100',
     'compute_gradient': 'OM100', 'compute_gradients': 'OM100', 'optimize': 'OM100',
     'state_dict': 'OM100', 'restore_state': 'OM100'}
+#: Legacy submodules (``flax.optim.<module>.<Name>``), flax.optim 0.5.3.
+LEGACY_SUBMODULES = {'base', 'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'lamb',
+                     'lars', 'momentum', 'rmsprop', 'sgd', 'weight_norm', 'dynamic_scale'}
+#: Legacy defs the codemod converts: the migration table plus the wrappers.
+MULTI, WEIGHT_NORM, TRAVERSAL = 'MultiOptimizer', 'WeightNorm', 'ModelParamTraversal'
+DEF_NAMES = set(spec_lib.SPECS) | {MULTI, WEIGHT_NORM}
+#: Legacy names replaced in type annotations (OM007).
+ANNOTATIONS = {'Optimizer': ('train_state.TrainState', ('flax.training', 'train_state')),
+               'OptimizerDef': ('optax.GradientTransformation', ('optax', None))}
+#: Checkpoint readers whose target may be a legacy optimizer (OM013): qname -> target arg index.
+RESTORES = {'flax.training.checkpoints.restore_checkpoint': (1, 'target'),
+            'flax.serialization.from_state_dict': (0, 'target'),
+            'flax.serialization.from_bytes': (0, 'target')}
+FROZEN = 'frozen'
+
+
+def legacy_symbol(qname: str) -> Optional[str]:
+  """``'Adam'`` for ``flax.optim.Adam`` or ``flax.optim.adam.Adam``; a submodule
+  name for ``flax.optim.adam``; None for anything else."""
+  if not qname.startswith(LEGACY + '.'):
+    return None
+  parts = qname[len(LEGACY) + 1:].split('.')
+  if len(parts) == 1:
+    return parts[0]
+  if len(parts) == 2 and parts[0] in LEGACY_SUBMODULES:
+    return parts[1]
+  return None
 
 
 @dataclasses.dataclass
@@ -52,14 +79,17 @@ class _Base:
   def qnames(self, node) -> set[str]:
     return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
 
+  def symbol(self, node) -> Optional[str]:
+    """The legacy ``flax.optim`` name ``node`` refers to, if any."""
+    found = sorted(filter(None, map(legacy_symbol, self.qnames(node))))
+    return found[0] if found else None
+
   def legacy_def(self, call: cst.BaseExpression) -> Optional[str]:
-    """The legacy def name if ``call`` is ``flax.optim.<Def>(...)``."""
+    """The legacy def name if ``call`` is ``flax.optim.<Def>(...)`` (any import form)."""
     if not isinstance(call, cst.Call):
       return None
-    for q in self.qnames(call.func):
-      if q.startswith(LEGACY + '.') and q.count('.') == 2:
-        return q.rsplit('.', 1)[1]
-    return None
+    name = self.symbol(call.func)
+    return name if name in DEF_NAMES else None
 
   def binding(self, name: cst.Name):
     """``(scope, name)`` identifying the variable ``name`` refers to, or None."""
@@ -77,41 +107,141 @@ class _Base:
       if isinstance(t, cst.Name) and (b := self.binding(t)):
         yield b
 
+  def is_user_def(self, expr) -> bool:
+    """``expr`` is ``MyDef(...)`` for a user subclass of a flax.optim class in this file."""
+    return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
+            and expr.func.value in self.an.subclass_names)
+
   def is_def(self, expr, def_vars) -> bool:
-    """``expr`` is ``flax.optim.<Def>(...)`` or a name bound to one (in ``def_vars``)."""
-    return self.legacy_def(expr) is not None or (
+    """``expr`` is a legacy def call (ours or a user subclass) or a name bound to one."""
+    return self.legacy_def(expr) is not None or self.is_user_def(expr) or (
         isinstance(expr, cst.Name) and self.binding(expr) in def_vars)
+
+  def is_traversal(self, expr) -> bool:
+    """``expr`` builds a ``ModelParamTraversal`` or is a name bound to one."""
+    if isinstance(expr, cst.Call):
+      return self.symbol(expr.func) == TRAVERSAL or \
+          'flax.traverse_util.ModelParamTraversal' in self.qnames(expr.func)
+    return isinstance(expr, cst.Name) and self.binding(expr) in self.an.traversal_vars
+
+
+_HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
+#: Def attributes (other than ``create``) that an Optax transformation does not have.
+DEF_ONLY_ATTRS = {'hyper_params', 'init_state', 'apply_gradient', 'update_hyper_params',
+                  'init_param_state', 'apply_param_gradient', 'state_dict', 'restore_state'}
 
 
 class _Analyzer(_Base, cst.CSTVisitor):
-  """Collect def variables, optimizer variables and lr-override usage."""
+  """Collect def variables, optimizer variables, legacy references and their contexts."""
 
   def __init__(self):
     super().__init__()
+    self.an = self
     self.def_vars: dict = {}        # binding -> cst.Call of the legacy def
     self.opt_vars: set = set()      # bindings holding optimizers
+    self.traversal_vars: dict = {}  # binding -> cst.Call of ModelParamTraversal
     self.apply_calls: list[cst.Call] = []
     self.uses_legacy = False        # the module references flax.optim at all
     self.def_calls: list[cst.Call] = []
     self.create_calls: list[cst.Call] = []
     self.params: set = set()        # bindings of function parameters
     self.legacy_attrs: list[cst.Attribute] = []  # opt.optimizer_def, opt.state, opt.replicate...
+    self.handled: set[int] = set()  # ids of legacy_attrs a rule converts
     self.subclasses: list[cst.ClassDef] = []     # user OptimizerDef subclasses
+    self.subclass_names: set[str] = set()
     self.defines_apply_gradient = False          # the module has its own `def apply_gradient`
     self._state_step: set[int] = set()
     self.rebound: set = set()       # bindings also assigned something else
+    self.refs: dict[int, str] = {}  # id(outermost legacy reference) -> legacy symbol
+    self.ref_nodes: dict[int, cst.CSTNode] = {}
+    self.in_annotation: set[int] = set()
+    self.in_subclass: set[int] = set()
+    self.call_funcs: set[int] = set()
+    self.nn_refs: set[int] = set()  # pre-Linen flax.nn references
+    self._inner: set[int] = set()
+    self._annotation_depth = 0
+    self._subclass_depth = 0
+    self.hp_reads: dict[int, tuple] = {}  # id(attr) -> (receiver, name, via_optimizer)
+    self.def_attrs: list[cst.Attribute] = []
+    self.method_calls: dict[int, cst.Call] = {}  # id(call) of opt.replicate()/unreplicate()
+    self.grad_assigns: set[int] = set()  # `a, b = opt.compute_gradient(f)`
+    self.restores: list[cst.Call] = []
+    self.wn_inner: set[int] = set()      # def calls wrapped by WeightNorm(...)
+
+  # -- imports: only whether flax.optim is imported ----------------------
+  def visit_Import(self, node: cst.Import) -> bool:
+    for alias in node.names:
+      if cst.Module(body=[]).code_for_node(alias.name).startswith(LEGACY):
+        self.uses_legacy = True
+    return False
+
+  def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    if node.module is None:
+      return False
+    module = cst.Module(body=[]).code_for_node(node.module)
+    if module == LEGACY or module.startswith(LEGACY + '.'):
+      self.uses_legacy = True
+    elif module == 'flax' and not isinstance(node.names, cst.ImportStar) and any(
+        isinstance(a.name, cst.Name) and a.name.value == 'optim' for a in node.names):
+      self.uses_legacy = True
+    return False
+
+  # -- contexts ------------------------------------------------------------
+  def visit_Annotation(self, node) -> None:
+    self._annotation_depth += 1
+
+  def leave_Annotation(self, node) -> None:
+    self._annotation_depth -= 1
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    if any(self.symbol(base.value) for base in node.bases):
+      self.subclasses.append(node)
+      self.subclass_names.add(node.name.value)
+      self._subclass_depth += 1
+
+  def leave_ClassDef(self, node: cst.ClassDef) -> None:
+    if any(node is c for c in self.subclasses):
+      self._subclass_depth -= 1
+
+  def _reference(self, node) -> None:
+    if id(node) in self._inner:
+      if isinstance(node, cst.Attribute):
+        self._inner.add(id(node.value))
+      return
+    qnames = self.qnames(node)
+    sym = sorted(filter(None, map(legacy_symbol, qnames)))
+    if sym:
+      self.uses_legacy = True
+      self.refs[id(node)] = sym[0]
+      self.ref_nodes[id(node)] = node
+      if self._annotation_depth:
+        self.in_annotation.add(id(node))
+      if self._subclass_depth:
+        self.in_subclass.add(id(node))
+    elif any(q == 'flax.nn' or q.startswith('flax.nn.') for q in qnames):
+      self.nn_refs.add(id(node))
+    else:
+      if any(q == LEGACY for q in qnames):
+        self.uses_legacy = True
+      return
+    if isinstance(node, cst.Attribute):
+      self._inner.add(id(node.value))
 
   def visit_Attribute(self, node: cst.Attribute) -> None:
-    self.visit_Name(node)  # `flax.optim.X` after `import flax`
+    self._reference(node)
     attr = node.attr.value
     if attr == 'step' and m.matches(node.value, m.Attribute(attr=m.Name('state'))):
       self._state_step.add(id(node.value))  # `.state.step` is converted (OM004)
     elif attr in LEGACY_ONLY_ATTRS and id(node) not in self._state_step:
       self.legacy_attrs.append(node)
-
-  def visit_ClassDef(self, node: cst.ClassDef) -> None:
-    if any(q.startswith(LEGACY + '.') for base in node.bases for q in self.qnames(base.value)):
-      self.subclasses.append(node)
+    if m.matches(node, _HP_READ):
+      owner = node.value.value
+      if m.matches(owner, m.Attribute(attr=m.Name('optimizer_def'))):
+        self.hp_reads[id(node)] = (owner.value, attr, True)
+      else:
+        self.hp_reads[id(node)] = (owner, attr, False)
+    if attr in DEF_ONLY_ATTRS and isinstance(node.value, cst.Name):
+      self.def_attrs.append(node)
 
   def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
     if node.name.value == 'apply_gradient':
@@ -120,22 +250,36 @@ class _Analyzer(_Base, cst.CSTVisitor):
   def visit_Param(self, node: cst.Param) -> None:
     if (b := self.binding(node.name)):
       self.params.add(b)
+      if node.annotation is not None and self.symbol(node.annotation.annotation) == 'Optimizer':
+        self.opt_vars.add(b)
 
   def visit_Name(self, node) -> None:
-    if not self.uses_legacy and any(q == LEGACY or q.startswith(LEGACY + '.')
-                                    for q in self.qnames(node)):
-      self.uses_legacy = True
+    self._reference(node)
+
+  def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+    if self.symbol(node.annotation.annotation) == 'Optimizer':
+      self.opt_vars.update(self.name_bindings([node.target]))
 
   def visit_Assign(self, node: cst.Assign) -> None:
     value = node.value
     targets = [t.target for t in node.targets]
-    if self.legacy_def(value):
+    if self.legacy_def(value) or self.is_user_def(value):
       self.def_vars.update(dict.fromkeys(self.name_bindings(targets), value))
+    elif self.is_traversal(value) and isinstance(value, cst.Call):
+      self.traversal_vars.update(dict.fromkeys(self.name_bindings(targets), value))
     elif self._produces_optimizer(value):
       self.opt_vars.update(self.name_bindings(targets))
     elif not self._passes_name_through(value, targets):
       # `opt = Thing()`: this name also holds something else; never rewrite it blindly
       self.rebound.update(self.name_bindings(targets))
+    if (len(targets) == 1 and m.matches(targets[0], m.Tuple())
+        and m.matches(value, m.Call(func=m.Attribute(attr=m.Name('compute_gradient')
+                                                     | m.Name('compute_gradients'))))
+        and len(targets[0].elements) in (2, 3)
+        and all(isinstance(e, cst.Element) for e in targets[0].elements)
+        and len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star):
+      self.grad_assigns.add(id(node))
+      self.handled.add(id(value.func))
 
   def _passes_name_through(self, value, targets) -> bool:
     """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
@@ -147,16 +291,29 @@ class _Analyzer(_Base, cst.CSTVisitor):
     return any(isinstance(a.value, cst.Name) and a.value.value in names for a in value.args)
 
   def visit_Call(self, node: cst.Call) -> None:
-    if self.legacy_def(node):
+    self.call_funcs.add(id(node.func))
+    name = self.legacy_def(node)
+    if name:
       self.def_calls.append(node)
-    if m.matches(node.func, m.Attribute(attr=m.Name('create'))) and \
-        self.is_def(node.func.value, self.def_vars):
+      if name == WEIGHT_NORM and node.args and self.legacy_def(node.args[0].value):
+        self.wn_inner.add(id(node.args[0].value))
+    func = node.func
+    if m.matches(func, m.Attribute(attr=m.Name('create'))) and \
+        self.is_def(func.value, self.def_vars):
       self.create_calls.append(node)
-    if m.matches(node.func, m.Attribute(attr=m.Name('apply_gradient'))):
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
       self.apply_calls.append(node)
-      recv = node.func.value
+      recv = func.value
       if isinstance(recv, cst.Name) and (b := self.binding(recv)):
         self.opt_vars.add(b)
+    if m.matches(func, m.Attribute(attr=m.Name('replicate') | m.Name('unreplicate'))):
+      self.method_calls[id(node)] = node
+      self.handled.add(id(func))
+      if isinstance(func.value, cst.Name) and (b := self.binding(func.value)) and \
+          all(a.keyword is not None for a in node.args):
+        self.opt_vars.add(b)  # flax.optim's own methods, as for apply_gradient
+    if self.qnames(func) & set(RESTORES):
+      self.restores.append(node)
 
   def _produces_optimizer(self, value) -> bool:
     if not isinstance(value, cst.Call):
@@ -166,6 +323,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
       return True
     if m.matches(func, m.Attribute(attr=m.Name('create'))) and self.is_def(func.value, self.def_vars):
       return True
+    if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate'))):
+      return self.binding(func.value) in self.opt_vars
     if self.qnames(func) & REPLICATE_FNS and value.args:
       arg = value.args[0].value
       return isinstance(arg, cst.Name) and self.binding(arg) in self.opt_vars
@@ -175,14 +334,13 @@ class _Analyzer(_Base, cst.CSTVisitor):
 class _Rewriter(_Base, cst.CSTTransformer):
   """Rewrite what is proven safe; flag the rest in place."""
 
-  def __init__(self, context: CodemodContext, analysis: _Analyzer):
+  def __init__(self, context: CodemodContext, analysis: _Analyzer, options: Options):
     super().__init__()
     self.context = context
-    self.a = analysis
+    self.a = self.an = analysis
+    self.opts = options
     self.findings: list[Finding] = []
     self._pending: list[list[str]] = []
-    self._refs: list[list] = []
-    self._consumed: set[int] = set()
     overrides = [self._kwargs(c) for c in analysis.apply_calls]
     self.inject_lr = any('learning_rate' in k for k in overrides)
     self.mixed_lr = self.inject_lr and not all('learning_rate' in k for k in overrides)
@@ -191,29 +349,142 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self.blocked = False
     self.unproven = False
     self._legacy_attr_ids = {id(a) for a in analysis.legacy_attrs}
+    self._bad_refs: dict[int, tuple[str, str]] = {}
+    self._hp_values: dict[int, str] = {}
+    self._bad_hp: dict[int, str] = {}
 
+  # -- what blocks the file ------------------------------------------------
   def visit_Module(self, node: cst.Module) -> None:
-    self.blocked = (self.mixed_lr or any(self._def_problem(c) for c in self.a.def_calls)
-                    or any(self._create_problem(c) for c in self.a.create_calls)
-                    or bool(self.a.subclasses) or bool(self._legacy_only_uses()))
+    a = self.a
+    for ref_id, sym in a.refs.items():
+      problem = self._ref_problem(ref_id, sym)
+      if problem:
+        self._bad_refs[ref_id] = problem
+    for attr_id, (recv, name, via_opt) in a.hp_reads.items():
+      if via_opt and not self._is_optimizer(recv):
+        continue
+      if not via_opt and not (isinstance(recv, cst.Name) and self.binding(recv) in a.def_vars):
+        continue
+      value, problem = self._hp_value(recv, name, via_opt)
+      if problem:
+        self._bad_hp[attr_id] = problem
+      else:
+        self._hp_values[attr_id] = value
+        if via_opt:
+          self.a.handled.add(id(a.ref_nodes.get(attr_id, recv)))
+    for attr_id in self._hp_values:
+      recv, _, via_opt = a.hp_reads[attr_id]
+    # `opt.optimizer_def` consumed by a converted hyper_params read
+    self._hp_owner_ids = {id(self._hp_owner(i)) for i in self._hp_values}
+    self.blocked = bool(
+        self.mixed_lr or self._bad_refs or self._bad_hp
+        or any(self._def_problem(c) for c in a.def_calls)
+        or any(self._create_problem(c) for c in a.create_calls)
+        or any(self._apply_problem(c) for c in a.apply_calls if self._is_optimizer(c.func.value))
+        or any(self._method_problem(c) for c in a.method_calls.values())
+        or self._legacy_only_uses() or self._def_only_uses()
+        or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls)))
     # a file that never references flax.optim: nothing proves `.apply_gradient` is ours
-    self.unproven = not self.a.uses_legacy
+    self.unproven = not a.uses_legacy
+
+  def _user_def_create(self, call) -> bool:
+    recv = call.func.value
+    return self.is_user_def(recv) or (isinstance(recv, cst.Name) and
+                                      self.is_user_def(self.a.def_vars.get(self.binding(recv))))
+
+  def _hp_owner(self, attr_id):
+    """The ``.optimizer_def.hyper_params`` chain's ``optimizer_def`` attribute node."""
+    for attr in self.a.legacy_attrs:
+      if attr.attr.value == 'optimizer_def':
+        recv = self.a.hp_reads[attr_id][0]
+        if attr.value is recv:
+          return attr
+    return None
+
+  def _ref_problem(self, ref_id, sym) -> Optional[tuple[str, str]]:
+    a = self.a
+    if sym in ('DynamicScale', 'dynamic_scale'):
+      return None
+    if ref_id in a.in_subclass:
+      import optim_compat
+      if hasattr(optim_compat, sym):
+        return None
+    elif ref_id in a.in_annotation:
+      if sym in ANNOTATIONS:
+        return None
+    elif ref_id in a.call_funcs and (sym in DEF_NAMES or sym == TRAVERSAL):
+      return None
+    rule = 'OM103' if sym == 'OptimizerState' else 'OM100'
+    return rule, (f'flax.optim.{sym} has no automatic conversion here; see optim_compat for a '
+                  'drop-in (this file keeps its legacy optimizer code)')
 
   def _legacy_only_uses(self) -> list[cst.Attribute]:
-    return [a for a in self.a.legacy_attrs if self._is_optimizer(a.value)]
+    return [a for a in self.a.legacy_attrs
+            if id(a) not in self.a.handled and id(a) not in self._hp_owner_ids
+            and self._is_optimizer(a.value)]
 
-  def visit_ClassDef(self, node: cst.ClassDef) -> None:
-    if any(node is c for c in self.a.subclasses):
-      self._consumed.update(id(base.value) for base in node.bases)
-      self.flag(node, 'OM100', f'`{node.name.value}` subclasses a flax.optim class: use '
-                               f'optim_compat.to_optax({node.name.value}(...)) as the TrainState tx '
-                               '(this file keeps its legacy optimizer code)')
+  def _def_only_uses(self) -> list[cst.Attribute]:
+    return [a for a in self.a.def_attrs
+            if id(a) not in self.a.hp_reads and self.binding(a.value) in self.a.def_vars
+            and not self._is_hp_chain_part(a)]
+
+  def _is_hp_chain_part(self, attr) -> bool:
+    return any(r[0] is attr.value and attr.attr.value == 'hyper_params'
+               for i, r in self.a.hp_reads.items() if i in self._hp_values or i in self._bad_hp)
+
+  def _apply_problem(self, call: cst.Call) -> Optional[str]:
+    kwargs = self._kwargs(call)
+    positional = [a for a in call.args if a.keyword is None]
+    other = sorted(set(kwargs) - {'learning_rate'})
+    if len(positional) != 1 or other or any(a.star for a in call.args):
+      return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
+              'with optax.inject_hyperparams (for a MultiOptimizer, per group at '
+              'opt_state.inner_states[label].inner_state.hyperparams)')
+    return None
+
+  def _method_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
+    if not self._is_optimizer(call.func.value):
+      return None
+    method = call.func.attr.value
+    if method == 'replicate':
+      if not self.opts.fixable('OM009'):
+        return 'OM009', ('`.replicate()` -> flax.jax_utils.replicate(...) is an unsafe fix (legacy '
+                         'also pmean-ed the gradients in apply_gradient): rerun with --unsafe-fixes, '
+                         'or convert by hand (this file keeps its legacy optimizer code)')
+      if any(a.keyword is None or a.keyword.value not in ('devices', 'axis_name') for a in call.args):
+        return 'OM100', '`.replicate(...)` with these arguments is not converted'
+    elif call.args or not self.opts.fixable('OM010'):
+      return 'OM010', '`.unreplicate()` is not converted here'
+    return None
+
+  def _hp_value(self, recv, name, via_opt) -> tuple[Optional[str], Optional[str]]:
+    """Source text of the def's ``name`` (a literal) or a problem message."""
+    calls = [c for c in self.a.def_calls if self.legacy_def(c) in spec_lib.SPECS]
+    if not via_opt:
+      calls = [self.a.def_vars[self.binding(recv)]]
+    if len(calls) != 1 or self.legacy_def(calls[0]) not in spec_lib.SPECS:
+      return None, ('hyper_params read: no single def in this file says which value it is '
+                    '(this file keeps its legacy optimizer code)')
+    spec = spec_lib.SPECS[self.legacy_def(calls[0])]
+    try:
+      args = self._def_args(calls[0], spec)
+    except TypeError as e:
+      return None, str(e)
+    if name not in spec.hyper_param_names:
+      return None, f'{spec.name} has no hyper-parameter {name!r}'
+    src = args.get(name, repr(spec.defaults()[name]))
+    if spec_lib.literal(src) is None and src != 'None':
+      return None, (f'hyper_params.{name} is `{src}`, not a literal: read the value where the '
+                    'def is built (this file keeps its legacy optimizer code)')
+    return src, None
 
   @staticmethod
   def _create_problem(call: cst.Call) -> Optional[str]:
-    if len(call.args) != 1 or call.args[0].keyword is not None:
-      return ('create(target, focus=...) -> optax.multi_transform is not converted yet '
-              '(this file keeps its legacy optimizer code)')
+    kw = {a.keyword.value: a for a in call.args if a.keyword is not None}
+    positional = [a for a in call.args if a.keyword is None]
+    if any(a.star for a in call.args) or set(kw) - {'target', 'focus'} or \
+        len(positional) + len(kw) not in (1, 2) or len(positional) > 2:
+      return 'create(...) with these arguments is not converted (this file keeps its legacy optimizer code)'
     return None
 
   # -- helpers -------------------------------------------------------------
@@ -226,10 +497,20 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return (pos.start.line, pos.start.column + 1) if pos else (0, 0)
 
   def fixed(self, node, rule, message):
-    self.findings.append(Finding(*self._pos(node), rule, message, True))
+    if self.opts.enabled(rule):
+      self.findings.append(Finding(*self._pos(node), rule, message, True))
 
   def flag(self, node, rule, message):
+    if not self.opts.enabled(rule):
+      return
+    text = f'{TODO_PREFIX}{rule}: {message}'
+    if self._pending and text in self._pending[-1]:
+      return  # once per statement
     self.findings.append(Finding(*self._pos(node), rule, message, False))
+    self.note(rule, message)
+
+  def note(self, rule, message):
+    """An inline TODO on the current statement (no report entry)."""
     if self._pending:
       text = f'{TODO_PREFIX}{rule}: {message}'
       if text not in self._pending[-1]:
@@ -247,32 +528,96 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return self.is_def(recv, self.a.def_vars)
       if method == 'apply_gradient':  # `opt.apply_gradient(g).target`
         return True
+      if method in ('replicate', 'unreplicate'):
+        return self._is_optimizer(recv)
     return False
+
+  def _mentions_optimizer(self, expr) -> bool:
+    if self._is_optimizer(expr):
+      return True
+    return any(self._mentions_optimizer(c) for c in expr.children
+               if isinstance(c, cst.BaseExpression) or isinstance(c, (cst.Element, cst.Arg,
+                                                                      cst.DictElement)))
 
   def _code(self, node) -> str:
     return cst.Module(body=[]).code_for_node(node)
+
+  def _add_import(self, module, obj=None, asname=None):
+    AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
 
   # -- statements: carry TODO comments ------------------------------------
   def on_visit(self, node) -> bool:
     if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
       self._pending.append([])
-      self._refs.append([])
     return super().on_visit(node)
 
   def on_leave(self, original, updated):
     result = super().on_leave(original, updated)
     if isinstance(original, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
-      for ref, qname in self._refs.pop():
-        if id(ref) not in self._consumed:
-          self.flag(ref, 'OM100', f'{qname} has no automatic conversion yet; '
-                                  'see optim_compat for a drop-in')
       todos = self._pending.pop()
-      existing = {ll.comment.value for ll in result.leading_lines if ll.comment}
-      new = [t for t in todos if t not in existing]
-      if new:
-        lines = [cst.EmptyLine(comment=cst.Comment(t)) for t in new]
-        result = result.with_changes(leading_lines=[*result.leading_lines, *lines])
+      if isinstance(result, cst.CSTNode):
+        existing = {ll.comment.value for ll in result.leading_lines if ll.comment}
+        new = [t for t in todos if t not in existing]
+        if new:
+          lines = [cst.EmptyLine(comment=cst.Comment(t)) for t in new]
+          result = result.with_changes(leading_lines=[*result.leading_lines, *lines])
     return result
+
+  # -- flags on references -------------------------------------------------
+  def visit_Name(self, node: cst.Name) -> None:
+    self._flag_reference(node)
+
+  def visit_Attribute(self, node: cst.Attribute) -> None:
+    self._flag_reference(node)
+
+  def _flag_reference(self, node) -> None:
+    if id(node) in self._bad_refs:
+      self.flag(node, *self._bad_refs[id(node)])
+    elif id(node) in self.a.nn_refs and self.a.uses_legacy:
+      self.flag(node, 'OM105', 'pre-Linen flax.nn model: migrate the model to Linen first '
+                               '(the optimizer parts are converted)')
+    elif id(node) in self._bad_hp:
+      self.flag(node, 'OM100', self._bad_hp[id(node)])
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    if any(node is c for c in self.a.subclasses):
+      self.flag(node, 'OM104', f'`{node.name.value}` subclasses a flax.optim class: it runs on '
+                               f'the shim (optim_compat) and TrainState gets optim_compat.to_optax('
+                               f'{node.name.value}(...)); port it to an optax.GradientTransformation '
+                               'when convenient')
+
+  def visit_Import(self, node) -> bool:
+    return False
+
+  def visit_ImportFrom(self, node) -> bool:
+    return False
+
+  def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
+    """``DynamicScale`` / ``dynamic_scale`` from flax.optim -> flax.training (OM006)."""
+    if original.module is None or isinstance(original.names, cst.ImportStar) \
+        or not self.opts.fixable('OM006'):
+      return updated
+    module = self._code(original.module)
+    if module not in (LEGACY, LEGACY + '.dynamic_scale'):
+      return updated
+    keep = []
+    for alias in updated.names:
+      name = alias.name.value if isinstance(alias.name, cst.Name) else None
+      asname = alias.asname.name.value if alias.asname else None
+      if name == 'DynamicScale':
+        self._add_import('flax.training.dynamic_scale', 'DynamicScale', asname)
+      elif name == 'dynamic_scale' and module == LEGACY:
+        self._add_import('flax.training', 'dynamic_scale', asname)
+      else:
+        keep.append(alias)
+        continue
+      self.fixed(original, 'OM006', f'{module}.{name} -> flax.training.dynamic_scale')
+    if len(keep) == len(updated.names):
+      return updated
+    if not keep:
+      return cst.RemoveFromParent()
+    keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return updated.with_changes(names=keep)
 
   # -- rewrites --------------------------------------------------------------
   def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
@@ -285,6 +630,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
         problem = self._create_problem(original)
         if problem:
           self.flag(original, 'OM100', problem)
+        elif self.inject_lr and self._user_def_create(original):
+          self.flag(original, 'OM102', 'learning_rate at apply time with a user OptimizerDef: '
+                                       'optim_compat.to_optax has no injectable learning rate '
+                                       '(this file keeps its legacy optimizer code)')
         elif not self.blocked:
           return self._rewrite_create(original, updated)
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and self.mixed_lr:
@@ -298,8 +647,23 @@ class _Rewriter(_Base, cst.CSTTransformer):
         self.flag(original, 'OM100', 'this file never imports flax.optim: if this is a flax.optim '
                                      'Optimizer, migrate it where it is created')
       return updated
+    if id(original) in self.a.method_calls and self._is_optimizer(original.func.value):
+      problem = self._method_problem(original)
+      if problem:
+        self.flag(original, *problem)
+      elif not self.blocked:
+        return self._rewrite_method(original, updated)
+      return updated
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and \
+        self._is_optimizer(original.func.value):
+      problem = self._apply_problem(original)
+      if problem:
+        self.flag(original, 'OM102', problem + ' (this file keeps its legacy optimizer code)')
+        return updated
     if self.blocked:
       return updated
+    if any(original is c for c in self.a.restores):
+      return self._rewrite_restore(original, updated)
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
       return self._rewrite_apply(original, updated)
     if m.matches(func, m.Attribute(attr=m.Name('replace'))) and self._is_optimizer(original.func.value):
@@ -331,13 +695,16 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def _def_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
     """``(rule, message)`` when the def call cannot be converted, else None."""
     name = self.legacy_def(call)
+    if name == MULTI:
+      return self._multi_problem(call)
+    if name == WEIGHT_NORM:
+      inner = call.args[0].value if call.args and call.args[0].keyword is None else None
+      if inner is None or self.legacy_def(inner) not in spec_lib.SPECS or self.inject_lr:
+        return 'OM101', ('WeightNorm is converted only around a def of the migration table and '
+                         'without learning_rate at apply time; use optim_compat.WeightNorm '
+                         'meanwhile (this file keeps its legacy optimizer code)')
+      return self._def_problem(inner)
     spec = spec_lib.SPECS.get(name)
-    if spec is None:
-      import optim_compat
-      meanwhile = (f'; use optim_compat.{name} meanwhile' if hasattr(optim_compat, name)
-                   else '')
-      return 'OM101', (f'flax.optim.{name} is not converted yet{meanwhile} '
-                       '(this file keeps its legacy optimizer code)')
     try:
       args = self._def_args(call, spec)
     except TypeError as e:
@@ -347,30 +714,191 @@ class _Rewriter(_Base, cst.CSTTransformer):
                        'in this file; set learning_rate explicitly')
     return None
 
+  def _multi_problem(self, call):
+    for i, arg in enumerate(call.args):
+      group = arg.value
+      if (arg.keyword is not None or arg.star or not isinstance(group, cst.Tuple)
+          or len(group.elements) != 2
+          or not all(isinstance(e, cst.Element) for e in group.elements)):
+        return 'OM100', (f'MultiOptimizer argument {i} is not a literal (traversal, def) pair '
+                         '(this file keeps its legacy optimizer code)')
+      traversal, sub = (e.value for e in group.elements)
+      if not self.is_traversal(traversal):
+        return 'OM100', (f'MultiOptimizer group {i}: `{self._code(traversal)}` is not a '
+                         'ModelParamTraversal built in this file (this file keeps its legacy '
+                         'optimizer code)')
+      sub_call = sub
+      if isinstance(sub, cst.Name) and self.binding(sub) in self.a.def_vars:
+        sub_call = self.a.def_vars[self.binding(sub)]
+      if self.legacy_def(sub_call) not in spec_lib.SPECS and not self.is_user_def(sub_call):
+        return 'OM101', (f'MultiOptimizer group {i}: only defs of the migration table are '
+                         'converted (this file keeps its legacy optimizer code)')
+    if not call.args:
+      return 'OM100', 'MultiOptimizer() without groups'
+    return None
+
   def _rewrite_def(self, original, updated, name):
     problem = self._def_problem(original)
-    self._consumed.add(id(original.func))
     if problem:
       self.flag(original, *problem)
       return updated
-    if self.blocked:  # another part of the file cannot be converted: keep it all legacy
+    if self.blocked or id(original) in self.a.wn_inner:
       return updated
+    if name == WEIGHT_NORM:
+      return self._rewrite_weight_norm(original)
+    self._add_import('optax')
+    if name == MULTI:
+      return self._rewrite_multi(original, updated)
     spec = spec_lib.SPECS[name]
-    source = spec.emit(self._def_args(updated, spec), learning_rate_injected=self.inject_lr)
-    AddImportsVisitor.add_needed_import(self.context, 'optax')
+    args = self._def_args(updated, spec)
+    source = spec.emit(args, learning_rate_injected=self.inject_lr)
+    stock = None
+    if self.opts.prefer_stock_optax and 'optim_compat.' in source:
+      stock = getattr(spec_lib, 'STOCK_ALTERNATIVES', {}).get(name)
+    if stock is not None:
+      source = stock.emit(spec, args, self.inject_lr)
+      distance = f'stock Optax, preferred: measured {stock.measured}'
+    else:
+      distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
+                  f'measured <= {spec.stock_max_ulp} ulp from legacy: {spec.differences}')
     if 'optim_compat.' in source:  # a faithful transformation (intrinsic difference)
-      AddImportsVisitor.add_needed_import(self.context, 'optim_compat')
-    distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
-                f'measured <= {spec.stock_max_ulp} ulp from legacy: {spec.differences}')
+      self._add_import('optim_compat')
     self.fixed(original, 'OM001', f'flax.optim.{name}(...) -> {source} ({distance})')
     return cst.parse_expression(source)
 
+  def _rewrite_weight_norm(self, original):
+    inner = original.args[0].value
+    inner_name = self.legacy_def(inner)
+    inner_src = self._code(inner.with_changes(func=cst.parse_expression(
+        f'optim_compat.{inner_name}')))
+    rest = ''.join(', ' + self._code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                   for a in original.args[1:])
+    source = f'optim_compat.to_optax(optim_compat.WeightNorm({inner_src}{rest}))'
+    self._add_import('optim_compat')
+    self.fixed(original, 'OM001', f'flax.optim.WeightNorm(...) -> {source} (no Optax '
+                                  'equivalent: the shim\'s faithful WeightNorm)')
+    return cst.parse_expression(source)
+
+  def _labels(self, traversals: list[tuple[str, str]]) -> str:
+    """``lambda`` building the label tree: each traversal labels what it selects."""
+    expr = f'jax.tree_util.tree_map(lambda _: {FROZEN!r}, params_)'
+    for code, label in traversals:
+      expr = f'{code}.update(lambda _: {label!r}, {expr})'
+    self._add_import('jax')
+    return f'lambda params_: {expr}'
+
+  def _rewrite_multi(self, original, updated):
+    groups = []
+    for i, (o_arg, u_arg) in enumerate(zip(original.args, updated.args)):
+      o_trav = o_arg.value.elements[0].value
+      u_trav, u_sub = (e.value for e in u_arg.value.elements)
+      label = o_trav.value if isinstance(o_trav, cst.Name) else f'group_{i}'
+      sub = self._code(u_sub)
+      o_sub = o_arg.value.elements[1].value
+      if self.is_user_def(o_sub) or (isinstance(o_sub, cst.Name) and
+                                     self.is_user_def(self.a.def_vars[self.binding(o_sub)])):
+        sub = f'optim_compat.to_optax({sub})'
+        self._add_import('optim_compat')
+      groups.append([label, self._code(u_trav), sub])
+    labels = [g[0] for g in groups]
+    for g, (i, label) in zip(groups, enumerate(labels)):
+      if labels.count(label) > 1 or label == FROZEN:
+        g[0] = f'group_{i}'
+    txs = ', '.join(f'{g[0]!r}: {g[2]}' for g in groups)
+    source = (f'optax.multi_transform({{{txs}, {FROZEN!r}: optax.set_to_zero()}}, '
+              f'{self._labels([(g[1], g[0]) for g in groups])})')
+    self.fixed(original, 'OM008', 'MultiOptimizer -> optax.multi_transform, labels from the '
+                                  'traversal filters, unselected leaves frozen (set_to_zero)')
+    return cst.parse_expression(source)
+
   def _rewrite_create(self, original, updated):
-    target = updated.args[0].value
-    AddImportsVisitor.add_needed_import(self.context, 'flax.training', 'train_state')
+    positional = [a for a in updated.args if a.keyword is None]
+    kw = self._kwargs(updated)
+    target = (positional[0] if positional else kw['target']).value
+    focus = positional[1].value if len(positional) == 2 else (
+        kw['focus'].value if 'focus' in kw else None)
+    tx = self._code(updated.func.value)
+    o_recv = original.func.value
+    if self.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and
+                                    self.is_user_def(self.a.def_vars.get(self.binding(o_recv)))):
+      tx = f'optim_compat.to_optax({tx})'
+      self._add_import('optim_compat')
+    if focus is not None:
+      tx = (f"optax.multi_transform({{'focus': {tx}, {FROZEN!r}: optax.set_to_zero()}}, "
+            f"{self._labels([(self._code(focus), 'focus')])})")
+      self._add_import('optax')
+      self.fixed(original, 'OM008', 'create(params, focus=traversal) -> optax.multi_transform, '
+                                    'unfocused leaves frozen (set_to_zero)')
+    self._add_import('flax.training', 'train_state')
     self.fixed(original, 'OM001', '.create(params) -> train_state.TrainState.create(...)')
-    return cst.parse_expression('train_state.TrainState.create(apply_fn=None, params=P, tx=T)') \
-        .visit(_Substitute({'P': target, 'T': updated.func.value}))
+    return cst.parse_expression(f'train_state.TrainState.create(apply_fn=None, params=P, tx={tx})') \
+        .visit(_Substitute({'P': target}))
+
+  def _rewrite_method(self, original, updated):
+    recv = updated.func.value
+    method = original.func.attr.value
+    self._add_import('flax', 'jax_utils')
+    devices = [a for a in updated.args if a.keyword is not None and a.keyword.value == 'devices']
+    args = [cst.Arg(recv)] + [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in devices]
+    if method == 'replicate':
+      axis = self._kwargs(original).get('axis_name')
+      axis = self._code(axis.value) if axis else "'batch'"
+      message = (f'.replicate() -> jax_utils.replicate(...): legacy also averaged the gradients '
+                 f'over pmap axis {axis} in apply_gradient; add grads = jax.lax.pmean(grads, '
+                 f'{axis}) before apply_gradients unless the step already does')
+      self.fixed(original, 'OM009', message)
+      self.note('OM009', message)
+    else:
+      self.fixed(original, 'OM010', '.unreplicate() -> jax_utils.unreplicate(...)')
+    for a in args[1:]:
+      pass
+    args = [a.with_changes(comma=cst.MaybeSentinel.DEFAULT) for a in args]
+    args = [a.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' ')))
+            for a in args[:-1]] + args[-1:]
+    return cst.Call(func=cst.parse_expression(f'jax_utils.{method}'), args=args)
+
+  def _rewrite_restore(self, original, updated):
+    qname = sorted(self.qnames(original.func) & set(RESTORES))[0]
+    index, keyword = RESTORES[qname]
+    kw = self._kwargs(updated)
+    positional = [a for a in updated.args if a.keyword is None]
+    target = kw[keyword].value if keyword in kw else (
+        positional[index].value if len(positional) > index else None)
+    o_kw = self._kwargs(original)
+    o_pos = [a for a in original.args if a.keyword is None]
+    o_target = o_kw[keyword].value if keyword in o_kw else (
+        o_pos[index].value if len(o_pos) > index else None)
+    if o_target is None or not self._mentions_optimizer(o_target):
+      return updated
+    import importlib.util
+    landed = importlib.util.find_spec('optim_compat.checkpoint') is not None
+    short = qname.rsplit('.', 1)[1]
+    extra = set(kw) - {keyword, 'step', 'ckpt_dir', 'state', 'encoded_bytes'}
+    if not landed or not self.opts.fixable('OM013') or extra or len(updated.args) > 3 \
+        or (short != 'restore_checkpoint' and 'step' in kw):
+      self.flag(original, 'OM013', f'{short} restores a flax.optim Optimizer: a legacy checkpoint '
+                                   'needs optim_compat.checkpoint.restore_legacy(path_or_state_dict, '
+                                   'target) (unsafe fix: --unsafe-fixes), a TrainState one '
+                                   'restores as is')
+      return updated
+    source_arg = positional[0].value if (index == 1 or keyword in kw) and positional else None
+    if short == 'restore_checkpoint':
+      source_arg = kw['ckpt_dir'].value if 'ckpt_dir' in kw else positional[0].value
+      rest = ', step=' + self._code(kw['step'].value) if 'step' in kw else (
+          ', step=' + self._code(positional[2].value) if len(positional) > 2 else '')
+      src = f'optim_compat.checkpoint.restore_legacy(S, T{rest})'
+    elif short == 'from_state_dict':
+      source_arg = kw['state'].value if 'state' in kw else positional[-1].value
+      src = 'optim_compat.checkpoint.restore_legacy(S, T)'
+    else:
+      source_arg = kw['encoded_bytes'].value if 'encoded_bytes' in kw else positional[-1].value
+      src = 'optim_compat.checkpoint.restore_legacy(serialization.msgpack_restore(S), T)'
+      self._add_import('flax', 'serialization')
+    import optim_compat.checkpoint  # noqa: F401 - the converter has landed
+    self._add_import('optim_compat.checkpoint')
+    self.fixed(original, 'OM013', f'{short}(..., optimizer) -> optim_compat.checkpoint.'
+                                  'restore_legacy: the checkpoint must be in the legacy layout')
+    return cst.parse_expression(src).visit(_Substitute({'S': source_arg, 'T': target}))
 
   def _rewrite_apply(self, original, updated):
     kwargs = self._kwargs(updated)
@@ -386,7 +914,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       lr = kwargs['learning_rate'].value
       template = 'R.replace(opt_state=optax.tree_utils.tree_set(R.opt_state, learning_rate=L))' \
                  '.apply_gradients(grads=G)'
-      AddImportsVisitor.add_needed_import(self.context, 'optax')
+      self._add_import('optax')
       subs = {'R': recv, 'L': lr, 'G': grads}
       self.fixed(original, 'OM002', 'apply_gradient(g, learning_rate=lr) -> lr set in '
                                     'opt_state (inject_hyperparams), then apply_gradients')
@@ -396,13 +924,52 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self.fixed(original, 'OM002', 'apply_gradient(g) -> apply_gradients(grads=g)')
     return cst.parse_expression(template).visit(_Substitute(subs))
 
+  def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
+    """``loss, g = opt.compute_gradient(f)`` -> ``jax.value_and_grad`` (OM011)."""
+    if id(original) not in self.a.grad_assigns or self.blocked or self.unproven:
+      return updated
+    call = original.value
+    if not self._is_optimizer(call.func.value):
+      return updated
+    recv = updated.value.func.value
+    fn = updated.value.args[0].value
+    target = updated.targets[0].target
+    elements = list(target.elements)
+    self._add_import('jax')
+    self.fixed(original, 'OM011', 'compute_gradient(f) -> jax.value_and_grad(f)(opt.params)')
+    if len(elements) == 2:
+      value = cst.parse_expression('jax.value_and_grad(F)(R.params)')
+      return updated.with_changes(value=value.visit(_Substitute({'F': fn, 'R': recv})))
+    value = cst.parse_expression('jax.value_and_grad(F, has_aux=True)(R.params)')
+    a, b, c = (e.value for e in elements)
+    new_target = cst.parse_expression('(A, B), C').visit(_Substitute({'A': a, 'B': b, 'C': c}))
+    targets = [updated.targets[0].with_changes(target=new_target)]
+    return updated.with_changes(targets=targets,
+                                value=value.visit(_Substitute({'F': fn, 'R': recv})))
+
+  def leave_Name(self, original: cst.Name, updated: cst.Name):
+    return self._rewrite_reference(original, updated)
+
   def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+    replaced = self._rewrite_reference(original, updated)
+    if replaced is not updated:
+      return replaced
     rule = LEGACY_ONLY_ATTRS.get(original.attr.value)
-    if rule and id(original) in self._legacy_attr_ids and self._is_optimizer(original.value):
+    if rule and id(original) in self._legacy_attr_ids and id(original) not in self.a.handled \
+        and id(original) not in self._hp_owner_ids and self._is_optimizer(original.value):
       self.flag(original, rule, f'`.{original.attr.value}` of a flax.optim Optimizer has no '
                                 'TrainState equivalent yet (this file keeps its legacy optimizer code)')
+    if original.attr.value in DEF_ONLY_ATTRS and original in self._def_only_uses():
+      self.flag(original, 'OM100', f'`.{original.attr.value}` of a flax.optim def has no Optax '
+                                   'equivalent (this file keeps its legacy optimizer code)')
     if self.blocked or self.unproven:
       return updated
+    if id(original) in self._hp_values:
+      recv, name, _ = self.a.hp_reads[id(original)]
+      value = self._hp_values[id(original)]
+      self.fixed(original, 'OM012', f'hyper_params.{name} -> {value} (the value the def was built '
+                                    'with; legacy per-call overrides never changed it)')
+      return cst.parse_expression(value)
     if original.attr.value == 'target':
       if self._is_optimizer(original.value):
         self.fixed(original, 'OM003', '.target -> .params')
@@ -415,35 +982,49 @@ class _Rewriter(_Base, cst.CSTTransformer):
         self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim '
                                      'Optimizer, `.target` is `.params` on a TrainState')
     if (original.attr.value == 'step' and isinstance(original.value, cst.Attribute)
-        and original.value.attr.value == 'state' and self._is_optimizer(original.value.value)):
-      self.fixed(original, 'OM004', '.state.step -> .step')
-      return updated.with_changes(value=updated.value.value)
+        and original.value.attr.value == 'state'):
+      if self._is_optimizer(original.value.value):
+        self.fixed(original, 'OM004', '.state.step -> .step')
+        return updated.with_changes(value=updated.value.value)
+      value = original.value.value
+      if (self.a.uses_legacy and isinstance(value, cst.Name)
+          and self.binding(value) in self.a.params):
+        self.flag(original, 'OM100', f'if `{value.value}` is a flax.optim Optimizer, '
+                                     '`.state.step` is `.step` on a TrainState')
     return updated
 
-  # -- legacy references left after rewriting: flagged -------------------
-  def visit_Import(self, node) -> bool:
-    return False
+  def _rewrite_reference(self, original, updated):
+    """Legacy names that have a modern home: DynamicScale, annotations, traversals, subclasses."""
+    sym = self.a.refs.get(id(original))
+    if sym is None or id(original) in self._bad_refs:
+      return updated
+    if sym in ('DynamicScale', 'dynamic_scale'):
+      if isinstance(original, cst.Name) or not self.opts.fixable('OM006') or (
+          isinstance(original.value, cst.Name)
+          and LEGACY + '.dynamic_scale' in self.qnames(original.value)):
+        return updated  # the import statement is rewritten
+      self._add_import('flax.training', 'dynamic_scale', 'dynamic_scale_lib')
+      self.fixed(original, 'OM006', f'flax.optim {sym} -> flax.training.dynamic_scale')
+      return cst.parse_expression('dynamic_scale_lib' + ('.DynamicScale' if sym == 'DynamicScale'
+                                                         else ''))
+    if self.blocked:
+      return updated
+    if id(original) in self.a.in_subclass:
+      self._add_import('optim_compat')
+      return cst.parse_expression(f'optim_compat.{sym}')
+    if id(original) in self.a.in_annotation:
+      source, (module, obj) = ANNOTATIONS[sym]
+      self._add_import(module, obj)
+      self.fixed(original, 'OM007', f'annotation flax.optim.{sym} -> {source}')
+      return cst.parse_expression(source)
+    if sym == TRAVERSAL:
+      self._add_import('flax', 'traverse_util')
+      return cst.parse_expression('traverse_util.ModelParamTraversal')
+    return updated
 
-  def visit_ImportFrom(self, node) -> bool:
-    return False
-
-  def visit_Attribute(self, node: cst.Attribute) -> None:
-    self._record_legacy(node)
-
-  def visit_Name(self, node: cst.Name) -> None:
-    self._record_legacy(node)
-
-  def _record_legacy(self, node) -> None:
-    """Remember a reference to a legacy name ``flax.optim.<X>`` (not its parts)."""
-    legacy = sorted(q for q in self.qnames(node)
-                    if q.startswith(LEGACY + '.') and q.count('.') == 2)
-    if legacy and self._refs:
-      self._refs[-1].append((node, legacy[0]))
-
-
-def _aliased_legacy_imports(tree: cst.Module):
-  """``(module, obj, asname)`` of top-level ``import flax.optim as X`` /
-  ``from flax.optim[.sub] import Y as X`` / ``from flax import optim as X``."""
+def _legacy_imports(tree: cst.Module):
+  """``(module, obj, asname)`` of top-level ``import flax.optim[ as X]`` /
+  ``from flax.optim[.sub] import Y[ as X]`` / ``from flax import optim[ as X]``."""
   for stmt in tree.body:
     if not isinstance(stmt, cst.SimpleStatementLine):
       continue
@@ -451,15 +1032,15 @@ def _aliased_legacy_imports(tree: cst.Module):
       if isinstance(small, cst.Import):
         for alias in small.names:
           name = cst.Module(body=[]).code_for_node(alias.name)
-          if name.startswith(LEGACY) and alias.asname:
-            yield name, None, alias.asname.name.value
+          if name.startswith(LEGACY):
+            yield name, None, alias.asname.name.value if alias.asname else None
       elif isinstance(small, cst.ImportFrom) and small.module is not None and \
           not isinstance(small.names, cst.ImportStar):
         module = cst.Module(body=[]).code_for_node(small.module)
         for alias in small.names:
           obj = alias.name.value if isinstance(alias.name, cst.Name) else None
-          if alias.asname and (module.startswith(LEGACY) or (module == 'flax' and obj == 'optim')):
-            yield module, obj, alias.asname.name.value
+          if module.startswith(LEGACY) or (module == 'flax' and obj == 'optim'):
+            yield module, obj, alias.asname.name.value if alias.asname else None
 
 
 class _Substitute(cst.CSTTransformer):
@@ -477,23 +1058,22 @@ class MigrateCommand(CodemodCommand):
 
   DESCRIPTION = __doc__
 
-  def __init__(self, context: CodemodContext):
+  def __init__(self, context: CodemodContext, options: Optional[Options] = None):
     super().__init__(context)
+    self.options = options or Options()
     self.findings: list[Finding] = []
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
     wrapper = cst.MetadataWrapper(tree, unsafe_skip_copy=True)
     analysis = _Analyzer()
     wrapper.visit(analysis)
-    rewriter = _Rewriter(self.context, analysis)
+    rewriter = _Rewriter(self.context, analysis, self.options)
     result = wrapper.visit(rewriter)
     self.findings = rewriter.findings
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
     RemoveImportsVisitor.remove_unused_import(self.context, 'flax', 'optim')
     RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim')
     RemoveImportsVisitor.remove_unused_import(self.context, 'flax')
-    for name in spec_lib.SPECS:
-      RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim', name)
-    for module, obj, asname in _aliased_legacy_imports(tree):
+    for module, obj, asname in _legacy_imports(tree):
       RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
     return result

@@ -3,26 +3,43 @@ import pathlib
 import subprocess
 import sys
 
+import json
+
 import libcst as cst
 import pytest
 
 from codemod import engine
+from codemod.rules import Options
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'codemod'
 CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _options(case) -> Options:
+  """``options.json`` in a fixture folder: the rewrite options it runs with."""
+  path = FIXTURES / case / 'options.json'
+  raw = json.loads(path.read_text()) if path.exists() else {}
+  for key in ('select', 'ignore'):
+    if key in raw:
+      raw[key] = tuple(raw[key])
+  return Options(**raw)
+
+
 @pytest.mark.parametrize('case', CASES)
 def test_fixture_pair(case):
   before = (FIXTURES / case / 'before.py').read_text()
   after = (FIXTURES / case / 'after.py').read_text()
-  result = engine.rewrite_source(before, f'{case}/before.py')
+  result = engine.rewrite_source(before, f'{case}/before.py', _options(case))
   assert result.error is None
   assert result.new == after
   cst.parse_module(after)
-  again = engine.rewrite_source(after, f'{case}/after.py')
+  again = engine.rewrite_source(after, f'{case}/after.py', _options(case))
   assert again.new == after, 'not idempotent'
+  expected = FIXTURES / case / 'findings.txt'
+  if expected.exists():
+    got = [f'{f.line}:{f.col} {f.rule} {"fixed" if f.fixed else "flagged"}' for f in result.findings]
+    assert got == expected.read_text().splitlines()
 
 
 def test_manual_items_are_reported_with_position():
@@ -173,3 +190,76 @@ def test_write_goes_through_a_symlink_and_missing_paths_count_once(tmp_path):
 def test_demo_rejects_zero_steps():
   proc = _cli('demo', '--steps', '0')
   assert proc.returncode == 2 and '--steps' in proc.stderr
+
+
+def _exec_after(case):
+  ns = {}
+  exec(compile((FIXTURES / case / 'after.py').read_text(), f'{case}/after.py', 'exec'), ns)
+  return ns
+
+
+def _tree():
+  import jax.numpy as jnp
+  return {'Dense_0': {'kernel': jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(3, 4),
+                      'bias': jnp.zeros(4)},
+          'frozen_block': {'kernel': jnp.full((2, 2), 0.5, jnp.float32)}}
+
+
+def test_migrated_multi_optimizer_matches_the_shim_and_freezes_unselected_leaves():
+  """MultiOptimizer -> multi_transform: Momentum group bitwise, Adam group to rounding, frozen
+  leaf never moves (legacy: a leaf no traversal selects has no state and never updates)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optim_compat as optim
+  ns = _exec_after('om008_multi_optimizer')
+  params = _tree()
+  state = ns['make'](params)
+  kernels = optim.ModelParamTraversal(lambda path, _: 'kernel' in path and 'frozen' not in path)
+  biases = optim.ModelParamTraversal(lambda path, _: 'bias' in path)
+  legacy = optim.MultiOptimizer((kernels, optim.Momentum(beta=0.9)),
+                                (biases, optim.Adam(beta1=0.8))).create(params)
+  legacy_step = jax.jit(lambda o, g, lr: o.apply_gradient(g, learning_rate=lr))
+  new_step = jax.jit(ns['step'])
+  for i in range(6):
+    grads = jax.tree_util.tree_map(lambda p: jnp.cos(p * (i + 1)) + 0.1, legacy.target)
+    lr = jnp.float32(0.1 / (i + 1))
+    state, _ = new_step(state, grads, lr)
+    legacy = legacy_step(legacy, grads, lr)
+  np.testing.assert_array_equal(state.params['Dense_0']['kernel'], legacy.target['Dense_0']['kernel'])
+  np.testing.assert_allclose(state.params['Dense_0']['bias'], legacy.target['Dense_0']['bias'],
+                             rtol=0, atol=4 * np.finfo(np.float32).eps)
+  np.testing.assert_array_equal(state.params['frozen_block']['kernel'], params['frozen_block']['kernel'])
+  assert not np.array_equal(state.params['Dense_0']['bias'], params['Dense_0']['bias'])
+  assert int(state.step) == int(legacy.state.step) == 6
+
+
+def test_migrated_focus_weight_norm_user_def_and_compute_gradient_run():
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optim_compat as optim
+  params = {'head': {'kernel': jnp.ones((3, 2))}, 'body': {'kernel': jnp.ones((3, 2))}}
+  grads = jax.tree_util.tree_map(lambda p: p * 0.5, params)
+  # create(focus=): only the focused leaves move, as legacy
+  state = _exec_after('focus_blocks')['make'](params)
+  state = state.apply_gradients(grads=grads)
+  legacy = optim.Adam(1e-3).create(
+      params, focus=optim.ModelParamTraversal(lambda path, _: 'head' in path)).apply_gradient(grads)
+  np.testing.assert_array_equal(state.params['body']['kernel'], params['body']['kernel'])
+  np.testing.assert_allclose(state.params['head']['kernel'], legacy.target['head']['kernel'],
+                             rtol=4e-7)
+  # WeightNorm: the shim's transformation, bitwise equal to the shim optimizer
+  w = {'w': jnp.linspace(0.1, 1, 6, dtype=jnp.float32).reshape(3, 2)}
+  gw = jax.tree_util.tree_map(jnp.cos, w)
+  state = _exec_after('weight_norm')['make'](w).apply_gradients(grads=gw)
+  legacy = optim.WeightNorm(optim.Adam(learning_rate=1e-3, beta1=0.8), wn_decay=1e-3) \
+      .create(w).apply_gradient(gw)
+  np.testing.assert_array_equal(state.params['w'], legacy.target['w'])
+  # compute_gradient -> jax.value_and_grad, with and without aux
+  out = _exec_after('om011_compute_gradient')['step'](
+      w, lambda p: jnp.sum(p['w'] ** 2), lambda p: (jnp.sum(p['w'] ** 3), 7))
+  _, loss, loss2, aux, grads2 = out
+  np.testing.assert_allclose(loss, jnp.sum(w['w'] ** 2))
+  assert aux == 7 and float(loss2) == float(jnp.sum(w['w'] ** 3))
+  np.testing.assert_allclose(grads2['w'], 3 * w['w'] ** 2, rtol=1e-6)
