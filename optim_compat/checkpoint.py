@@ -81,8 +81,40 @@ def _checkpoint_file(path: pathlib.Path, step: int | None) -> pathlib.Path:
   return found[step]
 
 
+# flax.serialization's msgpack format (flax 0.5.3 and current, same bytes): a nested
+# map of str keys; arrays as msgpack ExtType 1 (ndarray), 2 (Python complex),
+# 3 (numpy scalar), whose data is msgpack (shape, dtype name, raw bytes) (for 2:
+# (real, imag)); leaves over 2**30 bytes are split into a
+# {'__msgpack_chunked_array__': ...} dict. Read and written here leaf by leaf, so
+# memory holds the tree once plus about one leaf (a whole-buffer
+# msgpack_restore / msgpack_serialize holds the tree twice).
+_EXT_NDARRAY, _EXT_COMPLEX, _EXT_NPSCALAR = 1, 2, 3
+_CHUNK_MARK = '__msgpack_chunked_array__'
+_MAX_LEAF_BYTES = 2 ** 30
+
+
+def _dtype(name):
+  name = name.decode() if isinstance(name, bytes) else name
+  return jnp.dtype(name)  # knows bfloat16 (ml_dtypes); numpy alone does not
+
+
+def _ext_unpack(code, data):
+  import msgpack
+  if code in (_EXT_NDARRAY, _EXT_NPSCALAR):
+    shape, name, buffer = msgpack.unpackb(data, raw=False)
+    x = np.frombuffer(buffer, dtype=_dtype(name)).reshape(shape)
+    return x[()] if code == _EXT_NPSCALAR else x
+  if code == _EXT_COMPLEX:
+    return complex(*msgpack.unpackb(data, raw=False))
+  return msgpack.ExtType(code, data)
+
+
+def _has_chunks(tree) -> bool:
+  return isinstance(tree, dict) and (_CHUNK_MARK in tree or any(map(_has_chunks, tree.values())))
+
+
 def read_state_dict(path, step: int | None = None) -> dict:
-  """The state dict of a flax msgpack checkpoint.
+  """The state dict of a flax msgpack checkpoint, read leaf by leaf.
 
   Args:
     path: a checkpoint file, or a directory of ``checkpoint_<step>`` files
@@ -90,25 +122,66 @@ def read_state_dict(path, step: int | None = None) -> dict:
     step: with a directory, the step to read (default: the highest).
 
   Returns:
-    Nested dicts with numpy arrays as leaves (``flax.serialization.msgpack_restore``).
+    Nested dicts with numpy arrays as leaves, as
+    ``flax.serialization.msgpack_restore`` returns them.
 
   Raises:
-    CheckpointError: missing file, or a file that is not complete msgpack
-      (truncated or corrupt); the message names the file.
+    CheckpointError: missing file, or a file that is not one complete msgpack
+      object (truncated, corrupt, trailing bytes); the message names the file.
   """
+  import msgpack
   file = _checkpoint_file(pathlib.Path(path), step)
-  data = file.read_bytes()
-  if not data:
+  size = file.stat().st_size
+  if size == 0:
     raise CheckpointError(f'{file}: empty file, not a flax checkpoint')
   try:
-    state = serialization.msgpack_restore(data)
+    with open(file, 'rb') as f:
+      unpacker = msgpack.Unpacker(f, raw=False, ext_hook=_ext_unpack, max_buffer_size=size,
+                                  read_size=min(size, 1 << 22))
+      objects = []
+      for obj in unpacker:
+        objects.append(obj)
+        if len(objects) > 1:
+          break
   except Exception as e:  # msgpack raises several unrelated types on bad bytes
     raise CheckpointError(f'{file}: not a readable flax msgpack checkpoint '
-                          f'(truncated or corrupt: {type(e).__name__}: {e})') from None
-  del data
+                          f'(corrupt: {type(e).__name__}: {e})') from None
+  if len(objects) != 1:
+    what = 'truncated (no complete object)' if not objects else 'trailing bytes after the state'
+    raise CheckpointError(f'{file}: not a readable flax msgpack checkpoint ({what})')
+  state = objects[0]
   if not isinstance(state, dict):
     raise CheckpointError(f'{file}: holds a {type(state).__name__}, not a state dict')
+  if _has_chunks(state):  # leaves over 1 GiB: let flax reassemble them
+    state = serialization.msgpack_restore(file.read_bytes())
   return state
+
+
+def _pack_stream(obj, write, packer, where=''):
+  """Write ``obj`` (a state dict) as flax's msgpack bytes, one leaf at a time."""
+  import msgpack
+  if isinstance(obj, Mapping):
+    write(packer.pack_map_header(len(obj)))
+    for k, v in obj.items():  # in order, as flax.serialization.to_bytes writes them
+      write(packer.pack(k))
+      _pack_stream(v, write, packer, f'{where}/{k}')
+    return
+  if isinstance(obj, (np.ndarray, np.generic, jax.Array)):
+    x = np.asarray(obj)
+    if x.nbytes > _MAX_LEAF_BYTES:
+      raise _TooLarge(where)
+    code = _EXT_NPSCALAR if isinstance(obj, np.generic) else _EXT_NDARRAY
+    payload = msgpack.packb((x.shape, x.dtype.name, x.tobytes()), use_bin_type=True)
+    write(packer.pack(msgpack.ExtType(code, payload)))
+    return
+  if isinstance(obj, complex):
+    write(packer.pack(msgpack.ExtType(_EXT_COMPLEX, msgpack.packb((obj.real, obj.imag)))))
+    return
+  write(packer.pack(obj))
+
+
+class _TooLarge(Exception):
+  pass
 
 
 # --------------------------------------------------------------------------
@@ -763,14 +836,18 @@ def write_checkpoint(sd, dst, fmt: str = 'flax', force: bool = False) -> pathlib
     raise ValueError(f'unknown format {fmt!r}: flax or orbax')
   _atomic_target(dst, force)
   if fmt == 'flax':
-    data = serialization.msgpack_serialize(sd)
+    import msgpack
     fd, tmp = tempfile.mkstemp(prefix=f'.{dst.name}.', suffix='.tmp', dir=dst.parent)
     try:
       with os.fdopen(fd, 'wb') as f:
-        f.write(data)
+        try:
+          _pack_stream(sd, f.write, msgpack.Packer(use_bin_type=True))
+        except _TooLarge:  # a leaf over 1 GiB: flax's own writer chunks it
+          f.seek(0)
+          f.truncate()
+          f.write(serialization.msgpack_serialize(sd))
         f.flush()
         os.fsync(f.fileno())
-      del data
       if dst.is_dir() and not dst.is_symlink():
         shutil.rmtree(dst)
       os.replace(tmp, dst)
