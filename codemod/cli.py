@@ -1,6 +1,7 @@
 """``optim-migrate``: the toolkit's command line.
 
-    optim-migrate rewrite PATH... [--write]   # diff by default; exit 0/1/2
+    optim-migrate rewrite PATH... [--write|--check] [--select/--ignore RULES] [--unsafe-fixes]
+        [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
     optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
 """
@@ -19,37 +20,8 @@ EXTRA_COMMANDS: tuple[str, ...] = ('codemod.convert_checkpoint',)
 
 
 def cmd_rewrite(args) -> int:
-  from codemod import engine
-  files = engine.iter_python_files(args.paths)
-  missing = [p for p in args.paths if not pathlib.Path(p).exists()]
-  status = EXIT_CLEAN
-  n_changed = n_manual = n_errors = 0
-  for path in missing:
-    print(f'{path}: no such file or directory', file=sys.stderr)
-    n_errors += 1
-  for path in files:
-    result = engine.rewrite_file(path)
-    if result.error:
-      print(result.error, file=sys.stderr)
-      n_errors += 1
-      continue
-    for finding in result.manual:
-      print(finding.format(result.path), file=sys.stderr)
-    n_manual += len(result.manual)
-    if result.changed:
-      n_changed += 1
-      if args.write:
-        engine.write_atomic(path, result.new, result.encoding)
-      else:
-        sys.stdout.write(result.diff())
-  verb = 'rewritten' if args.write else 'would be rewritten'
-  print(f'{len(files)} file(s) checked: {n_changed} {verb}, {n_manual} manual item(s), '
-        f'{n_errors} error(s)', file=sys.stderr)
-  if n_errors:
-    status = EXIT_ERROR
-  elif n_changed or n_manual:
-    status = EXIT_CHANGES
-  return status
+  from codemod import runner
+  return runner.cmd_rewrite(args)
 
 
 def cmd_run(args) -> int:
@@ -88,9 +60,8 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = parser.add_subparsers(dest='command', required=True)
   p = sub.add_parser('rewrite', help='rewrite legacy flax.optim code to Optax + TrainState')
-  p.add_argument('paths', nargs='+', help='files or directories')
-  p.add_argument('--write', action='store_true', help='apply the changes in place')
-  p.add_argument('--diff', action='store_true', help='print a unified diff (the default)')
+  from codemod import runner
+  runner.add_arguments(p)
   p.set_defaults(func=cmd_rewrite)
   p = sub.add_parser('run', help='run an unmodified legacy script with the shim installed')
   p.add_argument('script')

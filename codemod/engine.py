@@ -74,6 +74,17 @@ def rewrite_source(source: str, path: str = '<string>',
   except Exception as e:  # noqa: BLE001 - one file's failure must not stop the run
     result.error = f'{path}: codemod failed: {type(e).__name__}: {e}'
     return result
+  options = options or Options()
+  unselected = [f for f in command.findings if f.fixed and not options.enabled(f.rule)]
+  if unselected:
+    # a partial migration would not run: keep the file, say which fixes it needs
+    rules = sorted({f.rule for f in unselected})
+    first = unselected[0]
+    result.new = source
+    result.findings = [Finding(first.line, first.col, 'OM100',
+                               f'this file needs fixes {", ".join(rules)}, which are not selected: '
+                               'left unchanged (a partial migration would not run)', False)]
+    return result
   new_source = new_module.code
   try:
     cst.parse_module(new_source)

@@ -497,8 +497,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return (pos.start.line, pos.start.column + 1) if pos else (0, 0)
 
   def fixed(self, node, rule, message):
-    if self.opts.enabled(rule):
-      self.findings.append(Finding(*self._pos(node), rule, message, True))
+    # recorded even when the rule is not selected: the engine then keeps the file as it was
+    self.findings.append(Finding(*self._pos(node), rule, message, True))
 
   def flag(self, node, rule, message):
     if not self.opts.enabled(rule):

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import json
+import os
 
 import libcst as cst
 import pytest
@@ -71,8 +72,9 @@ def test_migrated_momentum_runs_and_matches_the_shim():
 
 
 def _cli(*args, cwd=None):
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))}
   return subprocess.run([sys.executable, '-m', 'codemod.cli', *args], capture_output=True,
-                        text=True, cwd=cwd or ROOT)
+                        text=True, cwd=cwd or ROOT, env=env)
 
 
 def test_cli_exit_codes_diff_write_and_parse_errors(tmp_path):
@@ -263,3 +265,78 @@ def test_migrated_focus_weight_norm_user_def_and_compute_gradient_run():
   np.testing.assert_allclose(loss, jnp.sum(w['w'] ** 2))
   assert aux == 7 and float(loss2) == float(jnp.sum(w['w'] ** 3))
   np.testing.assert_allclose(grads2['w'], 3 * w['w'] ** 2, rtol=1e-6)
+
+
+def test_cli_check_select_ignore_report_and_stdin(tmp_path):
+  legacy = tmp_path / 'legacy.py'
+  before = (FIXTURES / 'from_import_lr_at_apply' / 'before.py').read_text()
+  legacy.write_text(before)
+  proc = _cli('rewrite', '--check', str(legacy))
+  assert proc.returncode == 1 and proc.stdout == f'would rewrite {legacy}\n'
+  assert legacy.read_text() == before
+  assert '1 file(s) scanned: 1 would be rewritten, 1 flagged' in proc.stderr
+  assert 'top rules: OM001 x2' in proc.stderr
+
+  report = tmp_path / 'r.json'
+  proc = _cli('rewrite', '--check', '--report', str(report), str(legacy))
+  rows = json.loads(report.read_text())
+  assert [(r['line'], r['rule'], r['safety'], r['applied']) for r in rows] == [
+      (7, 'OM001', 'safe', True), (8, 'OM001', 'safe', True), (13, 'OM002', 'safe', True),
+      (14, 'OM004', 'safe', True), (18, 'OM100', 'manual', False)]
+  assert all(r['file'] == str(legacy) and r['column'] >= 1 and r['message'] for r in rows)
+
+  # a manual rule ignored: no TODO, no report entry; the fixes still apply
+  proc = _cli('rewrite', '--ignore', 'OM1', '--report', str(report), str(legacy))
+  assert proc.returncode == 1 and 'TODO' not in proc.stdout
+  assert {r['rule'] for r in json.loads(report.read_text())} == {'OM001', 'OM002', 'OM004'}
+  proc = _cli('rewrite', '--select', 'OM999', str(legacy))
+  assert proc.returncode == 2 and "unknown rule id(s) ['OM999']" in proc.stderr
+  proc = _cli('rewrite', '--write', '--check', str(legacy))
+  assert proc.returncode == 2 and legacy.read_text() == before
+
+  # `-`: stdin -> stdout
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '-'], input=before,
+                        capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 1
+  assert proc.stdout == (FIXTURES / 'from_import_lr_at_apply' / 'after.py').read_text()
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '-'], input='x = 1\n',
+                        capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 0 and proc.stdout == 'x = 1\n'
+
+
+def test_unapplied_safe_fix_keeps_the_file_legacy():
+  """Ignoring a fix the migration needs never half-migrates: the file is left as it was."""
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  result = engine.rewrite_source(before, 'b.py', Options(ignore=('OM003',)))
+  assert result.new == before and not result.findings[0].fixed
+  assert result.findings[0].rule == 'OM100' and 'OM003' in result.findings[0].message
+
+
+def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  after = (FIXTURES / 'bare_flax_import' / 'after.py').read_text()
+  for d in ('pkg', 'pkg/sub', '.git', '.venv', 'venv2', 'build', 'gen'):
+    (tmp_path / d).mkdir(parents=True, exist_ok=True)
+  (tmp_path / 'venv2' / 'pyvenv.cfg').write_text('home = /usr\n')
+  for d in ('.git', '.venv', 'venv2', 'build', 'gen'):
+    (tmp_path / d / 'm.py').write_text(before)
+  for i in range(10):
+    (tmp_path / 'pkg' / f'm{i}.py').write_text(before)
+    (tmp_path / 'pkg' / 'sub' / f'clean{i}.py').write_text('x = 1\n')
+  outside = tmp_path.parent / f'{tmp_path.name}_outside.py'
+  outside.write_text(before)
+  (tmp_path / 'pkg' / 'link_out.py').symlink_to(outside)
+  (tmp_path / 'pyproject.toml').write_text(
+      '[tool.optim-migrate]\nexclude = ["gen"]\njobs = 2\n')
+  proc = _cli('rewrite', '--write', str(tmp_path), cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert '20 file(s) scanned: 10 rewritten' in proc.stderr
+  assert all((tmp_path / 'pkg' / f'm{i}.py').read_text() == after for i in range(10))
+  for d in ('.git', '.venv', 'venv2', 'build', 'gen'):
+    assert (tmp_path / d / 'm.py').read_text() == before, d
+  assert outside.read_text() == before
+  proc = _cli('rewrite', '--check', str(tmp_path), cwd=tmp_path)  # idempotent
+  assert proc.returncode == 0 and proc.stdout == '', proc.stderr
+  (tmp_path / 'pyproject.toml').write_text('[tool.optim-migrate]\njobs = "many"\n')
+  proc = _cli('rewrite', str(tmp_path), cwd=tmp_path)
+  assert proc.returncode == 2 and 'pyproject.toml' in proc.stderr and 'jobs' in proc.stderr

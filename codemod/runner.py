@@ -1,0 +1,350 @@
+"""``optim-migrate rewrite``: the whole-tree run (ruff conventions).
+
+    optim-migrate rewrite PATH... [--write | --check] [--diff] [--select/--ignore RULES]
+        [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]
+
+Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
+nothing and prints the files and items that remain. ``-`` reads a module from
+stdin and writes the rewritten module to stdout. Exit status: 0 nothing to do,
+1 changes or manual items remain (or were just written), 2 a file could not be
+read, parsed or processed (bad options too).
+
+Options may also come from ``[tool.optim-migrate]`` in the nearest
+``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
+``prefer-stock-optax``, ``unsafe-fixes``); command-line flags win.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import fnmatch
+import json
+import os
+import pathlib
+import sys
+from typing import Iterable, Optional
+
+from codemod import engine
+from codemod.rules import RULES, Options, check_rule_ids
+
+EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+#: Directory names never descended into (plus hidden ones and virtualenvs).
+SKIP_DIRS = {'__pycache__', 'build', 'dist', 'site-packages', 'node_modules', 'venv', 'env'}
+#: Files at or above this count get a progress bar (on a terminal only).
+PROGRESS_MIN_FILES = 20
+#: Fewer files to parse than this run in-process (a worker's start costs ~1 s of imports).
+POOL_MIN_FILES = 8
+CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes'}
+
+
+class ConfigError(ValueError):
+  """A bad ``[tool.optim-migrate]`` table or option value (message names it)."""
+
+
+def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
+  """The nearest ``pyproject.toml`` at or above ``start`` that has ``[tool.optim-migrate]``."""
+  start = start.resolve()
+  for d in [start, *start.parents] if start.is_dir() else [start.parent, *start.parent.parents]:
+    candidate = d / 'pyproject.toml'
+    if candidate.is_file():
+      table = _read_table(candidate)
+      if table is not None:
+        return candidate
+  return None
+
+
+def _read_table(path: pathlib.Path) -> Optional[dict]:
+  try:
+    import tomllib
+  except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+  try:
+    data = tomllib.loads(path.read_text(encoding='utf-8'))
+  except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+    raise ConfigError(f'{path}: cannot read: {e}') from e
+  return data.get('tool', {}).get('optim-migrate')
+
+
+def load_config(path: Optional[pathlib.Path]) -> dict:
+  """``[tool.optim-migrate]`` of ``path`` as a checked dict (``{}`` when None).
+
+  Raises:
+    ConfigError: unknown key or wrong value type (names the file and key).
+  """
+  if path is None:
+    return {}
+  table = _read_table(path) or {}
+  unknown = sorted(set(table) - CONFIG_KEYS)
+  if unknown:
+    raise ConfigError(f'{path}: [tool.optim-migrate]: unknown key(s) {unknown}; '
+                      f'valid: {sorted(CONFIG_KEYS)}')
+  for key in ('select', 'ignore', 'exclude'):
+    if key in table and not (isinstance(table[key], list) and
+                             all(isinstance(x, str) for x in table[key])):
+      raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be a list of strings')
+  for key in ('prefer-stock-optax', 'unsafe-fixes'):
+    if key in table and not isinstance(table[key], bool):
+      raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be true or false')
+  if 'jobs' in table and (not isinstance(table['jobs'], int) or table['jobs'] < 1):
+    raise ConfigError(f'{path}: [tool.optim-migrate] jobs must be an integer >= 1')
+  return table
+
+
+def _is_venv(d: pathlib.Path) -> bool:
+  return (d / 'pyvenv.cfg').exists()
+
+
+def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[pathlib.Path]:
+  """``.py`` files under ``paths``, sorted per path.
+
+  A file named on the command line is taken as given. In directories: hidden
+  directories, ``.git``, virtualenvs (a ``pyvenv.cfg``), ``build``/``dist``/
+  ``__pycache__``/``site-packages`` and ``exclude`` globs (matched against the
+  path relative to the directory, and against each name) are skipped; symlinks
+  are not followed out of the directory.
+  """
+  exclude = list(exclude)
+
+  def excluded(rel: pathlib.PurePath) -> bool:
+    text = rel.as_posix()
+    return any(fnmatch.fnmatch(text, g) or any(fnmatch.fnmatch(p, g) for p in rel.parts)
+               for g in exclude)
+
+  out = []
+  for p in map(pathlib.Path, paths):
+    if not p.exists() or str(p) == '-':
+      continue
+    if not p.is_dir():
+      out.append(p)
+      continue
+    root = p.resolve()
+    found = []
+    for dirpath, dirnames, filenames in os.walk(p, followlinks=False):
+      d = pathlib.Path(dirpath)
+      dirnames[:] = sorted(n for n in dirnames
+                           if not n.startswith('.') and n not in SKIP_DIRS
+                           and not _is_venv(d / n) and not excluded((d / n).relative_to(p)))
+      for name in filenames:
+        f = d / name
+        if not name.endswith('.py') or name.startswith('.') or excluded(f.relative_to(p)):
+          continue
+        if f.is_symlink():
+          try:
+            f.resolve().relative_to(root)
+          except ValueError:
+            continue  # a link out of the tree
+        found.append(f)
+    out.extend(sorted(found))
+  return out
+
+
+def _work(args) -> engine.FileResult:
+  path, options = args
+  return engine.rewrite_file(pathlib.Path(path), options)
+
+
+def _candidate(path: pathlib.Path) -> bool:
+  """Cheap prefilter on raw bytes: could this file hold legacy code?"""
+  try:
+    data = path.read_bytes()
+  except OSError:
+    return True  # let rewrite_file report it
+  return any(marker.encode() in data for marker in engine.MARKERS)
+
+
+def _progress(total: int):
+  """A rich progress bar on a terminal with many files, else a no-op."""
+  if total < PROGRESS_MIN_FILES or not sys.stderr.isatty():
+    return None
+  from rich.console import Console
+  from rich.progress import Progress
+  return Progress(transient=True, console=Console(stderr=True))
+
+
+def run_files(files: list[pathlib.Path], options: Options, jobs: int):
+  """Yield a :class:`engine.FileResult` per file (input order), ``jobs`` processes.
+
+  Files without any marker are never parsed (a clean result without reading
+  twice); the rest go to a process pool when there are several.
+  """
+  results: dict[int, engine.FileResult] = {}
+  todo = []
+  for i, f in enumerate(files):
+    if _candidate(f):
+      todo.append(i)
+    else:
+      results[i] = engine.FileResult(str(f), '', new='')
+  progress = _progress(len(files))
+  task = None
+  if progress is not None:
+    progress.start()
+    task = progress.add_task('optim-migrate', total=len(files), completed=len(results))
+  try:
+    if jobs > 1 and len(todo) >= POOL_MIN_FILES:
+      with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+        futures = {pool.submit(_work, (str(files[i]), options)): i for i in todo}
+        for fut in concurrent.futures.as_completed(futures):
+          i = futures[fut]
+          try:
+            results[i] = fut.result()
+          except Exception as e:  # noqa: BLE001 - a dead worker must not stop the run
+            results[i] = engine.FileResult(str(files[i]), '', error=f'{files[i]}: {type(e).__name__}: {e}')
+          if progress is not None:
+            progress.advance(task)
+    else:
+      for i in todo:
+        results[i] = _work((str(files[i]), options))
+        if progress is not None:
+          progress.advance(task)
+  finally:
+    if progress is not None:
+      progress.stop()
+  return [results[i] for i in range(len(files))]
+
+
+def report_entries(result: engine.FileResult) -> list[dict]:
+  """JSON report rows for one file: one per site, plus one for a file error."""
+  if result.error:
+    return [{'file': result.path, 'line': None, 'column': None, 'rule': None, 'safety': None,
+             'message': result.error, 'applied': False}]
+  return [{'file': result.path, 'line': f.line, 'column': f.col, 'rule': f.rule,
+           'safety': RULES[f.rule].safety, 'message': f.message, 'applied': f.fixed}
+          for f in result.findings]
+
+
+def _split(values) -> Optional[tuple[str, ...]]:
+  if values is None:
+    return None
+  out = []
+  for v in values:
+    out.extend(x.strip() for x in v.split(',') if x.strip())
+  return tuple(out)
+
+
+def build_options(args, config: dict) -> Options:
+  """Flags over ``[tool.optim-migrate]``.
+
+  Raises:
+    ConfigError: an id in select/ignore that names no rule.
+  """
+  select = _split(args.select) if args.select is not None else (
+      tuple(config['select']) if 'select' in config else None)
+  ignore = _split(args.ignore) if args.ignore is not None else tuple(config.get('ignore', ()))
+  bad = check_rule_ids([*(select or ()), *ignore])
+  if bad:
+    raise ConfigError(f'unknown rule id(s) {bad}; valid: {sorted(RULES)}')
+  return Options(select=select, ignore=ignore,
+                 unsafe_fixes=args.unsafe_fixes or config.get('unsafe-fixes', False),
+                 prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False))
+
+
+def _summary(results, n_missing, verb) -> str:
+  changed = sum(r.changed for r in results)
+  flagged = sum(bool(r.manual) for r in results)
+  failed = sum(bool(r.error) for r in results) + n_missing
+  rules = collections.Counter(f.rule for r in results for f in r.findings)
+  top = ', '.join(f'{rule} x{n}' for rule, n in rules.most_common(5)) or 'none'
+  n_manual = sum(len(r.manual) for r in results)
+  return (f'{len(results)} file(s) scanned: {changed} {verb}, {flagged} flagged '
+          f'({n_manual} manual item(s)), {failed} failed ({failed} error(s)); top rules: {top}')
+
+
+def cmd_rewrite(args) -> int:
+  """Run ``rewrite`` (see the module docstring). Returns the exit status."""
+  if args.write and args.check:
+    print('rewrite: --write and --check exclude each other', file=sys.stderr)
+    return EXIT_ERROR
+  stdin = [p for p in args.paths if p == '-']
+  paths = [p for p in args.paths if p != '-']
+  first = pathlib.Path(paths[0]) if paths else pathlib.Path.cwd()
+  try:
+    config = load_config(find_config(first if first.exists() else pathlib.Path.cwd()))
+    options = build_options(args, config)
+  except ConfigError as e:
+    print(f'rewrite: {e}', file=sys.stderr)
+    return EXIT_ERROR
+  jobs = args.jobs or config.get('jobs') or (os.cpu_count() or 1)
+  if jobs < 1:
+    print('rewrite: --jobs must be >= 1', file=sys.stderr)
+    return EXIT_ERROR
+  if stdin:
+    if paths or len(stdin) > 1:
+      print('rewrite: `-` (stdin) cannot be combined with paths', file=sys.stderr)
+      return EXIT_ERROR
+    return _rewrite_stdin(args, options)
+  missing = [p for p in paths if not pathlib.Path(p).exists()]
+  for p in missing:
+    print(f'{p}: no such file or directory', file=sys.stderr)
+  files = iter_python_files(paths, config.get('exclude', ()))
+  results = run_files(files, options, jobs)
+  for result in results:
+    if result.error:
+      print(result.error, file=sys.stderr)
+      continue
+    for finding in result.manual:
+      print(finding.format(result.path), file=sys.stderr)
+    if result.changed:
+      if args.write:
+        try:
+          engine.write_atomic(pathlib.Path(result.path), result.new, result.encoding)
+        except OSError as e:
+          result.error = f'{result.path}: cannot write: {e}'
+          print(result.error, file=sys.stderr)
+      elif args.check:
+        print(f'would rewrite {result.path}', file=sys.stdout)
+      else:
+        sys.stdout.write(result.diff())
+  if args.report:
+    rows = [row for r in results for row in report_entries(r)]
+    rows += [{'file': p, 'line': None, 'column': None, 'rule': None, 'safety': None,
+              'message': f'{p}: no such file or directory', 'applied': False} for p in missing]
+    try:
+      pathlib.Path(args.report).write_text(json.dumps(rows, indent=1) + '\n', encoding='utf-8')
+    except OSError as e:
+      print(f'rewrite: --report {args.report}: {e}', file=sys.stderr)
+      return EXIT_ERROR
+  verb = 'rewritten' if args.write else 'would be rewritten'
+  print(_summary(results, len(missing), verb), file=sys.stderr)
+  if missing or any(r.error for r in results):
+    return EXIT_ERROR
+  if any(r.changed or r.manual for r in results):
+    return EXIT_CHANGES
+  return EXIT_CLEAN
+
+
+def _rewrite_stdin(args, options: Options) -> int:
+  source = sys.stdin.read()
+  result = engine.rewrite_source(source, '<stdin>', options)
+  if result.error:
+    print(result.error, file=sys.stderr)
+    sys.stdout.write(source)
+    return EXIT_ERROR
+  for finding in result.manual:
+    print(finding.format('<stdin>'), file=sys.stderr)
+  if args.diff:
+    sys.stdout.write(result.diff())
+  elif not args.check:
+    sys.stdout.write(result.new)
+  if args.report:
+    pathlib.Path(args.report).write_text(json.dumps(report_entries(result), indent=1) + '\n')
+  return EXIT_CHANGES if (result.changed or result.manual) else EXIT_CLEAN
+
+
+def add_arguments(p) -> None:
+  """``rewrite``'s options on an argparse parser."""
+  p.add_argument('paths', nargs='+', help='files or directories; `-` reads stdin, writes stdout')
+  mode = p.add_mutually_exclusive_group()
+  mode.add_argument('--write', action='store_true', help='apply the changes in place')
+  mode.add_argument('--check', action='store_true',
+                    help='write nothing; list what would change (exit 1 if anything would)')
+  p.add_argument('--diff', action='store_true', help='print a unified diff (the default)')
+  p.add_argument('--select', action='append', default=None, metavar='RULES',
+                 help='only these rules (ids or prefixes, comma-separated)')
+  p.add_argument('--ignore', action='append', default=None, metavar='RULES',
+                 help='skip these rules (ids or prefixes, comma-separated)')
+  p.add_argument('--unsafe-fixes', action='store_true', help='also apply fixes marked unsafe')
+  p.add_argument('--prefer-stock-optax', action='store_true',
+                 help='emit stock Optax where the faithful optim_compat transform would be '
+                      'emitted (the report gives the measured difference)')
+  p.add_argument('--jobs', '-j', type=int, default=None, help='worker processes (default: CPUs)')
+  p.add_argument('--report', metavar='FILE.json', help='write one JSON entry per site')
