@@ -47,6 +47,8 @@ from optim_compat import base, spec, state_map, transforms
 
 _EMPTY = traverse_util.empty_node
 _INJECT_KEPT = ('hyperparams', 'hyperparams_states')
+#: optax.multi_transform's state: MultiTransformState (optax < 0.2.5), PartitionState
+_PARTITION = {'MultiTransformState', 'PartitionState'}
 
 
 class CheckpointError(ValueError):
@@ -344,22 +346,25 @@ def _def_name(optimizer) -> str | None:
   return type(optimizer).__name__
 
 
-def choose_row(opt_state, fields: set, optimizer=None) -> dict:
+def choose_row(opt_state, fields: set, optimizer=None, candidates=None) -> dict:
   """The ``state_map`` row for a target ``opt_state`` and the checkpoint's legacy fields.
 
   ``optimizer`` (a def, its name, or ``"Name(...)"``) picks the row directly.
   Otherwise the row is the one whose Optax state classes the target holds
   (e.g. ``ScaleByAdamState``: Adam) and whose legacy fields the checkpoint has;
   Momentum and LARS (both a ``TraceState``) are told apart by LARS's
-  ``MaskedState``.
+  ``MaskedState``. ``candidates`` (def names) limits the rows considered.
 
   Raises:
     CheckpointError: no row, or more than one, fits (the message lists them).
   """
+  if _PARTITION & _classes(opt_state):
+    return {}  # each group picks its own row (_Filler.rebuild_groups)
   name = _def_name(optimizer)
-  if name is not None:
-    return state_map.OPTAX_STATE_SOURCES.get(name, {})
-  rows = state_map.OPTAX_STATE_SOURCES
+  if name is not None and name in state_map.OPTAX_STATE_SOURCES:
+    return state_map.OPTAX_STATE_SOURCES[name]
+  rows = {n: r for n, r in state_map.OPTAX_STATE_SOURCES.items()
+          if candidates is None or n in candidates}
   known = {c for row in rows.values() for c, f in row.items() if f}
   present = _classes(opt_state)
   need = present & known
@@ -394,6 +399,7 @@ class _Filler:
     self.row = row
     self.where = where
     self.used: set = set()
+    self.candidates = None
 
   def count_like(self, template, path):
     if np.shape(template) != ():
@@ -407,6 +413,9 @@ class _Filler:
     field = source.lstrip('-')
     out = {}
     for key, tpl in _flat(serialization.to_state_dict(template)).items():
+      if tpl is _EMPTY:  # optax.MaskedNode: a leaf of another multi_transform group
+        out[key] = {}
+        continue
       legacy_key = key + (field,)
       where = _join(self.where, ('state', 'param_states') + legacy_key)
       if legacy_key not in self.ps_flat:
@@ -420,8 +429,17 @@ class _Filler:
 
   def legacy_states(self, template):
     where = _join(self.where, ('state', 'param_states'))
-    found = _conform(serialization.to_state_dict(template), self.ps, where)
-    self.used.update(self.ps_flat)
+    tpl_sd = serialization.to_state_dict(template)
+    # a template leaf {} where the checkpoint has state fields (or None) is an
+    # optax.MaskedNode: that leaf belongs to another multi_transform group
+    masked = [k for k, t in _flat(tpl_sd).items() if t is _EMPTY
+              and not (k in self.ps_flat and self.ps_flat[k] is _EMPTY)]
+    inside = lambda key: any(key[:len(m)] == m for m in masked)
+    mine = {k: v for k, v in self.ps_flat.items() if not inside(k)}
+    mine.update({m: _EMPTY for m in masked})
+    found = _conform(tpl_sd, traverse_util.unflatten_dict(mine) if set(mine) != {()} else
+                     mine[()], where)
+    self.used.update(k for k in mine if k not in masked)
     return serialization.from_state_dict(template, found)
 
   def rebuild(self, node, path: str):
@@ -431,6 +449,8 @@ class _Filler:
     if isinstance(node, base.OptimizerState):
       return node.replace(step=self.count_like(node.step, f'{path}.step'),
                           param_states=self.legacy_states(node.param_states))
+    if _is_namedtuple(node) and type(node).__name__ in _PARTITION:
+      return node._replace(inner_states=self.rebuild_groups(node.inner_states, path))
     if _is_namedtuple(node):
       cls = type(node).__name__
       sources = self.row.get(cls, {})
@@ -454,6 +474,17 @@ class _Filler:
       return node
     raise CheckpointError(f'{path}: no legacy source for this {_describe(node)} leaf of the target '
                           f'opt_state (fields without a mapping in optim_compat.state_map)')
+
+  def rebuild_groups(self, inner_states, path):
+    """``optax.multi_transform`` groups (the codemod's MultiOptimizer / focus form):
+    each group's state is filled with the row of its own transformation."""
+    out, outer = {}, self.row
+    for label, inner in inner_states.items():
+      sub = inner.inner_state if type(inner).__name__ == 'MaskedState' else inner
+      self.row = choose_row(sub, _legacy_fields(self.ps_flat), candidates=self.candidates)
+      out[label] = self.rebuild(inner, f'{path}.inner_states[{label!r}]')
+    self.row = outer
+    return type(inner_states)(out)
 
   def check_all_used(self):
     for key, v in self.ps_flat.items():
@@ -617,22 +648,32 @@ def to_legacy(train_state, optimizer_def) -> base.Optimizer:
       opt_state lacks a legacy field the def needs.
   """
   template = optimizer_def.create(train_state.params)
-  row = state_map.OPTAX_STATE_SOURCES.get(_def_name(optimizer_def), {})
+  names = {_def_name(d) for d in getattr(optimizer_def, 'sub_optimizers', (optimizer_def,))}
+  fields = {f for n in names if n in spec.SPECS for f in spec.SPECS[n].state_fields}
   step = int(np.asarray(train_state.step))
-  collected: dict[str, tuple] = {}
-  direct = []
+  found: dict[tuple, Any] = {}  # legacy param_states key (path + (field,)) -> value
 
   def check_count(v, path):
     if int(np.asarray(v)) != step:
       raise CheckpointError(f'{path} = {int(np.asarray(v))} differs from TrainState.step = {step}: '
                             f'the legacy layout has one step')
 
-  def walk(node, path):
+  def take(tree, field=None, negate=False):
+    for key, v in _flat(serialization.to_state_dict(tree)).items():
+      if v is None or v is _EMPTY:  # frozen leaf, or another group's (MaskedNode)
+        continue
+      found[key + ((field,) if field else ())] = np.negative(v) if negate else v
+
+  def walk(node, path, row):
     if isinstance(node, (transforms.LegacyRuleState, base.OptimizerState)):
       check_count(node[0] if isinstance(node, tuple) else node.step, f'{path}.count')
-      direct.append(node.param_states)
-      return
-    if _is_namedtuple(node):
+      take(node.param_states)
+    elif _is_namedtuple(node) and type(node).__name__ in _PARTITION:
+      for label, inner in node.inner_states.items():
+        sub = inner.inner_state if type(inner).__name__ == 'MaskedState' else inner
+        walk(inner, f'{path}.inner_states[{label!r}]',
+             choose_row(sub, fields, candidates=names))
+    elif _is_namedtuple(node):
       cls = type(node).__name__
       for f in node._fields:
         v, p = getattr(node, f), f'{path}.{f}'
@@ -642,35 +683,30 @@ def to_legacy(train_state, optimizer_def) -> base.Optimizer:
           continue
         elif f in row.get(cls, {}):
           src = row[cls][f]
-          collected[src.lstrip('-')] = (_flat(serialization.to_state_dict(v)), src.startswith('-'))
+          take(v, src.lstrip('-'), src.startswith('-'))
         else:
-          walk(v, p)
+          walk(v, p, row)
     elif isinstance(node, (tuple, list)):
       for i, v in enumerate(node):
-        walk(v, f'{path}[{i}]')
+        walk(v, f'{path}[{i}]', row)
     elif isinstance(node, Mapping):
       for k, v in node.items():
-        walk(v, f'{path}[{k!r}]')
+        walk(v, f'{path}[{k!r}]', row)
 
-  walk(train_state.opt_state, 'opt_state')
-  tpl_ps = serialization.to_state_dict(template.state.param_states)
-  if direct:
-    ps = serialization.to_state_dict(direct[0])
-  else:
-    out = {}
-    for key, tpl in _flat(tpl_ps).items():
-      if tpl is None or tpl is _EMPTY:
-        out[key] = tpl
-        continue
-      field = key[-1]
-      if field not in collected:
-        raise CheckpointError(f'opt_state has no Optax field holding legacy {field!r} '
-                              f'(needed for {"/".join(key)}); optimizer_def '
-                              f'{type(optimizer_def).__name__} does not match the TrainState tx?')
-      flat, negate = collected[field]
-      value = flat[key[:-1]]
-      out[key] = np.negative(value) if negate else value
-    ps = traverse_util.unflatten_dict(out) if out else {}
+  single = next(iter(names)) if len(names) == 1 else None
+  walk(train_state.opt_state, 'opt_state',
+       choose_row(train_state.opt_state, fields, optimizer=single, candidates=names))
+  out = {}
+  for key, tpl in _flat(serialization.to_state_dict(template.state.param_states)).items():
+    if tpl is None or tpl is _EMPTY:
+      out[key] = tpl
+    elif key in found:
+      out[key] = found[key]
+    else:
+      raise CheckpointError(f'opt_state has no Optax field holding legacy {key[-1]!r} for '
+                            f'{"/".join(map(str, key[:-1]))}: does {type(optimizer_def).__name__} '
+                            f'match the TrainState tx?')
+  ps = (traverse_util.unflatten_dict(out) if set(out) != {()} else out[()]) if out else {}
   sd = {'target': serialization.to_state_dict(train_state.params),
         'state': {'step': np.asarray(step, np.int32), 'param_states': ps}}
   sd = _conform(serialization.to_state_dict(template), sd, 'legacy')

@@ -222,6 +222,47 @@ def test_multi_focus_weightnorm_resume_as_train_state(legacy, case_id, def_name,
   assert set(rolled) == set(legacy_final)
 
 
+def _multi_transform_tx(kwargs):
+  """What the codemod emits for MultiOptimizer / create(focus=) (OM008): multi_transform
+  over the groups' emitted txs, labels from the traversals, unselected leaves frozen."""
+  traversal = oc.ModelParamTraversal
+  if 'groups' in kwargs:
+    groups = [(f, _emitted_tx(name, kw)) for f, name, kw in kwargs['groups']]
+  else:
+    groups = [(kwargs['focus'], _emitted_tx('Adam', {k: v for k, v in kwargs.items()
+                                                     if k != 'focus'}))]
+
+  def labels(params):
+    tree = jax.tree_util.tree_map(lambda _: 'frozen', params)
+    for f, _ in groups:
+      tree = traversal(cases.FILTERS[f]).update(lambda _, f=f: f, tree)
+    return tree
+  return optax.multi_transform({**dict(groups), 'frozen': optax.set_to_zero()}, labels)
+
+
+MULTI = [c for c in WHOLE_TREE if c[1] == 'MultiOptimizer' or 'focus' in c[2]]
+
+
+@pytest.mark.parametrize('case_id,def_name,kwargs', MULTI, ids=[c[0] for c in MULTI])
+def test_multi_transform_form_resumes_and_rolls_back(legacy, case_id, def_name, kwargs):
+  params = cases.params_for(case_id)
+  target = _target(params, _multi_transform_tx(kwargs))
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)  # ModelParamTraversal
+    restored = ck.restore_legacy(_ckpt(legacy, case_id), target)
+    assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(target)
+    assert set(_counts(restored.opt_state)) <= {legacy['before']}
+    traj, final_state = _resume(restored, params, legacy)
+    expected, legacy_final = _continuation(legacy, case_id)
+    worst, where = core.compare(traj, expected)
+    names = [g[1] for g in kwargs['groups']] if 'groups' in kwargs else ['Adam']
+    assert worst <= max(_bound(n, case_id) for n in names), (worst, where)
+    legacy_opt = ck.to_legacy(final_state, _shim_def(def_name, kwargs))
+    assert set(_flat_legacy(legacy_opt)) == set(legacy_final)
+    back = ck.restore_legacy(serialization.to_state_dict(legacy_opt), final_state)
+  assert _leaves_equal(back, final_state)
+
+
 def _replicated_target():
   params = cases.params_for('replicated_momentum')
   return params, _target(params, _emitted_tx('Momentum', {'learning_rate': 0.05, 'beta': 0.8,
