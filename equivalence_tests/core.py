@@ -82,6 +82,14 @@ def _to_dict(tree):
   return tree
 
 
+def optimization_barrier(x):
+  """``jax.lax.optimization_barrier`` (jax >= 0.4.14), or its primitive on older jax."""
+  barrier = getattr(jax.lax, 'optimization_barrier', None)
+  if barrier is None:  # jax 0.4.13, the old stack
+    from jax._src.ad_checkpoint import _optimization_barrier as barrier
+  return barrier(x)
+
+
 def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
                record: Sequence[int] | None = None, apply_kwargs: Callable | None = None,
                use_pmap: bool | None = None, focus=None, overrides: Callable | None = None,
@@ -131,7 +139,7 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
       # The barrier keeps XLA from fusing pmean's ``psum * (1/n)`` into the
       # optimizer's arithmetic, where it changes which multiply-add LLVM
       # contracts into an FMA (a program difference, not an optimizer one).
-      g = jax.lax.optimization_barrier(jax.lax.pmean(g, 'batch'))
+      g = optimization_barrier(jax.lax.pmean(g, 'batch'))
       return o.apply_gradient(g, **to_kwargs(o.optimizer_def, k))
     step_fn = jax.pmap(pstep, axis_name='batch', devices=devices)
   traj = {}

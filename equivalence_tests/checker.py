@@ -1,0 +1,489 @@
+"""``check``: prove a migrated Optax optimizer makes the same updates as a legacy def.
+
+    report = equivalence_tests.check(optim_compat.Adam(1e-3, weight_decay=1e-4),
+                                     optax.adamw(1e-3, weight_decay=1e-4), params,
+                                     devices=(1, 2, 4, 8), mode='pmap')
+    assert report.ok, report
+
+Both optimizers start from the same params and get the same gradients for
+``steps`` jitted steps; their parameter trajectories are compared leaf by leaf
+in ulps of each leaf's largest magnitude (``core.ulp_distance``). The runner
+works on the old stack too (jax 0.4.13 with real ``flax.optim``): only jax,
+numpy and flax are imported at module level.
+
+Modes:
+
+* ``'single'``: one device, ``jax.jit``.
+* ``'pmap'``: the state replicated with ``flax.jax_utils.replicate`` over the
+  first ``n`` devices; each device gets its own gradient share and the step
+  ``pmean``'s them (``axis_name='batch'``), as data-parallel legacy code did.
+* ``'sharded'``: ``jax.jit`` over a ``Mesh`` of ``n`` devices with axes
+  ``('data', 'model')`` (model axis 2 when ``n`` is even); gradient shares are
+  sharded over ``'data'`` and averaged inside the step; every parameter and
+  state array with at least 1024 elements and a dimension divisible by the
+  model axis is sharded over ``'model'`` on its largest such dimension.
+
+Gradient shares are multiples of 2**-12 (``core.reference_grads``), so their
+mean over up to 8 devices is exact: any difference between device counts is
+the optimizer's arithmetic, not the averaging. Device counts the process lacks
+(jax already started with fewer CPU devices) run in a subprocess with
+``XLA_FLAGS=--xla_force_host_platform_device_count=N``; the objects travel
+with ``cloudpickle`` and the subprocess gets this process's ``sys.path``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from equivalence_tests import core
+
+MODES = ('single', 'pmap', 'sharded')
+#: Arrays with fewer elements stay replicated in ``'sharded'`` mode.
+SHARD_MIN_SIZE = 1024
+
+
+@dataclasses.dataclass
+class Worst:
+  """Where the largest difference is: leaf path, step (1-based), device count, values."""
+  path: str
+  step: int
+  n_devices: int
+  mode: str
+  index: tuple
+  legacy_value: float
+  tx_value: float
+  ulp: float
+
+
+@dataclasses.dataclass
+class Report:
+  """The result of :func:`check`.
+
+  Attributes:
+    ok: every leaf within ``max_ulp_bound`` and every replica set bitwise equal.
+    max_ulp: the largest distance found (ulps of each leaf's largest |value|).
+    max_ulp_bound: the bound checked.
+    worst: where ``max_ulp`` is (``None`` when everything is bitwise equal).
+    per_leaf: ``{path: max ulp over all steps and runs}``.
+    replicas_bitwise: ``{(mode, n_devices, 'legacy'|'tx'): bool}``: all pmap
+      replicas / all copies of each shard bitwise equal to each other.
+    runs: the ``(mode, n_devices)`` pairs run; steps: steps per run.
+  """
+  ok: bool
+  max_ulp: float
+  max_ulp_bound: float
+  worst: Worst | None
+  per_leaf: dict
+  replicas_bitwise: dict
+  runs: list
+  steps: int
+
+  def __str__(self) -> str:
+    status = 'OK' if self.ok else 'DIFFERS'
+    runs = ', '.join(f'{m}x{n}' for m, n in self.runs)
+    lines = [f'optimizer equivalence: {status}: max {self.max_ulp:g} ulp '
+             f'(bound {self.max_ulp_bound:g}) over {self.steps} steps; runs: {runs}']
+    if self.worst is not None:
+      w = self.worst
+      lines.append(f'  worst: {w.path}{list(w.index)} at step {w.step}, {w.mode} on '
+                   f'{w.n_devices} device(s): legacy {w.legacy_value!r} vs tx {w.tx_value!r} '
+                   f'({w.ulp:g} ulp)')
+    bad = [k for k, v in self.replicas_bitwise.items() if not v]
+    if bad:
+      lines.append('  replicas NOT bitwise equal: ' + ', '.join(f'{m}x{n} {who}' for m, n, who in bad))
+    width = max([len(p) for p in self.per_leaf] + [4])
+    lines.append(f'  {"leaf":<{width}}  max ulp')
+    for path, ulp in sorted(self.per_leaf.items(), key=lambda kv: -kv[1]):
+      flag = '' if ulp <= self.max_ulp_bound else '   <-- over the bound'
+      lines.append(f'  {path:<{width}}  {ulp:g}{flag}')
+    return '\n'.join(lines)
+
+
+# ---------------------------------------------------------------------------
+# inputs
+
+
+def materialize(params, seed: int = 0):
+  """``params`` with every ``jax.ShapeDtypeStruct`` leaf drawn from ``seed``.
+
+  Values: ``0.1 * standard normal`` from ``np.random.RandomState(seed)`` in
+  leaf order, cast to the leaf's dtype.
+
+  Raises:
+    ValueError: a leaf that is not a floating-point array (names its path).
+  """
+  rs = np.random.RandomState(seed)
+
+  def leaf(path, x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+      x = jnp.asarray(rs.standard_normal(x.shape) * 0.1, x.dtype)
+    dtype = np.asarray(x).dtype if not hasattr(x, 'dtype') else x.dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise ValueError(f'params leaf {jax.tree_util.keystr(path) or "<root>"} has dtype {dtype}: '
+                       'only floating-point leaves can be checked')
+    return jnp.asarray(x)
+  return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+def flat(tree) -> dict[str, np.ndarray]:
+  """``{keystr path: numpy array}`` of any pytree (bfloat16/float16 widened exactly)."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+  return {jax.tree_util.keystr(p): core.storable(v) for p, v in leaves}
+
+
+def dtype_names(params) -> dict[str, str]:
+  leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+  return {jax.tree_util.keystr(p): np.dtype(v.dtype).name for p, v in leaves}
+
+
+class PerDeviceGrads:
+  """``grads=PerDeviceGrads(fn)``: ``fn(step, params, device, n_devices)`` gives each
+  device its own share (``device=None``: the single-device gradient); the mean
+  of the shares should equal the single-device gradient exactly, as
+  ``core.reference_grads``' shares do."""
+
+  def __init__(self, fn):
+    self.fn = fn
+
+  def __call__(self, step, params, device=None, n_devices=1):
+    return self.fn(step, params, device, n_devices)
+
+
+def _random_grads(seed):
+  def grads(step, params, device=None, n_devices=1):
+    return core.reference_grads(params, step, seed, device, n_devices)
+  return grads
+
+
+def _user_grads(fn):
+  def grads(step, params, device=None, n_devices=1):
+    g = fn(step, params)
+    return jax.tree_util.tree_map(np.asarray, g)  # the same share on every device
+  return grads
+
+
+# ---------------------------------------------------------------------------
+# the two kinds of optimizer, as (init, step, params_of)
+
+
+def _is_optax(tx) -> bool:
+  return hasattr(tx, 'init') and hasattr(tx, 'update') and not hasattr(tx, 'create')
+
+
+def _legacy_runner(opt_def):
+  def init(params):
+    return opt_def.create(params)
+
+  def step(opt, grads):
+    return opt.apply_gradient(grads)
+  return init, step, lambda opt: opt.target
+
+
+def _tx_runner(tx, expected_tree):
+  if _is_optax(tx):
+    import optax
+
+    def init(params):
+      return (params, tx.init(params))
+
+    def step(state, grads):
+      params, opt_state = state
+      updates, opt_state = tx.update(grads, opt_state, params)
+      return optax.apply_updates(params, updates), opt_state
+    return init, step, lambda state: state[0]
+  if not callable(tx):
+    raise TypeError(f'tx must be an optax GradientTransformation or a callable params -> '
+                    f'TrainState, got {type(tx).__name__}')
+
+  def init_state(params):
+    state = tx(params)
+    got = jax.tree_util.tree_structure(state.params)
+    if got != expected_tree:
+      raise ValueError(f'the TrainState built by tx has params {got}, but params are '
+                       f'{expected_tree}')
+    return state
+
+  def step_state(state, grads):
+    return state.apply_gradients(grads=grads)
+  return init_state, step_state, lambda state: state.params
+
+
+# ---------------------------------------------------------------------------
+# one trajectory
+
+
+def _replicas_equal_pmap(tree) -> bool:
+  return all(np.array_equal(x[d], x[0], equal_nan=True)
+             for x in map(np.asarray, jax.tree_util.tree_leaves(tree)) for d in range(x.shape[0]))
+
+
+def _replicas_equal_sharded(tree) -> bool:
+  for x in jax.tree_util.tree_leaves(tree):
+    copies: dict = {}
+    for shard in x.addressable_shards:
+      key = str(shard.index)
+      data = np.asarray(shard.data)
+      if key in copies and not np.array_equal(copies[key], data, equal_nan=True):
+        return False
+      copies.setdefault(key, data)
+  return True
+
+
+def _mesh(n: int):
+  from jax.sharding import Mesh
+  model = 2 if n % 2 == 0 else 1
+  devices = np.asarray(jax.devices()[:n]).reshape(n // model, model)
+  return Mesh(devices, ('data', 'model'))
+
+
+def _leaf_spec(x, model_size: int):
+  from jax.sharding import PartitionSpec
+  shape = np.shape(x)
+  if model_size > 1 and int(np.prod(shape)) >= SHARD_MIN_SIZE:
+    dims = [d for d in np.argsort(shape)[::-1] if shape[d] % model_size == 0]
+    if dims:
+      spec = [None] * len(shape)
+      spec[dims[0]] = 'model'
+      return PartitionSpec(*spec)
+  return PartitionSpec()
+
+
+def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
+  """``({step: flat params}, replicas_bitwise)`` for one optimizer, mode and count."""
+  init, step, params_of = runner
+  state = init(params)
+  traj = {}
+  if mode == 'single':
+    step_fn = jax.jit(step)
+    for t in range(steps):
+      state = step_fn(state, grads_fn(t, params_of(state)))
+      traj[t + 1] = flat(params_of(state))
+    return traj, True
+  if mode == 'pmap':
+    devices = jax.local_devices()[:n]
+    # replicated on the host (numpy) and sharded by pmap itself: no per-leaf device ops
+    state = jax.tree_util.tree_map(
+        lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), state)
+    first = lambda tree: jax.tree_util.tree_map(lambda x: np.asarray(x)[0], tree)
+
+    def pstep(s, g):
+      # the barrier keeps XLA from fusing pmean's scaling into the optimizer's arithmetic
+      return step(s, core.optimization_barrier(jax.lax.pmean(g, 'batch')))
+    step_fn = jax.pmap(pstep, axis_name='batch', devices=devices)
+    ok = True
+    for t in range(steps):
+      current = first(params_of(state))
+      shares = [grads_fn(t, current, d, n) for d in range(n)]
+      g = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *shares)
+      state = step_fn(state, g)
+      ok = ok and _replicas_equal_pmap(params_of(state))
+      traj[t + 1] = flat(first(params_of(state)))
+    return traj, ok and _replicas_equal_pmap(state)
+  # sharded
+  from jax.sharding import NamedSharding, PartitionSpec
+  mesh = _mesh(n)
+  model, data = mesh.shape['model'], mesh.shape['data']
+  shardings = lambda tree: jax.tree_util.tree_map(
+      lambda x: NamedSharding(mesh, _leaf_spec(x, model)), tree)
+  state_shardings = shardings(state)
+  state = jax.device_put(state, state_shardings)
+
+  def sstep(s, gs):
+    g = jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), gs)
+    return step(s, core.optimization_barrier(g))
+  step_fn = jax.jit(sstep, out_shardings=state_shardings)
+  ok = True
+  for t in range(steps):
+    current = params_of(state)
+    shares = [grads_fn(t, current, d, data) for d in range(data)]
+    gs = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *shares)
+    gs = jax.device_put(gs, jax.tree_util.tree_map(
+        lambda x: NamedSharding(mesh, PartitionSpec('data', *_leaf_spec(x[0], model))), gs))
+    state = step_fn(state, gs)
+    ok = ok and _replicas_equal_sharded(params_of(state))
+    traj[t + 1] = flat(params_of(state))
+  return traj, ok and _replicas_equal_sharded(state)
+
+
+def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int = 0) -> dict:
+  """Both trajectories for one ``(mode, n)``, in this process (needs ``n`` devices).
+
+  ``legacy`` may be ``None`` (then only ``tx`` runs). Returns ``{'legacy':
+  traj, 'tx': traj, 'replicas': {'legacy': bool, 'tx': bool}}``.
+  """
+  params = materialize(params, seed)
+  if isinstance(grads, PerDeviceGrads):
+    grads_fn = grads
+  elif grads in (None, 'random'):
+    grads_fn = _random_grads(seed)
+  else:
+    grads_fn = _user_grads(grads)
+  out: dict = {'replicas': {}}
+  tree = jax.tree_util.tree_structure(params)
+  for who, opt in (('legacy', legacy), ('tx', tx)):
+    if opt is None:
+      continue
+    runner = _legacy_runner(opt) if who == 'legacy' else _tx_runner(opt, tree)
+    out[who], out['replicas'][who] = _trajectory(runner, params, grads_fn, steps, n, mode)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# device counts this process lacks: a subprocess
+
+
+def _run_elsewhere(payload: dict, n: int) -> dict:
+  import cloudpickle
+  env = dict(os.environ)
+  flags = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
+                   if not f.startswith('--xla_force_host_platform_device_count'))
+  env['XLA_FLAGS'] = f'{flags} --xla_force_host_platform_device_count={n}'.strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  env['PYTHONPATH'] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+  try:
+    blob = cloudpickle.dumps(payload)
+  except Exception as e:  # noqa: BLE001
+    raise ValueError(f'cannot send the optimizers to a {n}-device subprocess ({e}); start '
+                     f'jax with XLA_FLAGS=--xla_force_host_platform_device_count={n}') from e
+  proc = subprocess.run([sys.executable, '-m', 'equivalence_tests.checker', '--worker'],
+                        input=blob, capture_output=True, env=env)
+  if proc.returncode != 0:
+    raise RuntimeError(f'the {n}-device run failed (exit status {proc.returncode}):\n'
+                       f'{proc.stderr.decode(errors="replace")[-4000:]}')
+  result = pickle.loads(proc.stdout)
+  if isinstance(result, BaseException):
+    raise result
+  return result
+
+
+def _worker() -> int:
+  payload = pickle.loads(sys.stdin.buffer.read())
+  runs = payload.pop('runs')
+  try:
+    out = {(mode, n): run_pair(**payload, n=n, mode=mode) for mode, n in runs}
+  except (ValueError, TypeError) as e:
+    out = e
+  sys.stdout.buffer.write(pickle.dumps(out))
+  return 0
+
+
+# ---------------------------------------------------------------------------
+# the API
+
+
+def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
+          mode: str = 'pmap', grads: str | Callable = 'random', seed: int = 0,
+          max_ulp: float = 4) -> Report:
+  """Run ``legacy`` and ``tx`` side by side and compare their parameter trajectories.
+
+  Args:
+    legacy: a legacy ``OptimizerDef`` (``optim_compat``'s, a user subclass, or
+      real ``flax.optim``'s in the old stack).
+    tx: an Optax ``GradientTransformation``, or a callable ``params ->
+      TrainState`` (``apply_gradients(grads=...)`` is then the step).
+    params: a pytree of float arrays, or of ``jax.ShapeDtypeStruct`` (values
+      drawn from ``seed``).
+    steps: jitted steps per run.
+    devices: device counts to run (``'single'`` mode: only 1).
+    mode: ``'single'``, ``'pmap'`` or ``'sharded'`` (see the module docstring).
+    grads: ``'random'`` (deterministic, from ``seed``) or ``(step, params) ->
+      grads`` evaluated at each optimizer's own current params (e.g. the
+      gradient of your loss); every device gets the same share.
+    seed: seeds the params (for ``ShapeDtypeStruct`` leaves) and the gradients.
+    max_ulp: bound on every leaf's distance, in ulps of that leaf's largest
+      magnitude over the run (0: bitwise).
+
+  Returns:
+    A :class:`Report`; ``report.ok`` is the verdict and ``str(report)`` the table.
+
+  Raises:
+    ValueError: unknown mode, a device count < 1, ``'single'`` with more than
+      one device, ``'sharded'`` with an odd count > 1, a non-float leaf, a
+      ``TrainState`` whose params tree differs from ``params``.
+    TypeError: ``tx`` is neither a GradientTransformation nor a callable.
+  """
+  if mode not in MODES:
+    raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+  devices = [int(n) for n in devices]
+  if not devices or min(devices) < 1:
+    raise ValueError(f'device counts must be >= 1, got {devices}')
+  if mode == 'single' and devices != [1]:
+    raise ValueError(f"mode 'single' runs on one device; got devices={devices} (use 'pmap')")
+  if mode == 'sharded' and any(n > 1 and n % 2 for n in devices):
+    raise ValueError(f"mode 'sharded' needs device counts of 1 or an even number (a data x "
+                     f"model mesh with a model axis of 2), got {devices}")
+  if steps < 1:
+    raise ValueError(f'steps must be >= 1, got {steps}')
+  materialize(params, seed)  # validates leaves before any subprocess starts
+  results = collect(legacy, tx, params, grads=grads, steps=steps, seed=seed, mode=mode,
+                    devices=devices)
+  return report(results, dtype_names(materialize(params, seed)), steps, max_ulp)
+
+
+def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
+            devices: Sequence[int]) -> dict:
+  """``{(mode, n): run_pair(...)}`` for each device count, in a subprocess where needed.
+
+  Either optimizer may be ``None`` (recording only the legacy side, or
+  checking a ``tx`` against a recorded file).
+  """
+  payload = dict(legacy=legacy, tx=tx, params=params, grads=grads, steps=steps, seed=seed)
+  have = jax.local_device_count()
+  elsewhere = [n for n in devices if n > have]
+  if elsewhere and jax.default_backend() != 'cpu':
+    raise ValueError(f'{max(elsewhere)} devices requested, this {jax.default_backend()} '
+                     f'process has {have}')
+  results = {}
+  for n in devices:
+    if n <= have:
+      results[(mode, n)] = run_pair(**payload, n=n, mode=mode)
+  for n in elsewhere:
+    results.update(_run_elsewhere({**payload, 'runs': [(mode, n)]}, n))
+  return {(mode, n): results[(mode, n)] for n in devices}
+
+
+def report(results: dict, dtypes: dict, steps: int, max_ulp: float) -> Report:
+  """The :class:`Report` of :func:`collect`'s results (``dtypes``: leaf path -> dtype name)."""
+  per_leaf: dict = {}
+  worst = None
+  replicas = {}
+  for (mode, n), r in results.items():
+    for who, ok in r['replicas'].items():
+      replicas[(mode, n, who)] = ok
+    legacy, tx = r['legacy'], r['tx']
+    scales = {}
+    for leaves in legacy.values():
+      for path, v in leaves.items():
+        finite = np.abs(v[np.isfinite(v)])
+        scales[path] = max(scales.get(path, 0.0), float(finite.max()) if finite.size else 0.0)
+    for step, leaves in legacy.items():
+      for path, expected in leaves.items():
+        d = core.ulp_distance(tx[step][path], expected, scales[path], dtypes.get(path))
+        per_leaf[path] = max(per_leaf.get(path, 0.0), d)
+        if d > 0 and (worst is None or d > worst.ulp):
+          a = np.asarray(tx[step][path], np.float64)
+          e = np.asarray(expected, np.float64)
+          with np.errstate(invalid='ignore'):
+            gap = np.where((a == e) | (np.isnan(a) & np.isnan(e)), 0.0, np.abs(a - e))
+          gap = np.where(np.isnan(gap), np.inf, gap)
+          idx = np.unravel_index(int(np.argmax(gap)), e.shape) if e.ndim else ()
+          worst = Worst(path, step, n, mode, tuple(int(i) for i in idx),
+                        float(e[idx]), float(a[idx]), d)
+  max_found = max(per_leaf.values(), default=0.0)
+  ok = max_found <= max_ulp and all(replicas.values())
+  return Report(ok, max_found, max_ulp, worst, per_leaf, replicas, list(results), steps)
+
+
+if __name__ == '__main__':
+  if sys.argv[1:] == ['--worker']:
+    sys.exit(_worker())
+  print('usage: python -m equivalence_tests.checker --worker  (internal)', file=sys.stderr)
+  sys.exit(2)

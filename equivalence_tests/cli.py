@@ -1,0 +1,353 @@
+"""``optim-migrate check`` and ``optim-migrate record``.
+
+    optim-migrate check --legacy "Adam(learning_rate=1e-3, weight_decay=1e-4)" \\
+        --tx "optax.adamw(1e-3, weight_decay=1e-4)" --params model:params \\
+        [--devices 1,2,4,8] [--mode pmap] [--steps 20] [--max-ulp 4]
+    optim-migrate check                      # every [[tool.optim-migrate.check]] entry
+    optim-migrate record --legacy "Adam(...)" --params shapes.json -o traj.npz   # old stack
+    optim-migrate check --against traj.npz --tx "optax.adamw(...)"               # new stack
+
+Exit status: 0 all checks pass, 1 a check differs (its table is printed),
+2 bad input (the message names it). ``--legacy`` is evaluated with the names
+of real ``flax.optim`` where it exists (Flax <= 0.5.3), else of
+``optim_compat``; ``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and
+``optim_compat``.
+
+``--params``: ``module:attribute`` (an importable pytree, or a function
+returning one; the current directory is importable), ``file.npz`` (keys
+``a/b/c`` become nested dicts) or ``shapes.json`` (nested objects whose
+leaves are ``{"shape": [..], "dtype": "float32"}``; values drawn from
+``--seed``).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pathlib
+import sys
+import zipfile
+
+EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class BadInput(ValueError):
+  """Input the user has to fix; printed without a traceback (exit status 2)."""
+
+
+def register(subparsers) -> None:
+  p = subparsers.add_parser('check', help='prove a migrated Optax tx matches a legacy def',
+                            description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+  _common(p)
+  p.add_argument('--tx', help='Optax expression, e.g. "optax.adamw(1e-3, weight_decay=1e-4)"')
+  p.add_argument('--against', metavar='TRAJ.npz', help='a trajectory file from `record`')
+  p.add_argument('--max-ulp', type=float, default=4.0)
+  p.add_argument('--config', default='pyproject.toml',
+                 help='read [[tool.optim-migrate.check]] entries from this file when '
+                      '--tx is not given (default: ./pyproject.toml)')
+  p.set_defaults(func=cmd_check)
+  p = subparsers.add_parser('record', help='record a legacy def\'s trajectory (run it in '
+                                           'the old stack)')
+  _common(p)
+  p.add_argument('-o', '--output', required=True, metavar='TRAJ.npz')
+  p.set_defaults(func=cmd_record)
+
+
+def _common(p) -> None:
+  p.add_argument('--legacy', help='legacy def expression, e.g. "Adam(learning_rate=1e-3)"')
+  p.add_argument('--params', help='module:attribute | file.npz | shapes.json')
+  p.add_argument('--devices', default='1', help='comma-separated device counts (default 1)')
+  p.add_argument('--mode', default='pmap', choices=('single', 'pmap', 'sharded'))
+  p.add_argument('--steps', type=int, default=20)
+  p.add_argument('--seed', type=int, default=0)
+
+
+# ---------------------------------------------------------------------------
+# inputs
+
+
+def legacy_namespace() -> dict:
+  """Names for ``--legacy``: real ``flax.optim`` if it exists, else the shim."""
+  try:
+    import flax
+    if not getattr(flax.optim, '__name__', '').startswith('optim_compat'):
+      mod = flax.optim
+    else:
+      raise AttributeError
+  except (ImportError, AttributeError):
+    import optim_compat as mod
+  return {name: getattr(mod, name) for name in dir(mod) if not name.startswith('__')}
+
+
+def evaluate(expr: str, what: str, namespace: dict):
+  try:
+    return eval(expr, dict(namespace))  # noqa: S307 - the user's own expression
+  except Exception as e:  # noqa: BLE001
+    raise BadInput(f'--{what} {expr!r} does not evaluate: {type(e).__name__}: {e}') from None
+
+
+def tx_namespace() -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  import optim_compat
+  return {'optax': optax, 'jax': jax, 'jnp': jnp, 'np': np, 'optim_compat': optim_compat}
+
+
+def load_params(spec: str):
+  """The params pytree named by ``--params`` (see the module docstring).
+
+  Raises:
+    BadInput: the file or attribute does not exist or cannot be read.
+  """
+  import jax
+  import numpy as np
+  if not spec:
+    raise BadInput('--params is required')
+  path = pathlib.Path(spec)
+  if spec.endswith('.npz'):
+    try:
+      data = np.load(path)
+    except (OSError, ValueError) as e:
+      raise BadInput(f'--params {spec}: cannot read: {e}') from None
+    tree: dict = {}
+    for key in data.files:
+      node = tree
+      *parents, leaf = key.split('/')
+      for k in parents:
+        node = node.setdefault(k, {})
+      node[leaf] = data[key]
+    return tree
+  if spec.endswith('.json'):
+    try:
+      raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+      raise BadInput(f'--params {spec}: cannot read: {e}') from None
+
+    def build(node, where):
+      if isinstance(node, dict) and 'shape' in node:
+        return jax.ShapeDtypeStruct(tuple(node['shape']), np.dtype(node.get('dtype', 'float32')))
+      if isinstance(node, dict):
+        return {k: build(v, f'{where}/{k}') for k, v in node.items()}
+      raise BadInput(f'--params {spec}: {where or "/"} is neither an object of leaves nor '
+                     '{"shape": [...], "dtype": "..."}')
+    return build(raw, '')
+  module, _, attr = spec.partition(':')
+  if not attr:
+    raise BadInput(f'--params {spec!r}: expected module:attribute, file.npz or shapes.json')
+  sys.path.insert(0, str(pathlib.Path.cwd()))
+  try:
+    value = importlib.import_module(module)
+    for name in attr.split('.'):
+      value = getattr(value, name)
+  except (ImportError, AttributeError) as e:
+    raise BadInput(f'--params {spec}: {e}') from None
+  return value() if callable(value) else value
+
+
+def parse_devices(text) -> list[int]:
+  if isinstance(text, (list, tuple)):
+    items = list(text)
+  else:
+    items = [t for t in str(text).split(',') if t.strip()]
+  try:
+    devices = [int(t) for t in items]
+  except ValueError:
+    raise BadInput(f'--devices {text!r}: expected comma-separated integers') from None
+  if not devices or min(devices) < 1:
+    raise BadInput(f'--devices {text!r}: counts must be >= 1')
+  return devices
+
+
+# ---------------------------------------------------------------------------
+# trajectory files
+
+
+def save_trajectory(path: pathlib.Path, results: dict, params, meta: dict) -> None:
+  """Write ``record``'s file: the initial params, every run's trajectory, ``meta``."""
+  import numpy as np
+  from equivalence_tests import checker
+  arrays, index = {}, {'params': {}, 'runs': {}}
+  for key, value in checker.flat(params).items():
+    index['params'][key] = name = f'a{len(arrays)}'
+    arrays[name] = value
+  for (mode, n), r in results.items():
+    run = index['runs'].setdefault(f'{mode}/{n}', {'replicas': r['replicas']['legacy'],
+                                                   'steps': {}})
+    for step, leaves in r['legacy'].items():
+      for key, value in leaves.items():
+        run['steps'].setdefault(str(step), {})[key] = name = f'a{len(arrays)}'
+        arrays[name] = value
+  index['tree'] = _nested_names(params, index['params'])
+  index['dtypes'] = checker.dtype_names(params)
+  index['meta'] = meta
+  arrays['index'] = np.frombuffer(json.dumps(index).encode(), np.uint8)
+  tmp = path.with_name(path.name + '.tmp.npz')
+  np.savez_compressed(tmp, **arrays)
+  tmp.replace(path)
+
+
+def _nested_names(params, names):
+  """The params tree as nested dicts of array names, or ``None`` if not all dicts."""
+  import jax
+
+  def walk(node, prefix):
+    if isinstance(node, dict) or hasattr(node, 'unfreeze'):
+      return {k: walk(v, prefix + [jax.tree_util.DictKey(k)]) for k, v in node.items()}
+    key = jax.tree_util.keystr(tuple(prefix))
+    if key not in names:
+      raise KeyError(key)
+    return names[key]
+  try:
+    return walk(params, [])
+  except KeyError:
+    return None
+
+
+def load_trajectory(path: str):
+  """``(index, arrays)`` of a ``record`` file.
+
+  Raises:
+    BadInput: missing, truncated or not a trajectory file.
+  """
+  import numpy as np
+  try:
+    data = np.load(path)
+    index = json.loads(bytes(data['index']).decode())
+    arrays = {k: data[k] for k in data.files if k != 'index'}
+  except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    raise BadInput(f'--against {path}: not a readable trajectory file ({e})') from None
+  return index, arrays
+
+
+# ---------------------------------------------------------------------------
+# commands
+
+
+def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, max_ulp,
+               label='') -> int:
+  from equivalence_tests import checker
+  if not legacy_expr or not tx_expr:
+    raise BadInput('check needs --legacy and --tx (or --against with --tx, or '
+                   '[[tool.optim-migrate.check]] entries)')
+  legacy = evaluate(legacy_expr, 'legacy', legacy_namespace())
+  tx = evaluate(tx_expr, 'tx', tx_namespace())
+  params = load_params(params_spec)
+  try:
+    report = checker.check(legacy, tx, params, steps=steps, devices=parse_devices(devices),
+                           mode=mode, seed=seed, max_ulp=max_ulp)
+  except (ValueError, TypeError) as e:
+    raise BadInput(str(e)) from None
+  print(f'{label}{report}')
+  return EXIT_OK if report.ok else EXIT_DIFFERS
+
+
+def _check_against(args) -> int:
+  import jax
+  from equivalence_tests import checker
+  if not args.tx:
+    raise BadInput('--against needs --tx')
+  index, arrays = load_trajectory(args.against)
+  meta = index['meta']
+  tx = evaluate(args.tx, 'tx', tx_namespace())
+  if index['tree'] is not None and not args.params:
+    params = jax.tree_util.tree_map(lambda name: arrays[name], index['tree'])
+  else:
+    params = checker.materialize(load_params(args.params), meta['seed'])
+    got = sorted(checker.flat(params))
+    if got != sorted(index['params']):
+      raise BadInput(f'--params leaves {got} differ from the recorded ones '
+                     f'{sorted(index["params"])}')
+  results = {}
+  for run_key, run in index['runs'].items():
+    mode, n = run_key.split('/')
+    try:
+      mine = checker.collect(None, tx, params, grads='random', steps=meta['steps'],
+                             seed=meta['seed'], mode=mode, devices=[int(n)])
+    except (ValueError, TypeError) as e:
+      raise BadInput(str(e)) from None
+    mine = mine[(mode, int(n))]
+    legacy = {int(step): {k: arrays[name] for k, name in leaves.items()}
+              for step, leaves in run['steps'].items()}
+    results[(mode, int(n))] = {'legacy': legacy, 'tx': mine['tx'],
+                               'replicas': {'legacy': run['replicas'],
+                                            'tx': mine['replicas']['tx']}}
+  report = checker.report(results, index['dtypes'], meta['steps'], args.max_ulp)
+  print(f'against {args.against} (recorded with {meta["legacy"]} on jax {meta["jax"]}, '
+        f'flax {meta["flax"]}):\n{report}')
+  return EXIT_OK if report.ok else EXIT_DIFFERS
+
+
+def _config_entries(path: str) -> list[dict]:
+  try:
+    import tomllib
+  except ImportError:  # Python 3.10
+    import tomli as tomllib
+  file = pathlib.Path(path)
+  if not file.is_file():
+    raise BadInput(f'no --legacy/--tx given and no {path} with [[tool.optim-migrate.check]]')
+  try:
+    config = tomllib.loads(file.read_text())
+  except (OSError, ValueError) as e:
+    raise BadInput(f'{path}: {e}') from None
+  entries = config.get('tool', {}).get('optim-migrate', {}).get('check', [])
+  if isinstance(entries, dict):
+    entries = [entries]
+  if not entries:
+    raise BadInput(f'{path} has no [[tool.optim-migrate.check]] entries')
+  known = {'name', 'legacy', 'tx', 'params', 'devices', 'mode', 'steps', 'seed', 'max-ulp'}
+  for i, entry in enumerate(entries):
+    unknown = set(entry) - known
+    if unknown:
+      raise BadInput(f'{path}: [[tool.optim-migrate.check]] entry {i}: unknown key(s) '
+                     f'{sorted(unknown)}; valid: {sorted(known)}')
+  return entries
+
+
+def cmd_check(args) -> int:
+  try:
+    if args.against:
+      return _check_against(args)
+    if args.tx or args.legacy:
+      return _run_check(args.legacy, args.tx, args.params, args.devices, args.mode,
+                        args.steps, args.seed, args.max_ulp)
+    status = EXIT_OK
+    for i, e in enumerate(_config_entries(args.config)):
+      status = max(status, _run_check(
+          e.get('legacy'), e.get('tx'), e.get('params'), e.get('devices', '1'),
+          e.get('mode', 'pmap'), int(e.get('steps', 20)), int(e.get('seed', 0)),
+          float(e.get('max-ulp', 4)), label=f'[{e.get("name", i)}] '))
+    return status
+  except BadInput as e:
+    print(f'optim-migrate check: {e}', file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def cmd_record(args) -> int:
+  import flax
+  import jax
+  from equivalence_tests import checker
+  try:
+    if not args.legacy:
+      raise BadInput('record needs --legacy')
+    legacy = evaluate(args.legacy, 'legacy', legacy_namespace())
+    params = load_params(args.params)
+    devices = parse_devices(args.devices)
+    try:
+      params = checker.materialize(params, args.seed)
+      results = checker.collect(legacy, None, params, grads='random', steps=args.steps,
+                                seed=args.seed, mode=args.mode, devices=devices)
+    except (ValueError, TypeError) as e:
+      raise BadInput(str(e)) from None
+  except BadInput as e:
+    print(f'optim-migrate record: {e}', file=sys.stderr)
+    return EXIT_BAD_INPUT
+  out = pathlib.Path(args.output)
+  meta = {'legacy': args.legacy, 'steps': args.steps, 'seed': args.seed, 'mode': args.mode,
+          'devices': devices, 'jax': jax.__version__, 'flax': flax.__version__}
+  save_trajectory(out, results, params, meta)
+  print(f'wrote {out}: {args.legacy}, {args.steps} steps, {args.mode} on {devices} device(s), '
+        f'jax {jax.__version__}, flax {flax.__version__}')
+  return EXIT_OK

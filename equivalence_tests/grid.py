@@ -1,0 +1,144 @@
+"""The project's own equivalence grid: every recorded case x devices x {pmap, sharded}.
+
+    XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0" \\
+        python -m equivalence_tests.grid [--devices 1,2,4,8] [--modes pmap,sharded] [--cases ID...]
+
+For each case of ``cases.py`` without ``focus=`` or per-call overrides (those
+run in the shim's pmap grid, ``pmap_run``) and each ``(mode, n)``, the shim
+runs 20 steps through :func:`equivalence_tests.checker.run_pair`; for table
+defs the emitted Optax chain runs beside it. Prints one JSON object::
+
+    {case_id: {"<mode>/<n>": {"shim_vs_golden": ulp, "tx_vs_shim": ulp or null,
+                              "replicas": {"legacy": bool, "tx": bool}}}, "_seconds": s}
+
+``shim_vs_golden`` compares the recorded steps with the golden file of real
+flax.optim. The gradient shares average exactly (``core.reference_grads``),
+so with XLA's backend optimisation off (it contracts multiply-adds
+differently per program) every device count must give the single-device
+numbers. :func:`run` starts the subprocess for you.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+DEVICES = (1, 2, 4, 8)
+#: The cases CI runs (one per emitted Optax form and per kind of def; ``--cases all``
+#: runs every eligible case): ~20 s each on 2 cores.
+REPRESENTATIVE = ('sgd_default', 'momentum_wd_nesterov', 'adam_betas', 'adam_wd', 'adam_bf16',
+                  'adabelief_eps', 'adabelief_wd', 'adadelta_params', 'adadelta_wd',
+                  'adagrad_eps', 'rmsprop_centered', 'lamb_wd', 'lars_nesterov', 'lars_wd',
+                  'adafactor_momentum', 'multi_lars_lamb', 'weightnorm_adam',
+                  'user_sign_momentum', 'user_global_clip_sgd', 'adam_nonfinite')
+MODES = ('pmap', 'sharded')
+NO_BACKEND_OPT = '--xla_backend_optimization_level=0'
+
+
+def converted(case) -> bool:
+  """Cases with an emitted Optax form (what the codemod rewrites)."""
+  from optim_compat import spec
+  _, def_name, kwargs = case
+  return (def_name in spec.SPECS and 'focus' not in kwargs
+          and kwargs.get('apply') in (None, 'lr_decay'))
+
+
+def emitted_tx(case):
+  """The Optax transformation the codemod emits for a converted case."""
+  from optim_compat import spec
+  from equivalence_tests import cases
+  _, def_name, kwargs = case
+  schedule = cases.APPLY[kwargs['apply']][0] if 'apply' in kwargs else None
+  args = {k: repr(v) for k, v in kwargs.items() if k not in ('apply', 'grads')}
+  return spec.tx_from_source(spec.SPECS[def_name].emit(args, learning_rate_injected=bool(schedule)))
+
+
+def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800) -> dict:
+  """Run the grid in one subprocess with ``max(devices)`` CPU devices; the parsed JSON.
+
+  Raises:
+    RuntimeError: the subprocess failed (its stderr is in the message).
+  """
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (f'{env.get("XLA_FLAGS", "")} {NO_BACKEND_OPT} '
+                      f'--xla_force_host_platform_device_count={max(devices)}').strip()
+  env['JAX_PLATFORMS'] = 'cpu'
+  cmd = [sys.executable, '-m', 'equivalence_tests.grid', '--devices',
+         ','.join(map(str, devices)), '--modes', ','.join(modes)]
+  if case_ids:
+    cmd += ['--cases', *case_ids]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+  if proc.returncode != 0:
+    raise RuntimeError(f'equivalence grid failed (exit status {proc.returncode}):\n'
+                       f'{proc.stderr[-4000:]}')
+  return json.loads(proc.stdout)
+
+
+def _steps_as_golden(traj: dict) -> dict:
+  """checker paths (``['a']['b']``) -> golden paths (``a/b``)."""
+  return {step: {path.replace("']['", '/').strip("[]'"): v for path, v in leaves.items()}
+          for step, leaves in traj.items()}
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument('--devices', default=','.join(map(str, DEVICES)))
+  parser.add_argument('--modes', default=','.join(MODES))
+  parser.add_argument('--cases', nargs='+', default=list(REPRESENTATIVE),
+                      help='case ids, or "all" (default: REPRESENTATIVE)')
+  args = parser.parse_args(argv)
+  if args.cases == ['all']:
+    args.cases = None
+  import warnings
+
+  import optim_compat as shim
+  from equivalence_tests import cases, checker, core, record_golden
+  devices = [int(n) for n in args.devices.split(',')]
+  modes = args.modes.split(',')
+  start = time.perf_counter()
+  out: dict = {}
+  for case in cases.CASES:
+    case_id, def_name, kwargs = case
+    if args.cases and case_id not in args.cases:
+      continue
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      opt_def, focus = cases.build(shim, def_name, kwargs)
+    if focus is not None or 'apply' in kwargs:
+      # focus= and per-call overrides run in the shim's pmap grid (tests/test_pmap.py)
+      continue
+    tx = emitted_tx(case) if converted(case) else None
+    golden, _ = record_golden.load(case_id)
+    grads = cases.GRADS.get(kwargs.get('grads'))
+    dtype = cases.DTYPES.get(case_id)
+    for mode in modes:
+      for n in devices:
+        r = checker.run_pair(opt_def, tx, cases.params_for(case_id),
+                             _grads(grads), cases.STEPS, n, mode, cases.SEED)
+        shim_traj = _steps_as_golden(r['legacy'])
+        vs_golden, _ = core.compare({s: shim_traj[s] for s in golden}, golden, dtype)
+        vs_shim = None
+        if tx is not None:
+          vs_shim, _ = core.compare(_steps_as_golden(r['tx']), shim_traj, dtype)
+        out.setdefault(case_id, {})[f'{mode}/{n}'] = {
+            'shim_vs_golden': vs_golden, 'tx_vs_shim': vs_shim, 'replicas': r['replicas']}
+  out['_seconds'] = time.perf_counter() - start
+  json.dump(out, sys.stdout)
+  return 0
+
+
+def _grads(corrupt):
+  """Reference gradient shares (as ``checker``'s random grads), optionally corrupted."""
+  from equivalence_tests import cases, checker, core
+
+  def fn(step, params, device=None, n_devices=1):
+    g = core.reference_grads(params, step, cases.SEED, device, n_devices)
+    return corrupt(step, g) if corrupt else g
+  return checker.PerDeviceGrads(fn)
+
+
+if __name__ == '__main__':
+  sys.exit(main())

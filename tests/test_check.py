@@ -1,0 +1,241 @@
+"""The user-facing equivalence check: API, CLI, pytest plugin, record / verify, grid."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import optim_compat as optim
+from codemod import cli
+from equivalence_tests import cases, checker, core, grid
+from equivalence_tests import check as check_fn
+from optim_compat import spec
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _params():
+  return {'dense': {'kernel': jnp.asarray(np.random.RandomState(1).standard_normal((16, 8)),
+                                          jnp.float32) * 0.1,
+                    'bias': jnp.zeros((8,), jnp.float32)},
+          'scale': jnp.float32(1.5)}
+
+
+def test_single_device_bitwise_match_reports_zero():
+  report = check_fn(optim.Momentum(0.05, beta=0.8, weight_decay=1e-2, nesterov=True),
+                    optax.chain(optax.add_decayed_weights(1e-2),
+                                optax.sgd(0.05, momentum=0.8, nesterov=True)),
+                    _params(), mode='single', max_ulp=0)
+  assert report.ok and report.max_ulp == 0 and report.worst is None
+  assert report.runs == [('single', 1)] and report.steps == 20
+  assert set(report.per_leaf) == {"['dense']['kernel']", "['dense']['bias']", "['scale']"}
+  assert 'OK' in str(report)
+
+
+def test_intrinsic_difference_is_found_and_located():
+  """optax.lamb moves a zero-initialised leaf; legacy LAMB leaves it at 0."""
+  report = check_fn(optim.LAMB(0.01), optax.lamb(0.01), _params(), mode='single', steps=3)
+  assert not report.ok
+  assert report.worst.path == "['dense']['bias']" and report.worst.legacy_value == 0.0
+  assert report.worst.tx_value != 0.0 and report.worst.step in (1, 2, 3)
+  text = str(report)
+  assert 'DIFFERS' in text and "['dense']['bias']" in text and 'over the bound' in text
+
+
+def test_pmap_device_counts_run_in_subprocesses_with_replicas_bitwise():
+  assert jax.local_device_count() == 1  # the test process has one CPU device
+  report = check_fn(optim.Adam(0.01, weight_decay=1e-2), optax.adamw(0.01, weight_decay=1e-2),
+                    _params(), devices=(1, 2, 4), mode='pmap', steps=5, max_ulp=6)
+  assert report.runs == [('pmap', 1), ('pmap', 2), ('pmap', 4)]
+  assert report.replicas_bitwise and all(report.replicas_bitwise.values())
+  assert report.ok, report
+
+
+def test_sharded_mode_shards_the_largest_parameters():
+  assert checker._leaf_spec(np.zeros((128, 128)), 2) == jax.sharding.PartitionSpec(None, 'model')
+  assert checker._leaf_spec(np.zeros((10,)), 2) == jax.sharding.PartitionSpec()
+  params = {'big': jax.ShapeDtypeStruct((64, 32), jnp.float32),
+            'small': jax.ShapeDtypeStruct((3,), jnp.float32)}
+  report = check_fn(optim.GradientDescent(0.1), optax.sgd(0.1), params, devices=(2, 4),
+                    mode='sharded', steps=3, max_ulp=0)
+  assert report.ok and all(report.replicas_bitwise.values()), report
+  with pytest.raises(ValueError, match="'sharded' needs device counts of 1 or an even"):
+    check_fn(optim.GradientDescent(0.1), optax.sgd(0.1), params, devices=(3,), mode='sharded')
+
+
+def test_shape_dtype_struct_params_and_bad_input():
+  shapes = {'w': jax.ShapeDtypeStruct((4, 3), jnp.float32)}
+  report = check_fn(optim.Adagrad(0.1), optim.transforms.adagrad(0.1), shapes, mode='single',
+                    max_ulp=0, steps=4)
+  assert report.ok, report
+  with pytest.raises(ValueError, match=r"params leaf \['n'\] has dtype int32"):
+    check_fn(optim.Adagrad(0.1), optax.sgd(0.1), {'n': jnp.zeros(3, jnp.int32)}, mode='single')
+  with pytest.raises(ValueError, match="mode 'single' runs on one device"):
+    check_fn(optim.Adagrad(0.1), optax.sgd(0.1), shapes, mode='single', devices=(2,))
+  with pytest.raises(ValueError, match='mode must be one of'):
+    check_fn(optim.Adagrad(0.1), optax.sgd(0.1), shapes, mode='jit')
+  with pytest.raises(TypeError, match='tx must be an optax GradientTransformation'):
+    check_fn(optim.Adagrad(0.1), 0.1, shapes, mode='single')
+  from flax.training import train_state
+  other = lambda p: train_state.TrainState.create(apply_fn=None, params={'v': p['w']},
+                                                  tx=optax.sgd(0.1))
+  with pytest.raises(ValueError, match='the TrainState built by tx has params'):
+    check_fn(optim.GradientDescent(0.1), other, shapes, mode='single')
+
+
+def test_train_state_factory_and_loss_gradients():
+  """``tx`` as a TrainState factory; grads from a loss at each optimizer's own params."""
+  from flax.training import train_state
+  x = jnp.linspace(-1, 1, 32, dtype=jnp.float32).reshape(4, 8)
+  loss = lambda p: jnp.mean((jnp.tanh(x @ p['dense']['kernel'].T + 0.1) - p['scale']) ** 2)
+  make = lambda p: train_state.TrainState.create(
+      apply_fn=None, params=p, tx=optax.sgd(0.1, momentum=0.9))
+  report = check_fn(optim.Momentum(0.1), make, _params(), mode='single', steps=10,
+                    grads=lambda step, p: jax.grad(loss)(p), max_ulp=0)
+  assert report.ok, report
+  # a different beta is caught, through the closed loop
+  wrong = lambda p: train_state.TrainState.create(apply_fn=None, params=p,
+                                                  tx=optax.sgd(0.1, momentum=0.8))
+  assert not check_fn(optim.Momentum(0.1), wrong, _params(), mode='single', steps=10,
+                      grads=lambda step, p: jax.grad(loss)(p)).ok
+
+
+def _shapes_file(tmp_path):
+  path = tmp_path / 'shapes.json'
+  path.write_text(json.dumps({'dense': {'kernel': {'shape': [16, 8]}, 'bias': {'shape': [8]}},
+                              'scale': {'shape': [], 'dtype': 'float32'}}))
+  return path
+
+
+def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  shapes = str(_shapes_file(tmp_path))
+  ok = ['check', '--legacy', 'Adam(learning_rate=1e-3, weight_decay=1e-4)',
+        '--tx', 'optax.adamw(1e-3, weight_decay=1e-4)', '--params', shapes, '--mode', 'single',
+        '--steps', '5']
+  assert cli.main(ok) == 0
+  assert 'optimizer equivalence: OK' in capsys.readouterr().out
+  differs = ok[:3] + ['--tx', 'optax.adamw(1e-3, weight_decay=1e-3)'] + ok[5:]
+  assert cli.main(differs) == 1
+  assert 'DIFFERS' in capsys.readouterr().out
+  assert cli.main(ok[:3] + ['--tx', 'optax.adamw(1e-3,'] + ok[5:]) == 2
+  assert "--tx 'optax.adamw(1e-3,' does not evaluate: SyntaxError" in capsys.readouterr().err
+  assert cli.main(ok[:5] + ['--params', 'missing.json', '--mode', 'single']) == 2
+  assert 'missing.json: cannot read' in capsys.readouterr().err
+  assert cli.main(ok[:-4] + ['--mode', 'sharded', '--devices', '3']) == 2
+  assert "'sharded' needs device counts" in capsys.readouterr().err
+  # a module:attribute params source
+  (tmp_path / 'my_model.py').write_text('import numpy as np\n'
+                                        'PARAMS = {"w": np.ones((3, 2), np.float32)}\n')
+  assert cli.main(['check', '--legacy', 'GradientDescent(0.1)', '--tx', 'optax.sgd(0.1)',
+                   '--params', 'my_model:PARAMS', '--mode', 'single', '--max-ulp', '0']) == 0
+
+
+def test_cli_reads_pyproject_entries(tmp_path, capsys):
+  shapes = _shapes_file(tmp_path)
+  config = tmp_path / 'pyproject.toml'
+  config.write_text(textwrap.dedent(f'''
+      [[tool.optim-migrate.check]]
+      name = "adagrad"
+      legacy = "Adagrad(learning_rate=0.1)"
+      tx = "optim_compat.transforms.adagrad(0.1)"
+      params = "{shapes}"
+      mode = "single"
+      max-ulp = 0
+
+      [[tool.optim-migrate.check]]
+      name = "rmsprop-eps-in-sqrt"
+      legacy = "RMSProp(learning_rate=0.01)"
+      tx = "optax.rmsprop(0.01)"
+      params = "{shapes}"
+      mode = "single"
+      steps = 5
+  '''))
+  assert cli.main(['check', '--config', str(config)]) == 1  # optax.rmsprop puts eps in the sqrt
+  out = capsys.readouterr().out
+  assert '[adagrad] optimizer equivalence: OK' in out
+  assert '[rmsprop-eps-in-sqrt] optimizer equivalence: DIFFERS' in out
+  config.write_text('[[tool.optim-migrate.check]]\nlegacy = "Adam(1e-3)"\ntxx = "x"\n')
+  assert cli.main(['check', '--config', str(config)]) == 2
+  assert "unknown key(s) ['txx']" in capsys.readouterr().err
+
+
+def test_record_in_the_old_stack_and_verify_on_the_new(legacy_python, tmp_path, capsys):
+  shapes = _shapes_file(tmp_path)
+  traj = tmp_path / 'traj.npz'
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  proc = subprocess.run(
+      [legacy_python, '-W', 'ignore', '-m', 'codemod.cli', 'record', '--legacy',
+       'Adam(learning_rate=1e-3, weight_decay=1e-4)', '--params', str(shapes),
+       '--devices', '1,2', '--steps', '6', '-o', str(traj)],
+      capture_output=True, text=True, cwd=tmp_path, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert 'jax 0.4.13, flax 0.5.3' in proc.stdout  # recorded by real flax.optim
+  # the migration table's measured bound for Adam -> optax.adamw is 6 ulp
+  assert cli.main(['check', '--against', str(traj), '--tx',
+                   'optax.adamw(1e-3, weight_decay=1e-4)', '--max-ulp', '6']) == 0
+  out = capsys.readouterr().out
+  assert 'recorded with Adam(learning_rate=1e-3, weight_decay=1e-4) on jax 0.4.13' in out
+  assert 'runs: pmapx1, pmapx2' in out
+  assert cli.main(['check', '--against', str(traj), '--tx', 'optax.adamw(2e-3, weight_decay=1e-4)',
+                   '--max-ulp', '6']) == 1
+  truncated = tmp_path / 'truncated.npz'
+  truncated.write_bytes(traj.read_bytes()[:200])
+  assert cli.main(['check', '--against', str(truncated), '--tx', 'optax.adam(1e-3)']) == 2
+  assert 'not a readable trajectory file' in capsys.readouterr().err
+
+
+def test_pytest_plugin_fixture(tmp_path):
+  (tmp_path / 'test_user.py').write_text(textwrap.dedent('''
+      import jax, jax.numpy as jnp, optax, optim_compat
+
+      PARAMS = {'w': jax.ShapeDtypeStruct((5, 3), jnp.float32)}
+
+      def test_same(optim_equivalence):
+        report = optim_equivalence(legacy=optim_compat.GradientDescent(0.1),
+                                   tx=optax.sgd(0.1), params=PARAMS, mode='single', max_ulp=0)
+        assert report.max_ulp == 0
+
+      def test_different(optim_equivalence):
+        optim_equivalence(legacy=optim_compat.GradientDescent(0.1), tx=optax.sgd(0.2),
+                          params=PARAMS, mode='single', steps=2)
+  '''))
+  from importlib import metadata
+  installed = any(e.value == 'equivalence_tests.pytest_plugin'
+                  for e in metadata.entry_points(group='pytest11'))
+  plugin = [] if installed else ['-p', 'equivalence_tests.pytest_plugin']
+  proc = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                         *plugin, str(tmp_path / 'test_user.py')],
+                        capture_output=True, text=True, cwd=tmp_path,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  assert '1 failed, 1 passed' in proc.stdout, proc.stdout[-3000:]
+  assert "optimizer equivalence: DIFFERS" in proc.stdout and "['w']" in proc.stdout
+
+
+@pytest.fixture(scope='module')
+def project_grid():
+  return grid.run()
+
+
+def test_project_grid_every_case_every_device_count(project_grid):
+  ran = [k for k in project_grid if not k.startswith('_')]
+  assert sorted(ran) == sorted(grid.REPRESENTATIVE)
+  for case_id in ran:
+    _, def_name, _ = cases.CASE_BY_ID[case_id]
+    entry = spec.SPECS.get(def_name)
+    low = cases.DTYPES.get(case_id) is not None
+    for key in [f'{m}/{n}' for m in grid.MODES for n in grid.DEVICES]:
+      r = project_grid[case_id][key]
+      assert r['replicas']['legacy'], (case_id, key)
+      assert r['shim_vs_golden'] <= 4, (case_id, key, r)
+      if entry is not None:
+        assert r['replicas']['tx'], (case_id, key)
+        bound = entry.stock_max_ulp_low_precision if low else entry.stock_max_ulp
+        assert r['tx_vs_shim'] <= max(bound, 0), (case_id, key, r)
