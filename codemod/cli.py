@@ -16,7 +16,7 @@ EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 
 #: Modules that add subcommands: each has ``register(subparsers)``, which adds
 #: its parsers with ``set_defaults(func=...)`` (``func(args) -> exit status``).
-EXTRA_COMMANDS: tuple[str, ...] = ('codemod.convert_checkpoint',)
+EXTRA_COMMANDS: tuple[str, ...] = ('codemod.convert_checkpoint', 'equivalence_tests.cli')
 
 
 def cmd_rewrite(args) -> int:
