@@ -18,6 +18,10 @@ CASES = (
     ('adam_wd', 'Adam', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99, 'eps': 1e-6,
                          'weight_decay': 1e-2}),
     ('adam_bf16', 'Adam', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99}),
+    # bfloat16 with the default beta2=0.999, which rounds to 1.0 in bfloat16: legacy's bias
+    # correction 1 - beta2**t is 0, v_hat is inf and the params never move
+    ('adam_bf16_default_beta2', 'Adam', {'learning_rate': 0.01}),
+    ('adabelief_bf16_default_beta2', 'AdaBelief', {'learning_rate': 0.01}),
     # AdaBelief: eps inside the state and outside the sqrt; (g - m_new)^2
     ('adabelief_default', 'AdaBelief', {'learning_rate': 0.01}),
     ('adabelief_eps', 'AdaBelief', {'learning_rate': 0.01, 'beta1': 0.85, 'beta2': 0.99,
@@ -268,7 +272,8 @@ def params_for(case_id: str):
 
 
 #: Cases run in another parameter dtype (default float32).
-DTYPES = {'adam_bf16': 'bfloat16'}
+DTYPES = {'adam_bf16': 'bfloat16', 'adam_bf16_default_beta2': 'bfloat16',
+          'adabelief_bf16_default_beta2': 'bfloat16'}
 
 STEPS = 20
 #: Steps (after that many updates) whose parameters the golden files keep.

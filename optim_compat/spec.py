@@ -88,6 +88,9 @@ class OptimizerSpec:
       bfloat16 run was recorded (None: not measured).
     legacy_module: the def's legacy submodule (``flax.optim.<legacy_module>``;
       default: the lower-cased name).
+    diverges_on: ids of recorded cases (``equivalence_tests/cases.py``) where the
+      emitted Optax chain differs from legacy by more than rounding; each is
+      explained in ``differences`` (the report prints it).
     equation: the legacy update, per parameter leaf ``p`` with gradient ``g``
       and pre-increment step ``t`` (0-based), as legacy flax.optim 0.5.3
       computes it (``shared/legacy-flax-optim.md`` §2).
@@ -104,6 +107,7 @@ class OptimizerSpec:
   stock_max_ulp_low_precision: int | None = None
   legacy_module: str = ''
   equation: str = ''
+  diverges_on: tuple[str, ...] = ()
 
   @property
   def module_name(self) -> str:
@@ -263,7 +267,12 @@ ADAM = OptimizerSpec(
                  '(lr*m_hat)/d, and adamw subtracts the decay in the same update where '
                  'legacy subtracts twice; in bfloat16 legacy raises beta**t with t in '
                  'bfloat16 and optax rounds its float32 bias correction to bfloat16 '
-                 '(measured 17 bfloat16 ulp over 20 steps)'),
+                 '(measured 17 bfloat16 ulp over 20 steps). NOT rounding: in bfloat16 with '
+                 'beta2=0.999 (the default) legacy never trains: 0.999 rounds to 1.0 in '
+                 'bfloat16, its bias correction 1 - beta2**t is 0, v_hat is inf, the update '
+                 'is 0, and elements whose first gradient is 0 become NaN (0/0); optax.adam '
+                 'trains them (recorded: adam_bf16_default_beta2)'),
+    diverges_on=('adam_bf16_default_beta2',),
     equation=('m <- b1*m + (1-b1)*g; v <- b2*v + (1-b2)*g^2; with t+1 in the '
               'parameter dtype: m^ = m/(1-b1^(t+1)), v^ = v/(1-b2^(t+1)); '
               'p <- p - lr*m^/(sqrt(v^)+eps) - lr*wd*p (two subtractions)'),
@@ -332,7 +341,11 @@ ADABELIEF = _rule_entry(
                   HyperParam('weight_decay', 0.0, doc=_LR_SCALED_DECAY)),
     ('grad_ema', 'grad_sq_ema'), rules.adabelief, _adabelief_emit, 7,
     'rounding only on optax >= 0.2 (scale_by_belief with eps_root=eps); optax 0.1.5 used '
-    'the old mean in (g - m) and is intrinsically different',
+    'the old mean in (g - m) and is intrinsically different. NOT rounding: in bfloat16 with '
+    'beta2=0.999 (the default) legacy never trains (0.999 is 1.0 in bfloat16, so its bias '
+    'correction 1 - beta2**t is 0 and the update 0); optax.adabelief trains (recorded: '
+    'adabelief_bf16_default_beta2)',
+    diverges_on=('adabelief_bf16_default_beta2',),
     equation=('m <- b1*m + (1-b1)*g; s <- b2*s + (1-b2)*(g - m)^2 + eps (the new m); '
               'bias correction as Adam; p <- p - lr*m^/(sqrt(s^)+eps) - lr*wd*p'))
 ADADELTA = _rule_entry(
