@@ -6,6 +6,7 @@ machine's noise; ratios are taken per round, then summarised.
 """
 from __future__ import annotations
 
+import itertools
 import re
 import statistics
 import time
@@ -23,19 +24,18 @@ def fmt_range(values: Sequence[float], digits: int = 3) -> str:
   return f'min–max {lo:.{digits}f}–{hi:.{digits}f} over {len(values)}'
 
 
-def interleave(contenders: dict[str, Callable[[], None]], rounds: int,
-               order_flip: bool = True) -> dict[str, list[float]]:
-  """Time each contender once per round, alternating; ``{name: [seconds per round]}``.
+def interleave(contenders: dict[str, Callable[[], None]], rounds: int) -> dict[str, list[float]]:
+  """Time each contender once per round; ``{name: [seconds per round]}``.
 
   Every callable must block until its work is done (``block_until_ready``).
-  With ``order_flip`` the order is reversed every other round, so neither
-  contender always runs first.
+  The order within a round cycles through all permutations of the
+  contenders, so none always runs first, last or after the same one.
   """
   names = list(contenders)
+  orders = list(itertools.permutations(names))
   out = {n: [] for n in names}
   for r in range(rounds):
-    order = names[::-1] if (order_flip and r % 2) else names
-    for n in order:
+    for n in orders[r % len(orders)]:
       t0 = time.perf_counter()
       contenders[n]()
       out[n].append(time.perf_counter() - t0)
@@ -54,3 +54,10 @@ def hlo_op_count(compiled_text: str) -> int:
   """Number of HLO instructions (``name = ...`` lines) in ``Compiled.as_text()``,
   over all computations, fusion bodies included."""
   return len(_HLO_INSTR.findall(compiled_text))
+
+
+def hlo_entry_op_count(compiled_text: str) -> int:
+  """Instructions of the ``ENTRY`` computation only (each fusion counts once):
+  roughly the number of kernels and copies the step runs."""
+  m = re.search(r'^ENTRY [^\n]*\{\n(.*?)^\}', compiled_text, re.M | re.S)
+  return len(_HLO_INSTR.findall(m.group(1))) if m else 0

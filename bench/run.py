@@ -117,7 +117,15 @@ def machine_info() -> dict[str, str]:
           'versions': ', '.join(versions)}
 
 
-def write_results(out: pathlib.Path, quick: bool, results: list, total_s: float) -> None:
+def _loadavg() -> str:
+  try:
+    return ' / '.join(f'{x:.1f}' for x in os.getloadavg())
+  except OSError:
+    return 'n/a'
+
+
+def write_results(out: pathlib.Path, quick: bool, results: list, total_s: float,
+                  load_start: str = 'n/a') -> None:
   """The Markdown table of all metrics (value = median, min–max in the details)."""
   info = machine_info()
   now = datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
@@ -127,6 +135,9 @@ def write_results(out: pathlib.Path, quick: bool, results: list, total_s: float)
            f'- date: {now}',
            f'- machine: {info["machine"]}',
            f'- Python {info["python"]}; {info["versions"]}',
+           f'- load average (1/5/15 min) at start {load_start}, at end {_loadavg()} '
+           '(other processes on the machine add noise; ratios of interleaved runs share it)',
+           '- per-module wall time: ' + ', '.join(f'{m} {s:.0f} s' for m, _, _, s in results),
            '',
            'Ratios are contender / reference, median of per-round ratios of interleaved runs in '
            'one process (below 1 means faster); seconds are wall clock.',
@@ -157,6 +168,7 @@ def main(argv=None) -> int:
   results = []
   failed = False
   t_all = time.perf_counter()
+  load_start = _loadavg()
   for path in discover(args.only):
     metrics, error, seconds = run_module(path, args.quick, timeout)
     for name, value, details in metrics:
@@ -168,7 +180,7 @@ def main(argv=None) -> int:
     results.append((path.stem, metrics, error, seconds))
   out = pathlib.Path(args.out) if args.out else BENCH_DIR / (
       'results-quick.md' if args.quick else 'results.md')
-  write_results(out, args.quick, results, time.perf_counter() - t_all)
+  write_results(out, args.quick, results, time.perf_counter() - t_all, load_start)
   print(f'wrote {out}', file=sys.stderr)
   return 1 if failed else 0
 
