@@ -220,9 +220,20 @@ def _tx_runner(tx, expected_tree):
 # one trajectory
 
 
+def _host(x) -> np.ndarray:
+  # a zero-size pmap output cannot be fetched (jax raises a broadcast error): build it
+  if int(np.prod(np.shape(x))) == 0:
+    return np.zeros(np.shape(x), x.dtype)
+  return np.asarray(x)
+
+
+def _replica0(x) -> np.ndarray:
+  return _host(x)[0]
+
+
 def _replicas_equal_pmap(tree) -> bool:
-  return all(np.array_equal(x[d], x[0], equal_nan=True)
-             for x in map(np.asarray, jax.tree_util.tree_leaves(tree)) for d in range(x.shape[0]))
+  return all(np.array_equal(core.storable(x[d]), core.storable(x[0]), equal_nan=True)
+             for x in map(_host, jax.tree_util.tree_leaves(tree)) for d in range(x.shape[0]))
 
 
 def _replicas_equal_sharded(tree) -> bool:
@@ -272,7 +283,7 @@ def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
     # replicated on the host (numpy) and sharded by pmap itself: no per-leaf device ops
     state = jax.tree_util.tree_map(
         lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), state)
-    first = lambda tree: jax.tree_util.tree_map(lambda x: np.asarray(x)[0], tree)
+    first = lambda tree: jax.tree_util.tree_map(_replica0, tree)
 
     def pstep(s, g):
       # the barrier keeps XLA from fusing pmean's scaling into the optimizer's arithmetic

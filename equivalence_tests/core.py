@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import jax_utils, traverse_util
+from flax import traverse_util
 
 
 def reference_params(seed: int = 0, dtype: str = 'float32') -> dict:
@@ -101,7 +101,8 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
     params: pytree of float arrays.
     n_devices: number of local devices. With ``use_pmap`` (default: when
       ``n_devices > 1``) the optimizer is replicated with
-      ``jax_utils.replicate`` and each step is a ``jax.pmap`` over the first
+      copies on the host (what ``jax_utils.replicate`` produces, without its
+      per-leaf device transfers) and each step is a ``jax.pmap`` over the first
       ``n_devices`` devices with ``pmean``'d gradients; otherwise ``jax.jit``.
     record: steps whose params to return (default: every step 1..steps).
     apply_kwargs: ``step -> dict`` of per-call hyper-parameter overrides
@@ -133,7 +134,8 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
     if len(devices) < n_devices:
       raise RuntimeError(f'need {n_devices} devices, have {len(jax.local_devices())}; '
                          'set XLA_FLAGS=--xla_force_host_platform_device_count=N')
-    opt = jax_utils.replicate(opt, devices=devices)
+    opt = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (n_devices,) + np.shape(x)),
+                                 opt)
 
     def pstep(o, g, k):
       # The barrier keeps XLA from fusing pmean's ``psum * (1/n)`` into the

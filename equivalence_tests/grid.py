@@ -8,14 +8,16 @@ run in the shim's pmap grid, ``pmap_run``) and each ``(mode, n)``, the shim
 runs 20 steps through :func:`equivalence_tests.checker.run_pair`; for table
 defs the emitted Optax chain runs beside it. Prints one JSON object::
 
-    {case_id: {"<mode>/<n>": {"shim_vs_golden": ulp, "tx_vs_shim": ulp or null,
+    {case_id: {"<mode>/<n>": {"shim_vs_golden": ulp, "shim_vs_fewest_devices": ulp,
+                              "tx_vs_shim": ulp or null,
                               "replicas": {"legacy": bool, "tx": bool}}}, "_seconds": s}
 
 ``shim_vs_golden`` compares the recorded steps with the golden file of real
-flax.optim. The gradient shares average exactly (``core.reference_grads``),
-so with XLA's backend optimisation off (it contracts multiply-adds
-differently per program) every device count must give the single-device
-numbers. :func:`run` starts the subprocess for you.
+flax.optim (recorded with XLA's default optimisation: in bfloat16 the grid's
+setting moves Adam by up to 17 bfloat16 ulp from it). The gradient shares
+average exactly (``core.reference_grads``), so with XLA's backend optimisation
+off (it contracts multiply-adds differently per program) every device count
+must give the numbers of the smallest one (``shim_vs_fewest_devices``). :func:`run` starts the subprocess for you.
 """
 from __future__ import annotations
 
@@ -28,12 +30,11 @@ import time
 
 DEVICES = (1, 2, 4, 8)
 #: The cases CI runs (one per emitted Optax form and per kind of def; ``--cases all``
-#: runs every eligible case): ~20 s each on 2 cores.
-REPRESENTATIVE = ('sgd_default', 'momentum_wd_nesterov', 'adam_betas', 'adam_wd', 'adam_bf16',
-                  'adabelief_eps', 'adabelief_wd', 'adadelta_params', 'adadelta_wd',
-                  'adagrad_eps', 'rmsprop_centered', 'lamb_wd', 'lars_nesterov', 'lars_wd',
-                  'adafactor_momentum', 'multi_lars_lamb', 'weightnorm_adam',
-                  'user_sign_momentum', 'user_global_clip_sgd', 'adam_nonfinite')
+#: runs every eligible case).
+REPRESENTATIVE = ('sgd_default', 'momentum_wd_nesterov', 'adam_wd', 'adam_bf16', 'adabelief_wd',
+                  'adadelta_wd', 'adagrad_eps', 'rmsprop_centered', 'lamb_wd', 'lars_nesterov',
+                  'lars_wd', 'adafactor_momentum', 'multi_lars_lamb', 'weightnorm_adam',
+                  'user_global_clip_sgd')
 MODES = ('pmap', 'sharded')
 NO_BACKEND_OPT = '--xla_backend_optimization_level=0'
 
@@ -115,16 +116,20 @@ def main(argv=None) -> int:
     grads = cases.GRADS.get(kwargs.get('grads'))
     dtype = cases.DTYPES.get(case_id)
     for mode in modes:
-      for n in devices:
+      single = None
+      for n in sorted(devices):
         r = checker.run_pair(opt_def, tx, cases.params_for(case_id),
                              _grads(grads), cases.STEPS, n, mode, cases.SEED)
         shim_traj = _steps_as_golden(r['legacy'])
+        single = single or shim_traj
         vs_golden, _ = core.compare({s: shim_traj[s] for s in golden}, golden, dtype)
+        vs_single, _ = core.compare(shim_traj, single, dtype)
         vs_shim = None
         if tx is not None:
           vs_shim, _ = core.compare(_steps_as_golden(r['tx']), shim_traj, dtype)
         out.setdefault(case_id, {})[f'{mode}/{n}'] = {
-            'shim_vs_golden': vs_golden, 'tx_vs_shim': vs_shim, 'replicas': r['replicas']}
+            'shim_vs_golden': vs_golden, 'shim_vs_fewest_devices': vs_single,
+            'tx_vs_shim': vs_shim, 'replicas': r['replicas']}
   out['_seconds'] = time.perf_counter() - start
   json.dump(out, sys.stdout)
   return 0

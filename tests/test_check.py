@@ -225,6 +225,8 @@ def project_grid():
 
 
 def test_project_grid_every_case_every_device_count(project_grid):
+  """Shim and emitted chain x {1, 2, 4, 8} devices x {pmap, sharded}, 20 steps, against
+  each other, the 1-device run and the golden trajectories of real flax.optim."""
   ran = [k for k in project_grid if not k.startswith('_')]
   assert sorted(ran) == sorted(grid.REPRESENTATIVE)
   for case_id in ran:
@@ -234,8 +236,26 @@ def test_project_grid_every_case_every_device_count(project_grid):
     for key in [f'{m}/{n}' for m in grid.MODES for n in grid.DEVICES]:
       r = project_grid[case_id][key]
       assert r['replicas']['legacy'], (case_id, key)
-      assert r['shim_vs_golden'] <= 4, (case_id, key, r)
+      assert r['shim_vs_fewest_devices'] <= 4, (case_id, key, r)
+      # golden: recorded with XLA's default optimisation, the grid runs without it
+      assert r['shim_vs_golden'] <= (18 if low else 4), (case_id, key, r)
       if entry is not None:
         assert r['replicas']['tx'], (case_id, key)
         bound = entry.stock_max_ulp_low_precision if low else entry.stock_max_ulp
-        assert r['tx_vs_shim'] <= max(bound, 0), (case_id, key, r)
+        assert r['tx_vs_shim'] <= bound, (case_id, key, r)
+        if bound == 0:
+          assert r['tx_vs_shim'] == 0.0
+
+
+def test_property_based_random_pytrees_every_table_entry():
+  """hypothesis over nested dict/list/tuple/FrozenDict trees, scalar and zero-size leaves,
+  float32 (+ bfloat16/float16 where measured): shim vs emitted chain on 2 pmap devices."""
+  from equivalence_tests import properties
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=2', PYTHONPATH=str(ROOT))
+  proc = subprocess.run([sys.executable, '-W', 'ignore', '-m', 'equivalence_tests.properties', '5'],
+                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+  pairs = len(properties.HYPER_PARAMS) + 2 * len(properties.LOW_PRECISION)
+  assert f'properties hold: {pairs} entry/dtype pairs' in proc.stdout
+  assert set(properties.HYPER_PARAMS) == set(spec.SPECS)
