@@ -7,6 +7,7 @@ in the same directory plus ``os.replace``, so a file is never half-written.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import io
@@ -86,14 +87,37 @@ def rewrite_source(source: str, path: str = '<string>',
                                'left unchanged (a partial migration would not run)', False)]
     return result
   new_source = new_module.code
-  try:
-    cst.parse_module(new_source)
-  except cst.ParserSyntaxError as e:
-    result.error = f'{path}: internal error, output does not parse ({e.message}); file left as is'
-    return result
+  if new_source != source:
+    problem = _reparse_problem(new_source, source)
+    if problem:
+      result.error = f'{path}: internal error, output does not parse ({problem}); file left as is'
+      return result
   result.new = new_source
   result.findings = command.findings
   return result
+
+
+def _reparse_problem(new_source: str, source: str) -> str | None:
+  """Why ``new_source`` is not valid Python, or None.
+
+  CPython's own parser checks it (0.9 s for 20,000 statements, where a LibCST
+  re-parse takes 7.5 s); LibCST's parser is the judge only when CPython cannot
+  parse the input either (syntax newer than the running interpreter).
+  """
+  try:
+    compile(new_source, '<rewritten>', 'exec', flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+    return None
+  except SyntaxError as e:
+    try:
+      compile(source, '<original>', 'exec', flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+      return f'line {e.lineno}: {e.msg}'
+    except SyntaxError:
+      pass
+  try:
+    cst.parse_module(new_source)
+  except cst.ParserSyntaxError as e:
+    return e.message
+  return None
 
 
 def iter_python_files(paths: Iterable[str]) -> list[pathlib.Path]:

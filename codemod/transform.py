@@ -10,6 +10,8 @@ chains the equivalence tests check.
 from __future__ import annotations
 
 import dataclasses
+import io
+import tokenize
 from typing import Optional
 
 import libcst as cst
@@ -424,9 +426,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
             and self._is_optimizer(a.value)]
 
   def _def_only_uses(self) -> list[cst.Attribute]:
-    return [a for a in self.a.def_attrs
+    if getattr(self, '_def_only_cache', None) is not None:
+      return self._def_only_cache
+    self._def_only_cache = [a for a in self.a.def_attrs
             if id(a) not in self.a.hp_reads and self.binding(a.value) in self.a.def_vars
             and not self._is_hp_chain_part(a)]
+    return self._def_only_cache
 
   def _is_hp_chain_part(self, attr) -> bool:
     return any(r[0] is attr.value and attr.attr.value == 'hyper_params'
@@ -959,7 +964,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
         and id(original) not in self._hp_owner_ids and self._is_optimizer(original.value):
       self.flag(original, rule, f'`.{original.attr.value}` of a flax.optim Optimizer has no '
                                 'TrainState equivalent yet (this file keeps its legacy optimizer code)')
-    if original.attr.value in DEF_ONLY_ATTRS and original in self._def_only_uses():
+    if original.attr.value in DEF_ONLY_ATTRS and any(original is a for a in self._def_only_uses()):
       self.flag(original, 'OM100', f'`.{original.attr.value}` of a flax.optim def has no Optax '
                                    'equivalent (this file keeps its legacy optimizer code)')
     if self.blocked or self.unproven:
@@ -1071,9 +1076,77 @@ class MigrateCommand(CodemodCommand):
     result = wrapper.visit(rewriter)
     self.findings = rewriter.findings
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
-    RemoveImportsVisitor.remove_unused_import(self.context, 'flax', 'optim')
-    RemoveImportsVisitor.remove_unused_import(self.context, 'flax.optim')
-    RemoveImportsVisitor.remove_unused_import(self.context, 'flax')
-    for module, obj, asname in _legacy_imports(tree):
-      RemoveImportsVisitor.remove_unused_import(self.context, module, obj, asname)
-    return result
+    removals = [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
+                *_legacy_imports(tree)]
+    return _fix_imports(self.context, result, removals)
+
+
+def _used_names(code: str) -> tuple[set[str], set[str], int]:
+  """Names ``code`` uses outside import statements (not after a ``.``), the names
+  imports bind, and the last line of an import statement that mentions ``optim``.
+
+  A token scan: it over-approximates use (a shadowing local counts), which is
+  the safe direction for deciding that an import is unused.
+  """
+  used, imported, last_optim_import = set(), set(), 0
+  in_import, start, prev, line_tokens = False, True, None, []
+  for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+    if tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
+      if in_import and 'optim' in line_tokens:
+        last_optim_import = tok.start[0]
+      in_import, start, prev, line_tokens = False, True, None, []
+      continue
+    if tok.type in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT):
+      continue
+    if start:
+      in_import = tok.type == tokenize.NAME and tok.string in ('import', 'from')
+      start = False
+    if tok.type == tokenize.NAME:
+      line_tokens.append(tok.string)
+      if in_import:
+        imported.add(tok.string)
+      elif not (prev is not None and prev.type == tokenize.OP and prev.string == '.'):
+        used.add(tok.string)
+    prev = tok
+  return used, imported, last_optim_import
+
+
+def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Module:
+  """Add the imports the rewrite needs and drop the unused legacy ones.
+
+  LibCST's ``AddImportsVisitor`` only looks at the leading statements, and an
+  import whose name appears nowhere else needs no scope analysis: both run on
+  the module's head (the statements before the first compound statement),
+  which keeps a 20,000-statement file from being re-analysed twice. Only a
+  legacy import whose name still appears (maybe shadowed) gets the whole-module
+  ``RemoveImportsVisitor`` pass.
+  """
+  adds = context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, [])
+  context.scratch.pop(RemoveImportsVisitor.CONTEXT_KEY, None)
+  k = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
+           len(tree.body))
+  head, tail = tree.with_changes(body=tree.body[:k]), list(tree.body[k:])
+  used, _, last_optim_import = _used_names(tree.code)
+  head_lines = head.code.count('\n') + 1
+  if last_optim_import > head_lines:  # a legacy import after the head: the exact pass
+    context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
+    tree = AddImportsVisitor(context).transform_module(tree)
+    return RemoveImportsVisitor(context, removals).transform_module(tree)
+  fast, slow = [], []
+  for module, obj, asname in dict.fromkeys(removals):
+    bound = asname or obj or module.split('.')[0]
+    legacy = module.startswith(LEGACY) or (module == 'flax' and obj == 'optim')
+    if bound not in used:
+      fast.append((module, obj, asname))
+    elif legacy:
+      slow.append((module, obj, asname))
+  if adds:
+    context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
+    head = AddImportsVisitor(context).transform_module(head)
+    context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
+  if fast:
+    head = RemoveImportsVisitor(context, fast).transform_module(head)
+  tree = tree.with_changes(body=[*head.body, *tail])
+  if slow:
+    tree = RemoveImportsVisitor(context, slow).transform_module(tree)
+  return tree
