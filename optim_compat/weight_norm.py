@@ -40,7 +40,31 @@ def _is_split(x) -> bool:
 
 
 class WeightNorm(OptimizerDef):
-  """Weight normalisation around ``wrapped_optimizer`` (legacy defaults ``wn_decay=0``, ``wn_eps=1e-8``)."""
+  """Legacy ``flax.optim.WeightNorm`` (flax.optim 0.5.3): any def run on a (direction, scale) split.
+
+  Args:
+    wrapped_optimizer: the def that updates ``direction`` and ``scale``.
+    wn_decay: L2 added to the direction's gradient, ``wn_decay * v`` (default 0).
+    wn_eps: added under the norm's square root (default 1e-8).
+
+  Per-parameter state (checkpoint keys under ``state/param_states/<path>/``):
+  ``direction_state``, ``scale_state`` (the wrapped def's states), ``direction``,
+  ``scale``. Hyper-parameters: ``_WeightNormHyperParams(inner, wn_decay, wn_eps)``;
+  per-call overrides other than ``wn_decay`` / ``wn_eps`` go to the wrapped def.
+
+  Update (source: legacy ``flax/optim/weight_norm.py``)::
+
+      leaves with size > shape[-1]: w = s * v / sqrt(sum_{axes != last} v^2 + wn_eps)
+      g_v, g_s = vjp of that map at (v, s), applied to g;  g_v += wn_decay * v
+      (v, s) <- wrapped def's step on {'direction': v, 'scale': s};  p = w(v, s)
+      other leaves: v = p, s = () and the wrapped def's step on p
+
+  Optax: there is no stock form; the shim runs this class, and ``to_optax`` wraps
+  it (state: the legacy ``OptimizerState``), which the codemod emits for it.
+
+  Raises:
+    IndexError: a 0-d leaf at ``create``, as in legacy.
+  """
 
   def __init__(self, wrapped_optimizer, wn_decay=0, wn_eps=1e-8):
     _deprecation_warning()
