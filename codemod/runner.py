@@ -35,6 +35,8 @@ PROGRESS_MIN_FILES = 20
 #: Fewer files to parse than this run in-process (a worker's start costs ~1 s of imports).
 POOL_MIN_FILES = 8
 CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes'}
+#: Sub-tables other subcommands read (``[[tool.optim-migrate.check]]``): not ours to check.
+OTHER_KEYS = {'check'}
 
 
 class ConfigError(ValueError):
@@ -74,7 +76,7 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
   if path is None:
     return {}
   table = _read_table(path) or {}
-  unknown = sorted(set(table) - CONFIG_KEYS)
+  unknown = sorted(set(table) - CONFIG_KEYS - OTHER_KEYS)
   if unknown:
     raise ConfigError(f'{path}: [tool.optim-migrate]: unknown key(s) {unknown}; '
                       f'valid: {sorted(CONFIG_KEYS)}')

@@ -327,7 +327,8 @@ def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
   outside.write_text(before)
   (tmp_path / 'pkg' / 'link_out.py').symlink_to(outside)
   (tmp_path / 'pyproject.toml').write_text(
-      '[tool.optim-migrate]\nexclude = ["gen"]\njobs = 2\n')
+      '[tool.optim-migrate]\nexclude = ["gen"]\njobs = 2\n\n'
+      '[[tool.optim-migrate.check]]\nname = "read by optim-migrate check, not rewrite"\n')
   proc = _cli('rewrite', '--write', str(tmp_path), cwd=tmp_path)
   assert proc.returncode == 1, proc.stderr
   assert '20 file(s) scanned: 10 rewritten' in proc.stderr
