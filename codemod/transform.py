@@ -169,6 +169,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.grad_assigns: set[int] = set()  # `a, b = opt.compute_gradient(f)`
     self.restores: list[cst.Call] = []
     self.wn_inner: set[int] = set()      # def calls wrapped by WeightNorm(...)
+    self.opt_factories: set[str] = set()  # module functions returning a new optimizer
+    self._function_stack: list[str] = []
 
   # -- imports: only whether flax.optim is imported ----------------------
   def visit_Import(self, node: cst.Import) -> bool:
@@ -246,6 +248,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
       self.def_attrs.append(node)
 
   def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    self._function_stack.append(node.name.value)
     if node.name.value == 'apply_gradient':
       self.defines_apply_gradient = True
 
@@ -325,12 +328,27 @@ class _Analyzer(_Base, cst.CSTVisitor):
       return True
     if m.matches(func, m.Attribute(attr=m.Name('create'))) and self.is_def(func.value, self.def_vars):
       return True
+    if self.qnames(func) & REPLICATE_FNS:
+      if not value.args:
+        return False
+      arg = value.args[0].value
+      if isinstance(arg, cst.Name):
+        return self.binding(arg) in self.opt_vars
+      return self._produces_optimizer(arg)
     if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate'))):
       return self.binding(func.value) in self.opt_vars
-    if self.qnames(func) & REPLICATE_FNS and value.args:
-      arg = value.args[0].value
-      return isinstance(arg, cst.Name) and self.binding(arg) in self.opt_vars
+    if isinstance(func, cst.Name) and func.value in self.opt_factories:
+      return True  # a function of this module that returns `Def(...).create(...)`
     return False
+
+  def visit_Return(self, node: cst.Return) -> None:
+    if node.value is not None and self._function_stack and (
+        self._produces_optimizer(node.value)
+        or (isinstance(node.value, cst.Name) and self.binding(node.value) in self.opt_vars)):
+      self.opt_factories.add(self._function_stack[-1])
+
+  def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+    self._function_stack.pop()
 
 
 class _Rewriter(_Base, cst.CSTTransformer):
