@@ -170,6 +170,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.restores: list[cst.Call] = []
     self.wn_inner: set[int] = set()      # def calls wrapped by WeightNorm(...)
     self.opt_factories: set[str] = set()  # module functions returning a new optimizer
+    self.escaping: dict[int, cst.CSTNode] = {}  # defs returned or passed to other code
+    self._group_args: set[int] = set()
     self._function_stack: list[str] = []
 
   # -- imports: only whether flax.optim is imported ----------------------
@@ -257,6 +259,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
       self.params.add(b)
       if node.annotation is not None and self.symbol(node.annotation.annotation) == 'Optimizer':
         self.opt_vars.add(b)
+      if node.annotation is not None and self.symbol(node.annotation.annotation) == 'OptimizerDef':
+        self.def_vars[b] = None  # a def of unknown kind: `.create` on it is still converted
 
   def visit_Name(self, node) -> None:
     self._reference(node)
@@ -264,6 +268,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
   def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
     if self.symbol(node.annotation.annotation) == 'Optimizer':
       self.opt_vars.update(self.name_bindings([node.target]))
+    if node.value is not None and (self.legacy_def(node.value) or self.is_user_def(node.value)):
+      self.def_vars.update(dict.fromkeys(self.name_bindings([node.target]), node.value))
 
   def visit_Assign(self, node: cst.Assign) -> None:
     value = node.value
@@ -298,6 +304,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
   def visit_Call(self, node: cst.Call) -> None:
     self.call_funcs.add(id(node.func))
     name = self.legacy_def(node)
+    if name == WEIGHT_NORM:
+      self._group_args.update(id(a) for a in node.args)
     if name:
       self.def_calls.append(node)
       if name == WEIGHT_NORM and node.args and self.legacy_def(node.args[0].value):
@@ -341,7 +349,17 @@ class _Analyzer(_Base, cst.CSTVisitor):
       return True  # a function of this module that returns `Def(...).create(...)`
     return False
 
+  def _is_def_value(self, expr) -> bool:
+    return self.legacy_def(expr) is not None or self.is_user_def(expr) or (
+        isinstance(expr, cst.Name) and self.binding(expr) in self.def_vars)
+
+  def visit_Arg(self, node: cst.Arg) -> None:
+    if self._is_def_value(node.value) and id(node) not in self._group_args:
+      self.escaping[id(node.value)] = node.value
+
   def visit_Return(self, node: cst.Return) -> None:
+    if node.value is not None and self._is_def_value(node.value):
+      self.escaping[id(node.value)] = node.value
     if node.value is not None and self._function_stack and (
         self._produces_optimizer(node.value)
         or (isinstance(node.value, cst.Name) and self.binding(node.value) in self.opt_vars)):
@@ -403,7 +421,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
         or any(self._apply_problem(c) for c in a.apply_calls if self._is_optimizer(c.func.value))
         or any(self._method_problem(c) for c in a.method_calls.values())
         or self._legacy_only_uses() or self._def_only_uses()
-        or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls)))
+        or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls))
+        or bool(a.escaping))
     # a file that never references flax.optim: nothing proves `.apply_gradient` is ours
     self.unproven = not a.uses_legacy
 
@@ -485,6 +504,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     calls = [c for c in self.a.def_calls if self.legacy_def(c) in spec_lib.SPECS]
     if not via_opt:
       calls = [self.a.def_vars[self.binding(recv)]]
+      if calls[0] is None:
+        calls = []
     if len(calls) != 1 or self.legacy_def(calls[0]) not in spec_lib.SPECS:
       return None, ('hyper_params read: no single def in this file says which value it is '
                     '(this file keeps its legacy optimizer code)')
@@ -572,6 +593,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def on_visit(self, node) -> bool:
     if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
       self._pending.append([])
+    if id(node) in self.a.escaping:
+      self.flag(node, 'OM100', f'`{self._code(node)}` is an optimizer def handed to other code '
+                               '(returned or passed as an argument): as an Optax transformation '
+                               'it has no .create(); convert it where it is used (this file keeps '
+                               'its legacy optimizer code)')
     return super().on_visit(node)
 
   def on_leave(self, original, updated):
