@@ -81,7 +81,7 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
   import jax
   import jax.numpy as jnp
   import optax
-  from flax.training import checkpoints, train_state
+  from flax.training import checkpoints
 
   from optim_compat import checkpoint as ck
 

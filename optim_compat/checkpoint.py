@@ -63,16 +63,22 @@ class ReplicatedCheckpointWarning(UserWarning):
 # reading
 
 
+def _is_orbax(path: pathlib.Path) -> bool:
+  return path.is_dir() and any((path / n).exists() for n in (
+      '_CHECKPOINT_METADATA', '_METADATA', 'manifest.ocdbt', 'checkpoint'))
+
+
 def _checkpoint_file(path: pathlib.Path, step: int | None) -> pathlib.Path:
-  """The msgpack file: ``path`` itself, or ``checkpoint_<step>`` (default: latest) in it."""
-  if path.is_file():
+  """The checkpoint: ``path`` itself (a msgpack file or an orbax directory), or
+  ``checkpoint_<step>`` (default: the latest) in the directory ``path``."""
+  if path.is_file() or _is_orbax(path):
     return path
   if not path.exists():
     raise CheckpointError(f'{path}: no such file or directory')
   found = {}
   for child in path.iterdir():
     m = re.fullmatch(r'checkpoint_(\d+)', child.name)
-    if m and child.is_file():
+    if m and (child.is_file() or _is_orbax(child)):
       found[int(m.group(1))] = child
   if not found:
     raise CheckpointError(f'{path}: directory holds no checkpoint_<step> file')
@@ -133,6 +139,16 @@ def read_state_dict(path, step: int | None = None) -> dict:
   """
   import msgpack
   file = _checkpoint_file(pathlib.Path(path), step)
+  if file.is_dir():  # orbax (e.g. written by a migrated program, or --format orbax)
+    from flax.training import checkpoints
+    try:
+      state = checkpoints.restore_checkpoint(str(file.absolute()), target=None)
+    except Exception as e:
+      raise CheckpointError(f'{file}: not a readable orbax checkpoint ({type(e).__name__}: '
+                            f'{e})') from None
+    if not isinstance(state, dict):
+      raise CheckpointError(f'{file}: holds a {type(state).__name__}, not a state dict')
+    return state
   size = file.stat().st_size
   if size == 0:
     raise CheckpointError(f'{file}: empty file, not a flax checkpoint')
@@ -501,8 +517,16 @@ def _step_like(template, step):
   return np.asarray(step, getattr(template, 'dtype', np.int32))
 
 
+def _is_train_state_sd(sd) -> bool:
+  return isinstance(sd, Mapping) and set(sd) >= {'step', 'params', 'opt_state'}
+
+
 def _restore_one(opt_sd, target, where: str, optimizer=None):
-  """One legacy optimizer state dict into a ``TrainState`` or shim ``Optimizer`` target."""
+  """One legacy optimizer state dict into a ``TrainState`` or shim ``Optimizer`` target
+  (a ``TrainState`` state dict into a ``TrainState`` target: checked, then as is)."""
+  if isinstance(target, train_state_lib.TrainState) and _is_train_state_sd(opt_sd):
+    found = _conform(serialization.to_state_dict(target), opt_sd, where)
+    return serialization.from_state_dict(target, found), None
   if not is_legacy_optimizer(opt_sd):
     raise CheckpointError(f'{_join(where, ())}: not a legacy flax.optim Optimizer state dict '
                           f"(expected keys {{'target', 'state': {{'step', 'param_states'}}}}, "
@@ -561,15 +585,19 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
   """Restore a legacy ``flax.optim`` checkpoint into ``target``.
 
   Args:
-    path_or_state_dict: a msgpack checkpoint file, a directory of
-      ``checkpoint_<step>`` files, or an already loaded state dict. Legacy
-      layout (module docstring), at the root or inside a container; a
-      replicated save (step of shape ``(n,)``, every leaf with a leading
-      device axis) is reduced to device 0 with a
+    path_or_state_dict: a msgpack checkpoint file or orbax directory, a
+      directory of ``checkpoint_<step>`` checkpoints, or an already loaded
+      state dict. As ``restore_checkpoint``, a missing path or a directory
+      with no checkpoint yet returns ``target`` unchanged (a fresh run), and a
+      checkpoint already in the ``TrainState`` layout (saved after the
+      migration) is restored as is. Legacy layout (module docstring), at the
+      root or inside a container; a replicated save (step of shape ``(n,)``,
+      every leaf with a leading device axis) is reduced to device 0 with a
       :class:`ReplicatedCheckpointWarning`.
     target: a ``flax.training.train_state.TrainState`` built with the tx the
-      codemod emits for the def (``spec.tx_from_source(SPECS[name].emit(...))``,
-      or ``optim_compat.to_optax(def)`` for MultiOptimizer / WeightNorm), a
+      codemod emits for the def (``spec.tx_from_source(SPECS[name].emit(...))``;
+      ``optax.multi_transform`` of those for MultiOptimizer / ``focus=``), or
+      with ``optim_compat.to_optax(def)`` (any def, WeightNorm included), a
       shim ``Optimizer``, or a container (dict, tuple, namedtuple, dataclass)
       holding them. Only its structure, shapes and dtypes are used.
     optimizer: the legacy def (instance, name or ``"Name(...)"``) when the
@@ -592,13 +620,15 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
   if isinstance(path_or_state_dict, Mapping):
     sd, source = path_or_state_dict, '<state dict>'
   else:
-    sd, source = read_state_dict(path_or_state_dict, step), str(path_or_state_dict)
+    path = pathlib.Path(path_or_state_dict)
+    if step is None and (not path.exists() or (path.is_dir() and not _is_orbax(path) and not any(
+        re.fullmatch(r'checkpoint_\d+', c.name) for c in path.iterdir()))):
+      return target  # as restore_checkpoint: nothing saved yet (a fresh run)
+    sd, source = read_state_dict(path, step), str(path)
   sd = _normalize_namedtuples(sd)
-  where = ''
   if _is_opt(target):
-    if isinstance(target, train_state_lib.TrainState) and set(sd) >= {'params', 'opt_state'}:
-      raise CheckpointError(f'{source}: already a TrainState checkpoint (keys {sorted(sd)}); '
-                            f'restore it with flax.training.checkpoints.restore_checkpoint')
+    if _is_train_state_sd(sd) and isinstance(target, train_state_lib.TrainState):
+      return _restore_one(sd, target, '')[0]  # saved after the migration: as is
     found = find_legacy_optimizers(sd)
     if not found:
       raise CheckpointError(f'{source}: no legacy flax.optim optimizer state in it '
@@ -851,9 +881,8 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
 
 
 def _atomic_target(dst: pathlib.Path, force: bool):
-  if dst.exists() or dst.is_symlink():
-    if not force:
-      raise FileExistsError(f'{dst}: already exists (pass --force to replace it)')
+  if (dst.exists() or dst.is_symlink()) and not force:
+    raise FileExistsError(f'{dst}: already exists (pass --force to replace it)')
   dst.parent.mkdir(parents=True, exist_ok=True)
 
 
