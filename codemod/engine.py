@@ -35,6 +35,11 @@ class FileResult:
   findings: list[Finding] = dataclasses.field(default_factory=list)
   error: str | None = None
   encoding: str = 'utf-8'
+  cells: list[int] | None = None  # notebooks: the cell of each finding
+
+  def where(self, i: int) -> str:
+    """The file (``nb.ipynb:cell3`` in a notebook) of finding ``i``."""
+    return self.path if self.cells is None else f'{self.path}:cell{self.cells[i]}'
 
   @property
   def changed(self) -> bool:
@@ -168,11 +173,41 @@ def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None
 
 
 def rewrite_file(path: pathlib.Path, options: Options | None = None) -> FileResult:
-  """Rewrite one file in memory (``result.encoding`` is the file's encoding)."""
+  """Rewrite one file in memory (``result.encoding`` is the file's encoding).
+
+  A ``.ipynb`` notebook is rewritten cell by cell (``codemod.notebook``); its
+  findings carry ``<path>:cell<N>`` as their file.
+  """
+  if path.suffix == '.ipynb':
+    return _rewrite_notebook_file(path, options)
   try:
     source, encoding = read_source(path)
   except (OSError, UnicodeDecodeError, SyntaxError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
   result = rewrite_source(source, str(path), options)
   result.encoding = encoding
+  return result
+
+
+def _rewrite_notebook_file(path: pathlib.Path, options) -> FileResult:
+  from codemod import notebook
+  try:
+    text = path.read_bytes().decode('utf-8')
+  except (OSError, UnicodeDecodeError) as e:
+    return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
+  result = FileResult(str(path), text)
+  if not any(marker in text for marker in MARKERS):
+    result.new = text
+    return result
+  try:
+    new, findings, error = notebook.rewrite_notebook(text, str(path), options)
+  except notebook.NotebookError as e:
+    result.error = str(e)
+    return result
+  if error:
+    result.error = error
+    return result
+  result.new = new
+  result.findings = [f for _, f in findings]
+  result.cells = [c for c, _ in findings]
   return result

@@ -128,7 +128,8 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
                            and not _is_venv(d / n) and not excluded((d / n).relative_to(p)))
       for name in filenames:
         f = d / name
-        if not name.endswith('.py') or name.startswith('.') or excluded(f.relative_to(p)):
+        if not name.endswith(('.py', '.ipynb')) or name.startswith('.') \
+            or excluded(f.relative_to(p)):
           continue
         if f.is_symlink():
           try:
@@ -209,9 +210,9 @@ def report_entries(result: engine.FileResult) -> list[dict]:
   if result.error:
     return [{'file': result.path, 'line': None, 'column': None, 'rule': None, 'safety': None,
              'message': result.error, 'applied': False}]
-  return [{'file': result.path, 'line': f.line, 'column': f.col, 'rule': f.rule,
+  return [{'file': result.where(i), 'line': f.line, 'column': f.col, 'rule': f.rule,
            'safety': RULES[f.rule].safety, 'message': f.message, 'applied': f.fixed}
-          for f in result.findings]
+          for i, f in enumerate(result.findings)]
 
 
 def _split(values) -> Optional[tuple[str, ...]]:
@@ -283,8 +284,9 @@ def cmd_rewrite(args) -> int:
     if result.error:
       print(result.error, file=sys.stderr)
       continue
-    for finding in result.manual:
-      print(finding.format(result.path), file=sys.stderr)
+    for i, finding in enumerate(result.findings):
+      if not finding.fixed:
+        print(finding.format(result.where(i)), file=sys.stderr)
     if result.changed:
       if args.write:
         try:
