@@ -170,7 +170,7 @@ def _noop_one(source: str) -> str:
 
 def run(quick: bool) -> list[tuple[str, float, str]]:
   from codemod import engine
-  n_files, rounds = (30, 1) if quick else (1000, 2)
+  n_files, rounds = (20, 1) if quick else (1000, 2)
   n_traced = 0 if quick else 10
   out = []
   with tempfile.TemporaryDirectory(prefix='bench-codemod-') as tmp:
@@ -238,7 +238,7 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
                 f'in-process LibCST no-op on the same text {noop:.2f} s (ratio {ours / noop:.1f}); '
                 f'error={res.error is not None}; known slow, single measurement'))
   if quick:
-    out = [(n, v, d + '; --quick: 30-file tree, 1 round') for n, v, d in out]
+    out = [(n, v, d + '; --quick: 20-file tree, 1 round') for n, v, d in out]
   return out
 
 

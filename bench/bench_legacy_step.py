@@ -93,7 +93,7 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
         f'TrainState+emitted Optax {summary(r["shim_vs_stock"])[0]:.3f}; HLO ops shim '
         f'{ops["shim"]} / real {ops["real"]} / stock {ops["stock"]}; compile ratio shim/real '
         f'{summary(r["compile"])[0]:.3f}; {r["n_params"]} params, batch {r["batch"]}; real '
-        f'{r["real_ms"]:.2f} ms per step' + ('; --quick: tiny CNN + MultiOptimizer only' if quick else '')))
+        f'{r["real_ms"]:.2f} ms per step' + ('; --quick: tiny MLP + MultiOptimizer only' if quick else '')))
   return out
 
 

@@ -226,7 +226,7 @@ def sizes(quick: bool):
   if quick:
     models = {'mlp': (MLP(hidden=(64, 32)), False, (16, 8, 8, 1)),
               'cnn': (CNN(features=(4, 8)), True, (8, 8, 8, 1))}
-    configs = [('cnn', 'multi')]  # BatchNorm, and Adam + Momentum groups
+    configs = [('mlp', 'multi')]  # Adam + Momentum groups
     return models, configs, 3, 2, 1
   models = {'mlp': (MLP(), False, (128, 28, 28, 1)),
             'cnn': (CNN(), True, (64, 28, 28, 1))}
@@ -264,7 +264,7 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
               f'lower+compile seconds, shim / TrainState+emitted Optax chain, all configs; '
               f'{fmt_range(all_compile)}'))
   if quick:
-    out = [(n, v, d + '; --quick: tiny CNN + MultiOptimizer only') for n, v, d in out]
+    out = [(n, v, d + '; --quick: tiny MLP + MultiOptimizer only') for n, v, d in out]
   return out
 
 

@@ -1,4 +1,4 @@
-"""Run every benchmark: ``python bench/run.py [--quick] [--out PATH] [--only NAME ...]``.
+"""Run every benchmark: ``python bench/run.py [--quick] [--out PATH] [--only NAME ...] [--jobs N]``.
 
 Discovers ``bench/bench_*.py``; each module exposes ``run(quick: bool) ->
 list[tuple[str, float, str]]`` (metric name, value, details). Each module runs
@@ -16,6 +16,7 @@ of interleaved contenders, times are seconds; min–max are in the details.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import importlib.util
 import json
@@ -160,6 +161,9 @@ def main(argv=None) -> int:
   parser.add_argument('--only', nargs='*', help='module names to run (e.g. shim_step)')
   parser.add_argument('--timeout', type=float, default=None,
                       help='per-module limit in seconds (default 120 quick, 1800 full)')
+  parser.add_argument('--jobs', type=int, default=1,
+                      help='modules run at once (default 1; more only for smoke runs: '
+                           'concurrent modules disturb each other\'s timings)')
   parser.add_argument('--child', help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
@@ -169,15 +173,18 @@ def main(argv=None) -> int:
   failed = False
   t_all = time.perf_counter()
   load_start = _loadavg()
-  for path in discover(args.only):
-    metrics, error, seconds = run_module(path, args.quick, timeout)
-    for name, value, details in metrics:
-      print(f'{name}: {fmt_value(value)} ({details})', flush=True)
-    print(f'[{path.name}: {len(metrics)} metric(s) in {seconds:.1f} s]', file=sys.stderr, flush=True)
-    if error:
-      failed = True
-      print(f'{path.name} FAILED after {seconds:.1f} s: {error}', file=sys.stderr, flush=True)
-    results.append((path.stem, metrics, error, seconds))
+  paths = discover(args.only)
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+    futures = [pool.submit(run_module, path, args.quick, timeout) for path in paths]
+    for path, future in zip(paths, futures):  # printed in discovery order
+      metrics, error, seconds = future.result()
+      for name, value, details in metrics:
+        print(f'{name}: {fmt_value(value)} ({details})', flush=True)
+      print(f'[{path.name}: {len(metrics)} metric(s) in {seconds:.1f} s]', file=sys.stderr, flush=True)
+      if error:
+        failed = True
+        print(f'{path.name} FAILED after {seconds:.1f} s: {error}', file=sys.stderr, flush=True)
+      results.append((path.stem, metrics, error, seconds))
   out = pathlib.Path(args.out) if args.out else BENCH_DIR / (
       'results-quick.md' if args.quick else 'results.md')
   write_results(out, args.quick, results, time.perf_counter() - t_all, load_start)

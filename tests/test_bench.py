@@ -16,7 +16,8 @@ EXPECTED = ('shim_vs_optax_step[', 'shim_vs_legacy_step[', 'codemod_vs_libcst_no
 
 def test_quick_run_prints_finite_positive_metrics(tmp_path):
   out = tmp_path / 'results.md'
-  proc = subprocess.run([sys.executable, str(ROOT / 'bench' / 'run.py'), '--quick', '--out', str(out)],
+  proc = subprocess.run([sys.executable, str(ROOT / 'bench' / 'run.py'), '--quick', '--jobs', '2',
+                         '--out', str(out)],
                         capture_output=True, text=True, cwd=str(ROOT), timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]
   lines = [l for l in proc.stdout.splitlines() if l.strip()]
