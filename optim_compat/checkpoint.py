@@ -751,9 +751,12 @@ def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
   """``"Adam(learning_rate=1e-3, beta1=0.9)"`` -> ``('Adam', {'learning_rate': '1e-3', ...})``.
 
   Positional arguments take the legacy order (``spec.SPECS[name].hyper_params``).
+  Values must be literal numbers, booleans or None; a non-literal
+  ``learning_rate`` (e.g. ``config.lr``) is dropped, as it is not in the state.
 
   Raises:
-    CheckpointError: not a call of a table entry, or an unknown argument.
+    CheckpointError: not a call of a table entry, an unknown argument, or a
+      non-literal value.
   """
   try:
     node = ast.parse(text.strip(), mode='eval').body
@@ -767,16 +770,28 @@ def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
     raise CheckpointError(f'--optimizer {text!r}: expected one of {sorted(spec.SPECS)} '
                           f'called with its legacy arguments')
   entry = spec.SPECS[name]
-  args = {}
+  pairs = []
   for i, a in enumerate(node.args):
     if i >= len(entry.hyper_params):
       raise CheckpointError(f'--optimizer {text!r}: too many positional arguments')
-    args[entry.hyper_params[i].name] = ast.unparse(a)
+    pairs.append((entry.hyper_params[i].name, a))
   for kw in node.keywords:
     if kw.arg not in entry.hyper_param_names:
       raise CheckpointError(f'--optimizer {text!r}: {name} has no argument {kw.arg!r}; '
                             f'valid: {list(entry.hyper_param_names)}')
-    args[kw.arg] = ast.unparse(kw.value)
+    pairs.append((kw.arg, kw.value))
+  args = {}
+  for key, value in pairs:
+    try:
+      literal = ast.literal_eval(value)
+      ok = literal is None or isinstance(literal, (bool, int, float))
+    except ValueError:
+      ok = False
+    if ok:
+      args[key] = ast.unparse(value)
+    elif key != 'learning_rate':  # the learning rate is not in the state layout
+      raise CheckpointError(f'--optimizer {text!r}: {key}={ast.unparse(value)} must be a number, '
+                            f'True/False or None')
   return name, args
 
 
@@ -868,7 +883,11 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
     if 'learning_rate' not in args or args['learning_rate'] == 'None':
       args = dict(args, learning_rate='0.0')  # not in the state layout; set it in the train step
     source = spec.SPECS[name].emit(args, learning_rate_injected)
-    tx = spec.tx_from_source(source)
+    try:
+      tx = spec.tx_from_source(source)
+    except Exception as e:  # noqa: BLE001 - any failure building it is the argument's
+      raise CheckpointError(f'--optimizer {optimizer!r}: cannot build {source}: '
+                            f'{type(e).__name__}: {e}') from None
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter('always', ReplicatedCheckpointWarning)
       stripped, _ = _strip_replicas(opt_sd, where) if np.ndim(opt_sd['state']['step']) else (opt_sd, None)

@@ -420,6 +420,15 @@ def test_cli_directory_step_container_and_inference(legacy, tmp_path, capsys):
   assert _cli(legacy['dir'] / 'lars_params', tmp_path / 'x', '--step', 5) == 2
   assert 'pass --optimizer' in capsys.readouterr().err and not (tmp_path / 'x').exists()
   assert _cli(legacy['dir'] / 'adagrad_eps', tmp_path / 'y', '--step', 99) == 2
+  for bad in ('Foo()', 'Adam(foo=1)', 'Adam(', "Adam(beta1='x')", 'Adam(beta1=b1)'):
+    assert _cli(_ckpt(legacy, 'adam_betas'), tmp_path / 'y', '--optimizer', bad) == 2
+    assert '--optimizer' in capsys.readouterr().err
+  assert _cli(_ckpt(legacy, 'adagrad_eps'), tmp_path / 'y', '--optimizer', 'Adam') == 2
+  assert 'grad_ema: missing from the checkpoint' in capsys.readouterr().err
+  assert not (tmp_path / 'y').exists()
+  # a learning rate taken from the user's code is not in the state: accepted
+  assert _cli(_ckpt(legacy, 'adam_betas'), tmp_path / 'y', '--optimizer',
+              'Adam(learning_rate=config.lr, beta1=0.85, beta2=0.99, eps=1e-6)') == 0
   # a container: the optimizer converted, the rest copied
   assert _cli(_ckpt(legacy, 'container_dict'), tmp_path / 'z', '--optimizer', 'Adam') == 0
   sd = ck.read_state_dict(tmp_path / 'z')
