@@ -10,6 +10,10 @@ with the tx the codemod emits for ``--optimizer``; the rest of a container is
 copied unchanged. DST restores with
 ``flax.training.checkpoints.restore_checkpoint(DST, target=state)``.
 
+``--optimizer`` names one table entry (the codemod's tx for it is rebuilt from the
+table); MultiOptimizer and WeightNorm checkpoints need their traversals or inner def
+and restore through ``optim_compat.checkpoint.restore_legacy(path, state)`` instead.
+
 Exit status: 0 written; 2 nothing written (unreadable SRC, structure mismatch,
 existing DST without ``--force``, bad ``--optimizer``). SRC is only read.
 """
