@@ -1,4 +1,6 @@
-"""``equivalence_grid_seconds``: wall time of the full pmap equivalence grid.
+"""``equivalence_grid_seconds``: wall time of the full pmap equivalence grid;
+``equivalence_table_grid_seconds``: of ``equivalence_tests.grid`` (shim and
+emitted chain, pmap and sharded, what CI runs).
 
 Full run: ``equivalence_tests.pmap_run.run_device_counts([1, 2, 4, 8])``, i.e.
 every case of ``equivalence_tests/cases.py`` on 1, 2, 4 and 8 host CPU devices,
@@ -43,10 +45,18 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
   seconds = time.perf_counter() - t0
   n_cases = len(cases.CASES)
   ok = all(v['replicas_bitwise'] for per_n in result.values() for v in per_n.values())
+  from equivalence_tests import grid
+  t0 = time.perf_counter()
+  table = grid.run()
+  table_seconds = time.perf_counter() - t0
   return [('equivalence_grid_seconds', seconds,
            f'seconds, one run of pmap_run.run_device_counts({list(COUNTS)}): {n_cases} cases x '
            f'{len(COUNTS)} device counts, {os.cpu_count()} cores, default XLA flags; '
-           f'all replicas bitwise: {ok}; goal <= 60')]
+           f'all replicas bitwise: {ok}; goal <= 60'),
+          ('equivalence_table_grid_seconds', table_seconds,
+           f'seconds, one run of equivalence_tests.grid.run(): {len(grid.REPRESENTATIVE)} cases x '
+           f'{len(grid.DEVICES)} device counts x {len(grid.MODES)} modes, shim and emitted Optax '
+           f'chain (the grid CI runs; {table["_seconds"]:.0f} s inside the subprocess)')]
 
 
 if __name__ == '__main__':
