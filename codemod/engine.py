@@ -13,6 +13,7 @@ import difflib
 import io
 import os
 import pathlib
+import re
 import tempfile
 import tokenize
 from typing import Iterable
@@ -23,8 +24,25 @@ from libcst.codemod import CodemodContext
 from codemod.rules import Options
 from codemod.transform import Finding, MigrateCommand
 
-#: Cheap text prefilter: files without any of these are not parsed.
+#: Words a file the codemod acts on must contain (see :func:`may_need_rewrite`).
 MARKERS = ('optim', 'apply_gradient', '.target')
+_WORD_FLAX = re.compile(r'\bflax\b')
+_WORD_OPTIM = re.compile(r'\boptim\b')
+
+
+def may_need_rewrite(text: str) -> bool:
+  """Cheap text prefilter, before any parse: False only for files the codemod leaves alone.
+
+  Every rule needs ``flax.optim`` referenced in the file (which takes the words
+  ``flax`` and ``optim``, in every import form) except the flag on
+  ``.apply_gradient`` calls in files that never import it. So ``torch.optim``,
+  ``optimizer = optax.adam(...)`` or another library's ``.target`` alone do not
+  cost a parse.
+  """
+  if 'apply_gradient' in text:
+    return True
+  return ('optim' in text and 'flax' in text and _WORD_OPTIM.search(text) is not None
+          and _WORD_FLAX.search(text) is not None)
 
 
 @dataclasses.dataclass
@@ -66,7 +84,7 @@ def rewrite_source(source: str, path: str = '<string>',
     the source does not parse or the rewrite failed.
   """
   result = FileResult(path, source)
-  if not any(marker in source for marker in MARKERS):
+  if not may_need_rewrite(source):
     result.new = source
     return result
   try:
@@ -196,7 +214,7 @@ def _rewrite_notebook_file(path: pathlib.Path, options) -> FileResult:
   except (OSError, UnicodeDecodeError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
   result = FileResult(str(path), text)
-  if not any(marker in text for marker in MARKERS):
+  if not may_need_rewrite(text):
     result.new = text
     return result
   try:

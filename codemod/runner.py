@@ -152,7 +152,7 @@ def _candidate(path: pathlib.Path) -> bool:
     data = path.read_bytes()
   except OSError:
     return True  # let rewrite_file report it
-  return any(marker.encode() in data for marker in engine.MARKERS)
+  return engine.may_need_rewrite(data.decode('latin-1'))
 
 
 def _progress(total: int):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import re
 import tokenize
 from typing import Optional
 
@@ -1113,16 +1114,105 @@ class MigrateCommand(CodemodCommand):
     self.findings: list[Finding] = []
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-    wrapper = cst.MetadataWrapper(tree, unsafe_skip_copy=True)
+    reduced, originals = _reduce(tree)
+    wrapper = cst.MetadataWrapper(reduced, unsafe_skip_copy=True)
     analysis = _Analyzer()
     wrapper.visit(analysis)
     rewriter = _Rewriter(self.context, analysis, self.options)
-    result = wrapper.visit(rewriter)
+    result = _restore(wrapper.visit(rewriter), originals)
     self.findings = rewriter.findings
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
     removals = [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
-                *_legacy_imports(tree)]
+                *_legacy_imports(tree)] if analysis.uses_legacy else []
     return _fix_imports(self.context, result, removals)
+
+
+#: Words a top-level statement needs for any rule to see it (or a name another such statement binds).
+_RELEVANT = re.compile(
+    r'\b(optim|apply_gradient|target|step|state|replicate|unreplicate|compute_gradients?|optimize'
+    r'|hyper_params|optimizer_def|create|restore_checkpoint|from_state_dict|from_bytes|nn'
+    r'|DynamicScale|dynamic_scale|ModelParamTraversal|OptimizerDef|Optimizer|OptimizerState)\b')
+_KEEP = '__optim_migrate_kept_{}__'
+_MIN_REDUCE = 8  # top-level statements below which the whole module is analysed as is
+
+
+def _top_level_names(stmt) -> set[str]:
+  """Module-level names ``stmt`` binds (defs, classes, plain assignment targets)."""
+  if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+    return {stmt.name.value}
+  names = set()
+  if isinstance(stmt, cst.SimpleStatementLine):
+    for small in stmt.body:
+      targets = ([t.target for t in small.targets] if isinstance(small, cst.Assign) else
+                 [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else [])
+      for t in targets:
+        names.update(n.value for n in _names_in(t))
+  return names
+
+
+def _names_in(expr):
+  if isinstance(expr, cst.Name):
+    yield expr
+  elif isinstance(expr, (cst.Tuple, cst.List)):
+    for e in expr.elements:
+      yield from _names_in(e.value)
+
+
+def _reduce(tree: cst.Module):
+  """The module with top-level statements no rule can see replaced by line-preserving
+  placeholders (``pass  # __optim_migrate_kept_N__``), and the originals.
+
+  A statement is kept when it is an import, mentions a word of :data:`_RELEVANT`,
+  or mentions a name bound by a kept statement (to a fixpoint). Scope analysis
+  is then spent on the legacy code, not on a module's other 90%; line numbers
+  (finding positions) stay those of the original.
+  """
+  body = list(tree.body)
+  if len(body) < _MIN_REDUCE:
+    return tree, {}
+  empty = cst.Module(body=[])
+  codes = [empty.code_for_node(st) for st in body]
+  keep = [bool(_RELEVANT.search(c)) or (
+      isinstance(st, cst.SimpleStatementLine)
+      and any(isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body))
+      for st, c in zip(body, codes)]
+  bound: set[str] = set()
+  while True:
+    new = set().union(*(_top_level_names(st) for st, k in zip(body, keep) if k)) - bound
+    if not new:
+      break
+    bound |= new
+    pattern = re.compile(r'\b(' + '|'.join(map(re.escape, sorted(new))) + r')\b')
+    keep = [k or bool(pattern.search(c)) for k, c in zip(keep, codes)]
+  if all(keep):
+    return tree, {}
+  originals, reduced = {}, []
+  for i, (st, k, c) in enumerate(zip(body, keep, codes)):
+    if k:
+      reduced.append(st)
+      continue
+    n_lines = c.count('\n')
+    originals[_KEEP.format(i)] = st
+    reduced.append(cst.SimpleStatementLine(
+        body=[cst.Pass()], leading_lines=[cst.EmptyLine()] * max(n_lines - 1, 0),
+        trailing_whitespace=cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace('  '), comment=cst.Comment('# ' + _KEEP.format(i)))))
+  return tree.with_changes(body=reduced), originals
+
+
+def _restore(tree: cst.Module, originals: dict) -> cst.Module:
+  """Put the statements :func:`_reduce` set aside back in place."""
+  if not originals:
+    return tree
+  body = []
+  for st in tree.body:
+    comment = (st.trailing_whitespace.comment if isinstance(st, cst.SimpleStatementLine)
+               else None)
+    key = comment.value[2:] if comment is not None else None
+    body.append(originals.pop(key) if key in originals else st)
+  if originals:
+    raise RuntimeError(f'internal error: {len(originals)} statement(s) lost while rewriting')
+  return tree.with_changes(body=body)
 
 
 def _used_names(code: str) -> tuple[set[str], set[str], int]:

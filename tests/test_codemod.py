@@ -445,3 +445,46 @@ def test_notebook_rewritten_cell_by_cell_and_runs(tmp_path):
   bad.write_text('{"cells": [{"cell_type": "code", "source": "from flax import optim\\ndef f(:"}]}')
   proc = _cli('rewrite', str(bad))
   assert proc.returncode == 2 and f'{bad}:cell0:2:' in proc.stderr
+
+
+def test_prefilter_skips_lookalikes_and_misses_no_legacy_file():
+  """What the text prefilter skips, the codemod (run without it) would neither change nor flag."""
+  from libcst.codemod import CodemodContext
+  from codemod.transform import MigrateCommand
+  torch = ('import torch\n\ndef fit(model, batch):\n  opt = torch.optim.SGD(model.parameters(), 0.1)\n'
+           '  optimizer = opt\n  return batch.target, optimizer\n')
+  modern = 'import flax\nimport optax\n\noptimizer = optax.adam(1e-3)\nprint(state.target)\n'
+  assert not engine.may_need_rewrite(torch) and not engine.may_need_rewrite(modern)
+  sources = [torch, modern, (ROOT / 'examples/legacy/train_digits.py').read_text()]
+  sources += [p.read_text() for p in sorted(FIXTURES.glob('*/*.py'))]
+  sources += [p.read_text() for p in sorted(PROGRAMS.glob('*.py'))]
+  skipped = 0
+  for source in sources:
+    if engine.may_need_rewrite(source):
+      continue
+    skipped += 1
+    command = MigrateCommand(CodemodContext(filename='x.py'))
+    assert command.transform_module(cst.parse_module(source)).code == source
+    assert command.findings == []
+  assert skipped >= 5  # the lookalikes, the no-op fixtures and migrated outputs
+
+
+def test_statements_no_rule_can_see_are_set_aside_without_changing_the_result(monkeypatch):
+  """The scope analysis runs on the legacy part of a long module only: same output, same
+  finding positions as analysing all of it."""
+  from codemod import transform
+  filler = ''.join(f'\n\ndef helper_{i}(values, scale={i}):\n  """Totals."""\n  total = 0\n'
+                   f'  for v in values:\n    total += v * scale\n  return total\n\n\n'
+                   f'TABLE_{i} = {{"alpha": {i}, "beta": [1, 2]}}\n' for i in range(12))
+  for case in ('from_import_lr_at_apply', 'om008_multi_optimizer', 'om012_hyper_params',
+               'om007_annotations', 'legacy_only_attrs'):
+    before = (FIXTURES / case / 'before.py').read_text()
+    source = before.replace('\n\ndef ', filler + '\n\ndef ', 1) + filler
+    monkeypatch.setattr(transform, '_MIN_REDUCE', 10 ** 9)
+    whole = engine.rewrite_source(source, 'w.py')
+    monkeypatch.setattr(transform, '_MIN_REDUCE', 8)
+    reduced, originals = transform._reduce(cst.parse_module(source))
+    assert len(originals) >= 24, case  # the helpers and tables are set aside
+    part = engine.rewrite_source(source, 'w.py')
+    assert part.new == whole.new and part.changed, case
+    assert [f.format('w.py') for f in part.findings] == [f.format('w.py') for f in whole.findings]
