@@ -488,3 +488,32 @@ def test_statements_no_rule_can_see_are_set_aside_without_changing_the_result(mo
     part = engine.rewrite_source(source, 'w.py')
     assert part.new == whole.new and part.changed, case
     assert [f.format('w.py') for f in part.findings] == [f.format('w.py') for f in whole.findings]
+
+
+def test_unsafe_checkpoint_restore_rewrite_restores_a_legacy_checkpoint():
+  """OM013 (--unsafe-fixes): from_bytes of a legacy optimizer -> restore_legacy, which gives the
+  TrainState the legacy optimizer's params, step and moments."""
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import serialization
+  import optim_compat as optim
+  source = ('from flax import optim\nfrom flax import serialization\n\n\n'
+            'def restore(params, blob):\n'
+            '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
+            '  return serialization.from_bytes(opt, blob)\n')
+  result = engine.rewrite_source(source, 'c.py', Options(unsafe_fixes=True))
+  assert 'optim_compat.checkpoint.restore_legacy(serialization.msgpack_restore(blob), opt)' \
+      in result.new
+  ns = {}
+  exec(compile(result.new, 'c.py', 'exec'), ns)
+  params = {'w': jnp.linspace(-1, 1, 6, dtype=jnp.float32)}
+  legacy = optim.Adam(learning_rate=1e-3).create(params)
+  for _ in range(3):
+    legacy = legacy.apply_gradient({'w': jnp.cos(legacy.target['w'])})
+  state = ns['restore'](params, serialization.to_bytes(legacy))
+  np.testing.assert_array_equal(state.params['w'], legacy.target['w'])
+  assert int(state.step) == 3
+  # and it keeps training like the legacy optimizer
+  g = {'w': jnp.sin(legacy.target['w'])}
+  np.testing.assert_allclose(state.apply_gradients(grads=g).params['w'],
+                             legacy.apply_gradient(g).target['w'], rtol=1e-6)
