@@ -168,6 +168,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.def_attrs: list[cst.Attribute] = []
     self.method_calls: dict[int, cst.Call] = {}  # id(call) of opt.replicate()/unreplicate()
     self.grad_assigns: set[int] = set()  # `a, b = opt.compute_gradient(f)`
+    self.optimize_assigns: set[int] = set()  # `opt, loss = opt.optimize(f)`
+    self.optimize_calls: list[cst.Call] = []
     self.restores: list[cst.Call] = []
     self.wn_inner: set[int] = set()      # def calls wrapped by WeightNorm(...)
     self.opt_factories: set[str] = set()  # module functions returning a new optimizer
@@ -292,6 +294,21 @@ class _Analyzer(_Base, cst.CSTVisitor):
         and len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star):
       self.grad_assigns.add(id(node))
       self.handled.add(id(value.func))
+    if (len(targets) == 1 and m.matches(targets[0], m.Tuple())
+        and m.matches(value, m.Call(func=m.Attribute(value=m.Name(), attr=m.Name('optimize'))))
+        and len(targets[0].elements) in (2, 3)
+        and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name)
+                for e in targets[0].elements)
+        and value.func.value.value not in {e.value.value for e in targets[0].elements[1:]}
+        and len(value.args) >= 1 and value.args[0].keyword is None
+        and all(not a.star for a in value.args)
+        and all(a.keyword is not None and a.keyword.value == 'learning_rate'
+                for a in value.args[1:])):
+      self.optimize_assigns.add(id(node))
+      self.optimize_calls.append(value)
+      self.handled.add(id(value.func))
+      self.opt_vars.update(self.name_bindings([targets[0].elements[0].value]))
+      self.rebound.difference_update(self.name_bindings([targets[0].elements[0].value]))
 
   def _passes_name_through(self, value, targets) -> bool:
     """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
@@ -380,7 +397,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self.opts = options
     self.findings: list[Finding] = []
     self._pending: list[list[str]] = []
-    overrides = [self._kwargs(c) for c in analysis.apply_calls]
+    overrides = [self._kwargs(c) for c in [*analysis.apply_calls, *analysis.optimize_calls]]
     self.inject_lr = any('learning_rate' in k for k in overrides)
     self.mixed_lr = self.inject_lr and not all('learning_rate' in k for k in overrides)
     # one def we cannot convert leaves every optimizer in the file legacy: then
@@ -996,6 +1013,39 @@ class _Rewriter(_Base, cst.CSTTransformer):
     targets = [updated.targets[0].with_changes(target=new_target)]
     return updated.with_changes(targets=targets,
                                 value=value.visit(_Substitute({'F': fn, 'R': recv})))
+
+  def leave_SimpleStatementLine(self, original: cst.SimpleStatementLine,
+                                updated: cst.SimpleStatementLine):
+    """``new, loss[, aux] = opt.optimize(f[, learning_rate=lr])`` -> value_and_grad, then
+    apply_gradients: two statements (OM011)."""
+    if (len(original.body) != 1 or id(original.body[0]) not in self.a.optimize_assigns
+        or self.blocked or self.unproven
+        or not self._is_optimizer(original.body[0].value.func.value)):
+      return updated
+    assign = updated.body[0]
+    call = assign.value
+    recv, fn = call.func.value, call.args[0].value
+    names = [e.value for e in assign.targets[0].target.elements]
+    self._add_import('jax')
+    subs = {'F': fn, 'R': recv, 'A': names[0], 'L': names[1]}
+    if len(names) == 2:
+      first = 'L, grads_from_optimize = jax.value_and_grad(F)(R.params)'
+    else:
+      first = '(L, X), grads_from_optimize = jax.value_and_grad(F, has_aux=True)(R.params)'
+      subs['X'] = names[2]
+    lr = self._kwargs(call).get('learning_rate')
+    if lr is not None:
+      second = ('A = R.replace(opt_state=optax.tree_utils.tree_set(R.opt_state, '
+                'learning_rate=LR)).apply_gradients(grads=grads_from_optimize)')
+      subs['LR'] = lr.value
+      self._add_import('optax')
+    else:
+      second = 'A = R.apply_gradients(grads=grads_from_optimize)'
+    self.fixed(original, 'OM011', 'optimize(f) -> jax.value_and_grad(f)(opt.params), then '
+                                  'apply_gradients (two statements)')
+    line1 = updated.with_changes(body=[cst.parse_statement(first).body[0].visit(_Substitute(subs))])
+    line2 = cst.parse_statement(second).visit(_Substitute(subs))
+    return cst.FlattenSentinel([line1, line2.with_changes(leading_lines=[])])
 
   def leave_Name(self, original: cst.Name, updated: cst.Name):
     return self._rewrite_reference(original, updated)

@@ -517,3 +517,20 @@ def test_unsafe_checkpoint_restore_rewrite_restores_a_legacy_checkpoint():
   g = {'w': jnp.sin(legacy.target['w'])}
   np.testing.assert_allclose(state.apply_gradients(grads=g).params['w'],
                              legacy.apply_gradient(g).target['w'], rtol=1e-6)
+
+
+def test_migrated_optimize_matches_the_shim():
+  import jax.numpy as jnp
+  import numpy as np
+  import optim_compat as optim
+  ns = _exec_after('om011_optimize')
+  params = {'w': jnp.linspace(-1, 1, 6, dtype=jnp.float32)}
+  loss_fn = lambda p: jnp.sum(p['w'] ** 2)
+  aux_fn = lambda p: (jnp.sum(jnp.sin(p['w'])), 'aux')
+  w, loss, loss2, aux = ns['train'](params, loss_fn, aux_fn, 0.1)
+  legacy = optim.Adam(learning_rate=1e-3).create(params)
+  legacy, l1 = legacy.optimize(loss_fn, learning_rate=0.1)
+  legacy, l2, a2 = legacy.optimize(aux_fn, learning_rate=0.05)
+  np.testing.assert_allclose(w['w'], legacy.target['w'], rtol=1e-6)
+  assert float(loss) == float(l1) and aux == a2 == 'aux'
+  np.testing.assert_allclose(loss2, l2, atol=1e-6)  # params after one Adam step: rounding apart

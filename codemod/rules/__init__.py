@@ -35,7 +35,8 @@ RULES = {r.id: r for r in (
     Rule('OM009', 'unsafe', '`opt.replicate()` -> `jax_utils.replicate(opt)`: legacy also averaged '
                             'the gradients over the pmap axis inside `apply_gradient`'),
     Rule('OM010', 'safe', '`opt.unreplicate()` -> `jax_utils.unreplicate(opt)`'),
-    Rule('OM011', 'safe', '`opt.compute_gradient(f)` -> `jax.value_and_grad(f)(opt.params)`'),
+    Rule('OM011', 'safe', '`opt.compute_gradient(f)` -> `jax.value_and_grad(f)(opt.params)`; '
+                          '`opt.optimize(f)` -> that, then `apply_gradients`'),
     Rule('OM012', 'safe', '`opt.optimizer_def.hyper_params.<name>` -> the literal the def was built with'),
     Rule('OM013', 'unsafe', 'restoring a legacy optimizer checkpoint -> '
                             '`optim_compat.checkpoint.restore_legacy` (the checkpoint on disk must '
