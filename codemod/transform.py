@@ -943,10 +943,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
     extra = set(kw) - {keyword, 'step', 'ckpt_dir', 'state', 'encoded_bytes'}
     if not landed or not self.opts.fixable('OM013') or extra or len(updated.args) > 3 \
         or (short != 'restore_checkpoint' and 'step' in kw):
-      self.flag(original, 'OM013', f'{short} restores a flax.optim Optimizer: a legacy checkpoint '
-                                   'needs optim_compat.checkpoint.restore_legacy(path_or_state_dict, '
-                                   'target) (unsafe fix: --unsafe-fixes), a TrainState one '
-                                   'restores as is')
+      self.flag(original, 'OM013', f'{short} restores a flax.optim Optimizer with arguments the '
+                                   'codemod does not convert: use optim_compat.checkpoint.'
+                                   'restore_legacy(path_or_state_dict, target[, step=]), which reads '
+                                   'legacy and TrainState checkpoints')
       return updated
     source_arg = positional[0].value if (index == 1 or keyword in kw) and positional else None
     if short == 'restore_checkpoint':
@@ -964,7 +964,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     import optim_compat.checkpoint  # noqa: F401 - the converter has landed
     self._add_import('optim_compat.checkpoint')
     self.fixed(original, 'OM013', f'{short}(..., optimizer) -> optim_compat.checkpoint.'
-                                  'restore_legacy: the checkpoint must be in the legacy layout')
+                                  'restore_legacy: legacy checkpoints are converted, TrainState ones '
+                                  'and fresh runs behave as before')
     return cst.parse_expression(src).visit(_Substitute({'S': source_arg, 'T': target}))
 
   def _rewrite_apply(self, original, updated):

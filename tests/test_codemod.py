@@ -490,9 +490,9 @@ def test_statements_no_rule_can_see_are_set_aside_without_changing_the_result(mo
     assert [f.format('w.py') for f in part.findings] == [f.format('w.py') for f in whole.findings]
 
 
-def test_unsafe_checkpoint_restore_rewrite_restores_a_legacy_checkpoint():
-  """OM013 (--unsafe-fixes): from_bytes of a legacy optimizer -> restore_legacy, which gives the
-  TrainState the legacy optimizer's params, step and moments."""
+def test_checkpoint_restore_rewrite_restores_a_legacy_checkpoint():
+  """OM013: from_bytes of a legacy optimizer -> restore_legacy, which gives the TrainState the
+  legacy optimizer's params, step and moments."""
   import jax.numpy as jnp
   import numpy as np
   from flax import serialization
@@ -501,7 +501,7 @@ def test_unsafe_checkpoint_restore_rewrite_restores_a_legacy_checkpoint():
             'def restore(params, blob):\n'
             '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
             '  return serialization.from_bytes(opt, blob)\n')
-  result = engine.rewrite_source(source, 'c.py', Options(unsafe_fixes=True))
+  result = engine.rewrite_source(source, 'c.py')
   assert 'optim_compat.checkpoint.restore_legacy(serialization.msgpack_restore(blob), opt)' \
       in result.new
   ns = {}

@@ -38,9 +38,9 @@ RULES = {r.id: r for r in (
     Rule('OM011', 'safe', '`opt.compute_gradient(f)` -> `jax.value_and_grad(f)(opt.params)`; '
                           '`opt.optimize(f)` -> that, then `apply_gradients`'),
     Rule('OM012', 'safe', '`opt.optimizer_def.hyper_params.<name>` -> the literal the def was built with'),
-    Rule('OM013', 'unsafe', 'restoring a legacy optimizer checkpoint -> '
-                            '`optim_compat.checkpoint.restore_legacy` (the checkpoint on disk must '
-                            'be in the legacy layout)'),
+    Rule('OM013', 'safe', 'restoring an optimizer checkpoint -> '
+                          '`optim_compat.checkpoint.restore_legacy` (legacy layout converted; a '
+                          'TrainState-layout checkpoint or none yet behaves as restore_checkpoint)'),
     Rule('OM100', 'manual', 'a flax.optim use this version cannot convert safely'),
     Rule('OM101', 'manual', 'legacy optimizer def not in the migration table yet'),
     Rule('OM102', 'manual', 'per-call hyper-parameter override other than learning_rate, or mixed '
