@@ -74,8 +74,10 @@ def main(argv=None) -> int:
     path = args.out / f'{case_id}.npz'
     if args.check:
       old = np.load(path)
+      # bitwise: bytes, dtype and shape (NaN payloads included, which == would reject)
       same = sorted(old.files) == sorted(arrays) and all(
-          np.array_equal(old[k], arrays[k]) for k in arrays)
+          old[k].dtype == arrays[k].dtype and old[k].shape == arrays[k].shape
+          and old[k].tobytes() == arrays[k].tobytes() for k in arrays)
       print(f'{case_id}: {"bitwise equal" if same else "DIFFERS"} to {path}')
       failures += not same
     else:
