@@ -932,6 +932,10 @@ def write_checkpoint(sd, dst, fmt: str = 'flax', force: bool = False) -> pathlib
           f.write(serialization.msgpack_serialize(sd))
         f.flush()
         os.fsync(f.fileno())
+      # mkstemp creates 0600; a checkpoint gets the usual mode (0666 minus the umask)
+      umask = os.umask(0)
+      os.umask(umask)
+      os.chmod(tmp, 0o666 & ~umask)
       if dst.is_dir() and not dst.is_symlink():
         shutil.rmtree(dst)
       os.replace(tmp, dst)
