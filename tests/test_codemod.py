@@ -397,6 +397,46 @@ def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_pyth
     assert not np.array_equal(new['head/bias'], new['init/head/bias'])
 
 
+def test_replicated_program_resumes_a_real_legacy_checkpoint(legacy_python, tmp_path):
+  """pmap on 2 devices with `optimizer.replicate()` (an unsafe fix) and a schedule: real
+  flax.optim 0.5.3 trains 12 steps and saves a checkpoint at step 6; the migrated program
+  restores that legacy checkpoint (OM013 -> restore_legacy) and finishes the run on the modern
+  stack, matching the legacy continuation."""
+  import numpy as np
+  source = (PROGRAMS / 'legacy_replicate_checkpoint.py').read_text()
+  safe_only = engine.rewrite_source(source, 'p.py')
+  # without --unsafe-fixes the file keeps its legacy optimizer code, with the OM009 TODO
+  assert [f.rule for f in safe_only.manual] == ['OM009']
+  assert 'optim.Adam(beta1=0.85' in safe_only.new and 'TODO(optim-migrate): OM009' in safe_only.new
+  result = engine.rewrite_source(source, 'p.py', Options(unsafe_fixes=True))
+  assert result.error is None and result.changed
+  assert 'optim_compat.checkpoint.restore_legacy(' in result.new
+  assert 'jax_utils.replicate(optimizer)' in result.new
+  migrated = tmp_path / 'migrated.py'
+  migrated.write_text(result.new)
+  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu',
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+  (tmp_path / 'old').mkdir()
+  (tmp_path / 'new').mkdir()
+  proc = subprocess.run([legacy_python, str(PROGRAMS / 'legacy_replicate_checkpoint.py'),
+                         str(tmp_path / 'old'), str(tmp_path / 'old.npz')],
+                        capture_output=True, text=True, cwd=tmp_path, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  legacy_checkpoint = (tmp_path / 'old' / 'checkpoint').read_bytes()
+  (tmp_path / 'new' / 'checkpoint').write_bytes(legacy_checkpoint)
+  proc = subprocess.run([sys.executable, str(migrated), str(tmp_path / 'new'),
+                         str(tmp_path / 'new.npz')], capture_output=True, text=True,
+                        cwd=tmp_path, env=env)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (tmp_path / 'new' / 'checkpoint').read_bytes() == legacy_checkpoint  # never modified
+  old, new = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
+  assert int(old['step']) == int(new['step']) == 12
+  np.testing.assert_allclose(new['losses'], old['losses'][6:], rtol=1e-6)
+  for key in old.files:
+    if key not in ('losses', 'step'):
+      np.testing.assert_allclose(new[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
+
+
 NOTEBOOKS = FIXTURES.parent / 'notebooks'
 
 
