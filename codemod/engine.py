@@ -90,7 +90,7 @@ def rewrite_source(source: str, path: str = '<string>',
   try:
     module = cst.parse_module(source)
   except cst.ParserSyntaxError as e:
-    result.error = f'{path}:{e.editor_line}:{e.editor_column}: cannot parse: {e.message}'
+    result.error = _parse_error(path, source, e)
     return result
   command = MigrateCommand(CodemodContext(filename=path), options)
   try:
@@ -109,6 +109,18 @@ def rewrite_source(source: str, path: str = '<string>',
                                f'this file needs fixes {", ".join(rules)}, which are not selected: '
                                'left unchanged (a partial migration would not run)', False)]
     return result
+  converted = [f for f in command.findings if f.fixed and f.rule in _CONVERSIONS]
+  # a flag that says the file keeps its legacy code, raised after other uses were converted
+  uncertain = [f for f in command.findings if not f.fixed and f.rule == 'OM100'
+               and f.message.endswith(KEEPS_LEGACY)]
+  if converted and uncertain and not options.keep_legacy:
+    # a blocking OM100 item found only after other uses were converted: the result would be
+    # half-migrated, so the file keeps its legacy optimizer code (second pass)
+    kept = rewrite_source(source, path, dataclasses.replace(options, keep_legacy=True))
+    seen = {(f.line, f.col, f.rule) for f in kept.findings}
+    kept.findings = [*kept.findings, *(
+        f for f in uncertain if (f.line, f.col, f.rule) not in seen)]
+    return kept
   new_source = new_module.code
   if new_source != source:
     problem = _reparse_problem(new_source, source)
@@ -118,6 +130,24 @@ def rewrite_source(source: str, path: str = '<string>',
   result.new = new_source
   result.findings = command.findings
   return result
+
+
+KEEPS_LEGACY = '(this file keeps its legacy optimizer code)'
+#: Fixes that change optimizer code (OM005 imports and OM006 DynamicScale paths do not).
+_CONVERSIONS = frozenset({'OM001', 'OM002', 'OM003', 'OM004', 'OM007', 'OM008', 'OM009', 'OM010',
+                          'OM011', 'OM012', 'OM013'})
+
+
+def _parse_error(path: str, source: str, error: cst.ParserSyntaxError) -> str:
+  """``path:line:col: cannot parse: message``, positioned by CPython where it can."""
+  try:
+    compile(source, path, 'exec', dont_inherit=True)
+  except SyntaxError as e:
+    if e.lineno:
+      return f'{path}:{e.lineno}:{e.offset or 1}: cannot parse: {e.msg}'
+  except (ValueError, OverflowError):
+    pass
+  return f'{path}:{error.editor_line}:{error.editor_column}: cannot parse: {error.message}'
 
 
 def _reparse_problem(new_source: str, source: str) -> str | None:

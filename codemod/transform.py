@@ -404,6 +404,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     # usages are not rewritten either (half-migrated code would not run)
     self.blocked = False
     self.unproven = False
+    self.bound_names: set[str] = set()
     self._legacy_attr_ids = {id(a) for a in analysis.legacy_attrs}
     self._bad_refs: dict[int, tuple[str, str]] = {}
     self._hp_values: dict[int, str] = {}
@@ -432,8 +433,15 @@ class _Rewriter(_Base, cst.CSTTransformer):
       recv, _, via_opt = a.hp_reads[attr_id]
     # `opt.optimizer_def` consumed by a converted hyper_params read
     self._hp_owner_ids = {id(self._hp_owner(i)) for i in self._hp_values}
+    conflicts = sorted(self.bound_names & EMITTED_NAMES) if a.uses_legacy else []
+    if conflicts and (a.def_calls or a.create_calls or a.apply_calls):
+      self.flag(node, 'OM100', f'{", ".join(f"`{n}`" for n in conflicts)} is bound to something '
+                               'else in this file, and the rewrite would use that name for the '
+                               'module it imports: rename it, then rerun (this file keeps its '
+                               'legacy optimizer code)')
     self.blocked = bool(
-        self.mixed_lr or self._bad_refs or self._bad_hp
+        self.opts.keep_legacy or conflicts
+        or self.mixed_lr or self._bad_refs or self._bad_hp
         or any(self._def_problem(c) for c in a.def_calls)
         or any(self._create_problem(c) for c in a.create_calls)
         or any(self._apply_problem(c) for c in a.apply_calls if self._is_optimizer(c.func.value))
@@ -1052,6 +1060,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return self._rewrite_reference(original, updated)
 
   def leave_Attribute(self, original: cst.Attribute, updated: cst.Attribute):
+    if (original.attr.value == 'apply_gradient' and id(original) not in self.a.call_funcs
+        and (self._is_optimizer(original.value) or (
+            isinstance(original.value, cst.Name)
+            and self.binding(original.value) in self.a.opt_vars))):
+      # e.g. jax.jit(opt.apply_gradient): a method reference has no TrainState counterpart
+      self.flag(original, 'OM100', '`.apply_gradient` used as a value (not called) cannot be '
+                                   'converted: call it, or convert by hand (this file keeps its '
+                                   'legacy optimizer code)')
     replaced = self._rewrite_reference(original, updated)
     if replaced is not updated:
       return replaced
@@ -1154,6 +1170,67 @@ class _Substitute(cst.CSTTransformer):
     return self.subs.get(updated.value, updated)
 
 
+#: Module names the rewrite may import and use.
+EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util'})
+
+
+class _Bindings(cst.CSTVisitor):
+  """Names bound by anything but an import (assignments, parameters, defs, loops, ...)."""
+
+  def __init__(self):
+    self.names: set[str] = set()
+
+  def _add(self, target) -> None:
+    if isinstance(target, cst.Name):
+      self.names.add(target.value)
+    elif isinstance(target, (cst.Tuple, cst.List)):
+      for element in target.elements:
+        self._add(element.value)
+    elif isinstance(target, cst.StarredElement):
+      self._add(target.value)
+
+  def visit_AssignTarget(self, node):
+    self._add(node.target)
+
+  def visit_AnnAssign(self, node):
+    self._add(node.target)
+
+  def visit_AugAssign(self, node):
+    self._add(node.target)
+
+  def visit_NamedExpr(self, node):
+    self._add(node.target)
+
+  def visit_For(self, node):
+    self._add(node.target)
+
+  def visit_CompFor(self, node):
+    self._add(node.target)
+
+  def visit_WithItem(self, node):
+    if node.asname is not None:
+      self._add(node.asname.name)
+
+  def visit_ExceptHandler(self, node):
+    if node.name is not None:
+      self._add(node.name.name)
+
+  def visit_Param(self, node):
+    self._add(node.name)
+
+  def visit_FunctionDef(self, node):
+    self._add(node.name)
+
+  def visit_ClassDef(self, node):
+    self._add(node.name)
+
+
+def _bound_names(tree: cst.Module) -> set[str]:
+  visitor = _Bindings()
+  tree.visit(visitor)
+  return visitor.names
+
+
 class MigrateCommand(CodemodCommand):
   """LibCST codemod: legacy flax.optim -> Optax + flax.training.train_state."""
 
@@ -1170,6 +1247,7 @@ class MigrateCommand(CodemodCommand):
     analysis = _Analyzer()
     wrapper.visit(analysis)
     rewriter = _Rewriter(self.context, analysis, self.options)
+    rewriter.bound_names = _bound_names(tree)  # the whole module, set-aside statements too
     result = _restore(wrapper.visit(rewriter), originals)
     self.findings = rewriter.findings
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays

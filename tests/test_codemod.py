@@ -574,3 +574,21 @@ def test_migrated_optimize_matches_the_shim():
   np.testing.assert_allclose(w['w'], legacy.target['w'], rtol=1e-6)
   assert float(loss) == float(l1) and aux == a2 == 'aux'
   np.testing.assert_allclose(loss2, l2, atol=1e-6)  # params after one Adam step: rounding apart
+
+
+def test_method_reference_and_name_conflicts_keep_the_file_legacy():
+  """Found by review: both used to leave a half-migrated file that crashed."""
+  method_ref = ('import jax\nfrom flax import optim\n'
+                'opt = optim.GradientDescent(learning_rate=0.1).create(params)\n'
+                'step = jax.jit(opt.apply_gradient)\nopt = step(params)\nprint(opt.target)\n')
+  result = engine.rewrite_source(method_ref, 'm.py')
+  assert 'optim.GradientDescent(learning_rate=0.1).create(params)' in result.new
+  assert 'TrainState' not in result.new and 'from flax import optim' in result.new
+  assert [f.rule for f in result.manual] == ['OM100']
+  assert '`.apply_gradient` used as a value' in result.manual[0].message
+  shadowed = ('from flax import optim\n\ndef init(params):\n  train_state = {"epoch": 0}\n'
+              '  opt = optim.Adam(learning_rate=0.1).create(params)\n  return opt, train_state\n')
+  result = engine.rewrite_source(shadowed, 's.py')
+  assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'optax' not in result.new
+  assert [f.rule for f in result.manual] == ['OM100']
+  assert '`train_state` is bound to something else' in result.manual[0].message
