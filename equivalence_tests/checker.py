@@ -417,8 +417,9 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
 
   Raises:
     ValueError: unknown mode, a device count < 1, ``'single'`` with more than
-      one device, ``'sharded'`` with an odd count > 1, a non-float leaf, a
-      ``TrainState`` whose params tree differs from ``params``.
+      one device, ``'sharded'`` with an odd count > 1, a negative ``max_ulp``,
+      ``params`` without leaves, a non-float leaf, a ``TrainState`` whose
+      params tree differs from ``params``.
     TypeError: ``tx`` is neither a GradientTransformation nor a callable.
   """
   if mode not in MODES:
@@ -433,6 +434,10 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
                      f"model mesh with a model axis of 2), got {devices}")
   if steps < 1:
     raise ValueError(f'steps must be >= 1, got {steps}')
+  if not max_ulp >= 0:
+    raise ValueError(f'max_ulp must be >= 0, got {max_ulp}')
+  if not jax.tree_util.tree_leaves(params):
+    raise ValueError('params has no leaves: nothing to check')
   materialize(params, seed)  # validates leaves before any subprocess starts
   results = collect(legacy, tx, params, grads=grads, steps=steps, seed=seed, mode=mode,
                     devices=devices)

@@ -128,7 +128,10 @@ def load_params(spec: str):
 
     def build(node, where):
       if isinstance(node, dict) and 'shape' in node:
-        return jax.ShapeDtypeStruct(tuple(node['shape']), np.dtype(node.get('dtype', 'float32')))
+        try:
+          return jax.ShapeDtypeStruct(tuple(node['shape']), np.dtype(node.get('dtype', 'float32')))
+        except (TypeError, ValueError) as e:
+          raise BadInput(f'--params {spec}: {where or "/"}: {e}') from None
       if isinstance(node, dict):
         return {k: build(v, f'{where}/{k}') for k, v in node.items()}
       raise BadInput(f'--params {spec}: {where or "/"} is neither an object of leaves nor '
@@ -233,6 +236,9 @@ def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, ma
     raise BadInput('check needs --legacy and --tx (or --against with --tx, or '
                    '[[tool.optim-migrate.check]] entries)')
   legacy = evaluate(legacy_expr, 'legacy', legacy_namespace())
+  if not hasattr(legacy, 'create'):
+    raise BadInput(f'--legacy {legacy_expr!r} is a {type(legacy).__name__}, not an optimizer def '
+                   '(e.g. "Adam(learning_rate=1e-3)")')
   tx = evaluate(tx_expr, 'tx', tx_namespace())
   params = load_params(params_spec)
   try:

@@ -131,6 +131,16 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
   assert 'missing.json: cannot read' in capsys.readouterr().err
   assert cli.main(ok[:-4] + ['--mode', 'sharded', '--devices', '3']) == 2
   assert "'sharded' needs device counts" in capsys.readouterr().err
+  assert cli.main(['check', '--legacy', '1 + 1', '--tx', 'optax.sgd(0.1)', '--params', shapes]) == 2
+  assert "--legacy '1 + 1' is a int, not an optimizer def" in capsys.readouterr().err
+  (tmp_path / 'odd.json').write_text('{"w": {"shape": [2], "dtype": "float99"}}')
+  assert cli.main(ok[:5] + ['--params', 'odd.json', '--mode', 'single']) == 2
+  assert "odd.json: /w:" in capsys.readouterr().err
+  (tmp_path / 'empty.json').write_text('{}')
+  assert cli.main(ok[:5] + ['--params', 'empty.json', '--mode', 'single']) == 2
+  assert 'params has no leaves' in capsys.readouterr().err
+  assert cli.main(ok + ['--max-ulp', '-1']) == 2
+  assert 'max_ulp must be >= 0' in capsys.readouterr().err
   # a module:attribute params source
   (tmp_path / 'my_model.py').write_text('import numpy as np\n'
                                         'PARAMS = {"w": np.ones((3, 2), np.float32)}\n')
