@@ -475,11 +475,7 @@ def report(results: dict, dtypes: dict, steps: int, max_ulp: float) -> Report:
     for who, ok in r['replicas'].items():
       replicas[(mode, n, who)] = ok
     legacy, tx = r['legacy'], r['tx']
-    scales = {}
-    for leaves in legacy.values():
-      for path, v in leaves.items():
-        finite = np.abs(v[np.isfinite(v)])
-        scales[path] = max(scales.get(path, 0.0), float(finite.max()) if finite.size else 0.0)
+    scales = core.leaf_scales(legacy)
     for step, leaves in legacy.items():
       for path, expected in leaves.items():
         d = core.ulp_distance(tx[step][path], expected, scales[path], dtypes.get(path))

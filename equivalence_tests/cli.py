@@ -69,13 +69,9 @@ def _common(p) -> None:
 
 def legacy_namespace() -> dict:
   """Names for ``--legacy``: real ``flax.optim`` if it exists, else the shim."""
-  try:
-    import flax
-    if not getattr(flax.optim, '__name__', '').startswith('optim_compat'):
-      mod = flax.optim
-    else:
-      raise AttributeError
-  except (ImportError, AttributeError):
+  import flax
+  mod = getattr(flax, 'optim', None)  # after optim_compat.install() it is the shim already
+  if mod is None:
     import optim_compat as mod
   return {name: getattr(mod, name) for name in dir(mod) if not name.startswith('__')}
 

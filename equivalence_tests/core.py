@@ -231,6 +231,17 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray, scale: float | None =
   return float(np.max(diff) / (ulp * factor))
 
 
+def leaf_scales(trajectory: dict) -> dict[str, float]:
+  """``{leaf path: largest finite |value| over all steps}`` of a trajectory."""
+  scales: dict[str, float] = {}
+  for leaves in trajectory.values():
+    for path, value in leaves.items():
+      finite = np.abs(np.asarray(value, np.float64))
+      finite = finite[np.isfinite(finite)]
+      scales[path] = max(scales.get(path, 0.0), float(finite.max()) if finite.size else 0.0)
+  return scales
+
+
 def compare(actual: dict, expected: dict, dtype: str | None = None) -> tuple[float, tuple | None]:
   """Max ulp distance over steps and leaves, and ``(step, leaf)`` of the worst.
 
@@ -242,12 +253,7 @@ def compare(actual: dict, expected: dict, dtype: str | None = None) -> tuple[flo
     KeyError: ``actual`` lacks a step or leaf path that ``expected`` has.
   """
   worst, where = 0.0, None
-  scales: dict[str, float] = {}
-  for leaves in expected.values():
-    for path, value in leaves.items():
-      finite = np.abs(np.asarray(value, np.float64))
-      finite = finite[np.isfinite(finite)]
-      scales[path] = max(scales.get(path, 0.0), float(finite.max()) if finite.size else 0.0)
+  scales = leaf_scales(expected)
   for step, leaves in expected.items():
     for path, value in leaves.items():
       d = ulp_distance(actual[step][path], value, scales[path], dtype)

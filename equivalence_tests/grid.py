@@ -47,14 +47,18 @@ def converted(case) -> bool:
           and kwargs.get('apply') in (None, 'lr_decay'))
 
 
+def emitted_source(case) -> str:
+  """The Optax source the codemod emits for a converted case (lr injected with a schedule)."""
+  from optim_compat import spec
+  _, def_name, kwargs = case
+  args = {k: repr(v) for k, v in kwargs.items() if k not in ('apply', 'grads')}
+  return spec.SPECS[def_name].emit(args, learning_rate_injected='apply' in kwargs)
+
+
 def emitted_tx(case):
   """The Optax transformation the codemod emits for a converted case."""
   from optim_compat import spec
-  from equivalence_tests import cases
-  _, def_name, kwargs = case
-  schedule = cases.APPLY[kwargs['apply']][0] if 'apply' in kwargs else None
-  args = {k: repr(v) for k, v in kwargs.items() if k not in ('apply', 'grads')}
-  return spec.tx_from_source(spec.SPECS[def_name].emit(args, learning_rate_injected=bool(schedule)))
+  return spec.tx_from_source(emitted_source(case))
 
 
 def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800) -> dict:

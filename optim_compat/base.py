@@ -79,7 +79,9 @@ class OptimizerDef:
         message shows both structures).
     """
     if self._spec is not None:
-      check_hyper_params(self._spec, dataclasses.asdict(hyper_params))
+      # fields, not dataclasses.asdict: that deep-copies every (possibly traced) value
+      check_hyper_params(self._spec, {f.name: getattr(hyper_params, f.name)
+                                      for f in dataclasses.fields(hyper_params)})
     if self._spec is None:  # a user's per-leaf def: the legacy loop, exactly
       treedef = jax.tree_util.tree_structure(params)
       flat_states = treedef.flatten_up_to(state.param_states)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import optim_compat as optim
-from equivalence_tests import cases, core, record_golden
+from equivalence_tests import cases, core, grid, record_golden
 from optim_compat import spec
 
 MAX_ULP = 4  # shim on the modern stack vs legacy golden, ulps of each leaf's largest |value|
@@ -32,8 +32,7 @@ def test_shim_matches_golden(case_id, def_name, kwargs):
 
 # single-def cases the codemod converts: no focus, and per-call overrides of the learning
 # rate only (a per-call beta is flagged OM102 for a human, so it has no emitted form)
-SINGLE = [c for c in cases.CASES if c[1] in spec.SPECS and 'focus' not in c[2]
-          and c[2].get('apply') in (None, 'lr_decay')]
+SINGLE = [c for c in cases.CASES if grid.converted(c)]
 
 
 @pytest.mark.parametrize('case_id,def_name,kwargs', SINGLE, ids=[c[0] for c in SINGLE])
@@ -41,8 +40,7 @@ def test_emitted_optax_chain_matches_golden(case_id, def_name, kwargs):
   """The Optax source the codemod writes, evaluated, against real flax.optim."""
   entry = spec.SPECS[def_name]
   schedule = cases.APPLY[kwargs['apply']][0] if 'apply' in kwargs else None
-  args = {k: repr(v) for k, v in kwargs.items() if k not in ('apply', 'grads')}
-  source = entry.emit(args, learning_rate_injected=schedule is not None)
+  source = grid.emitted_source((case_id, def_name, kwargs))
   traj = core.run_optax(spec.tx_from_source(source), cases.params_for(case_id),
                         cases.STEPS, cases.SEED, record=cases.RECORDED_STEPS,
                         hyperparams=schedule, corrupt_grads=cases.GRADS.get(kwargs.get('grads')))
