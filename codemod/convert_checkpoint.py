@@ -43,7 +43,7 @@ def cmd_convert_checkpoint(args) -> int:
     for line in notes:
       print(line, file=sys.stderr)
     written = ck.write_checkpoint(new_sd, dst, args.format, args.force)
-  except (ck.CheckpointError, FileExistsError) as e:
+  except (ck.CheckpointError, OSError) as e:  # FileExistsError, an uncreatable DST folder, ...
     print(f'convert-checkpoint: {e}', file=sys.stderr)
     return EXIT_ERROR
   print(f'wrote {written} ({args.format})', file=sys.stderr)

@@ -193,7 +193,15 @@ def read_source(path: pathlib.Path) -> tuple[str, str]:
   Raises:
     OSError, UnicodeDecodeError, SyntaxError: unreadable file or bad cookie.
   """
-  data = path.read_bytes()
+  return decode_source(path.read_bytes())
+
+
+def decode_source(data: bytes) -> tuple[str, str]:
+  """``(text, encoding)`` of Python source bytes, per PEP 263 (cookie or BOM).
+
+  Raises:
+    UnicodeDecodeError, SyntaxError: bytes that do not decode, or a bad cookie.
+  """
   encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
   return data.decode(encoding), encoding
 

@@ -317,18 +317,25 @@ def cmd_rewrite(args) -> int:
 
 
 def _rewrite_stdin(args, options: Options) -> int:
-  source = sys.stdin.read()
+  data = sys.stdin.buffer.read()
+  try:
+    source, encoding = engine.decode_source(data)  # the coding cookie, as for files
+  except (UnicodeDecodeError, SyntaxError) as e:
+    print(f'<stdin>: cannot read: {e}', file=sys.stderr)
+    sys.stdout.buffer.write(data)
+    return EXIT_ERROR
+  out = lambda text: (sys.stdout.flush(), sys.stdout.buffer.write(text.encode(encoding)))
   result = engine.rewrite_source(source, '<stdin>', options)
   if result.error:
     print(result.error, file=sys.stderr)
-    sys.stdout.write(source)
+    out(source)
     return EXIT_ERROR
   for finding in result.manual:
     print(finding.format('<stdin>'), file=sys.stderr)
   if args.diff:
-    sys.stdout.write(result.diff())
+    out(result.diff())
   elif not args.check:
-    sys.stdout.write(result.new)
+    out(result.new)
   if args.report:
     pathlib.Path(args.report).write_text(json.dumps(report_entries(result), indent=1) + '\n')
   return EXIT_CHANGES if (result.changed or result.manual) else EXIT_CLEAN

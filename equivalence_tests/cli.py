@@ -184,8 +184,11 @@ def save_trajectory(path: pathlib.Path, results: dict, params, meta: dict) -> No
   index['meta'] = meta
   arrays['index'] = np.frombuffer(json.dumps(index).encode(), np.uint8)
   tmp = path.with_name(path.name + '.tmp.npz')
-  np.savez_compressed(tmp, **arrays)
-  tmp.replace(path)
+  try:
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)
+  finally:
+    tmp.unlink(missing_ok=True)
 
 
 def _nested_names(params, names):
@@ -349,7 +352,11 @@ def cmd_record(args) -> int:
   out = pathlib.Path(args.output)
   meta = {'legacy': args.legacy, 'steps': args.steps, 'seed': args.seed, 'mode': args.mode,
           'devices': devices, 'jax': jax.__version__, 'flax': flax.__version__}
-  save_trajectory(out, results, params, meta)
+  try:
+    save_trajectory(out, results, params, meta)
+  except OSError as e:
+    print(f'optim-migrate record: cannot write {out}: {e}', file=sys.stderr)
+    return EXIT_BAD_INPUT
   print(f'wrote {out}: {args.legacy}, {args.steps} steps, {args.mode} on {devices} device(s), '
         f'jax {jax.__version__}, flax {flax.__version__}')
   return EXIT_OK

@@ -188,6 +188,11 @@ def test_record_in_the_old_stack_and_verify_on_the_new(legacy_python, tmp_path, 
       capture_output=True, text=True, cwd=tmp_path, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'jax 0.4.13, flax 0.5.3' in proc.stdout  # recorded by real flax.optim
+  bad_out = subprocess.run(
+      [legacy_python, '-W', 'ignore', '-m', 'codemod.cli', 'record', '--legacy', 'Adam(1e-3)',
+       '--params', str(shapes), '--steps', '1', '-o', str(tmp_path / 'missing' / 't.npz')],
+      capture_output=True, text=True, cwd=tmp_path, env=env)
+  assert bad_out.returncode == 2 and 'cannot write' in bad_out.stderr
   # the migration table's measured bound for Adam -> optax.adamw is 6 ulp
   assert cli.main(['check', '--against', str(traj), '--tx',
                    'optax.adamw(1e-3, weight_decay=1e-4)', '--max-ulp', '6']) == 0

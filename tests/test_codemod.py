@@ -592,3 +592,16 @@ def test_method_reference_and_name_conflicts_keep_the_file_legacy():
   assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'optax' not in result.new
   assert [f.rule for f in result.manual] == ['OM100']
   assert '`train_state` is bound to something else' in result.manual[0].message
+
+
+def test_stdin_honours_the_coding_cookie_and_rejects_undecodable_bytes():
+  legacy = (b'# -*- coding: latin-1 -*-\nfrom flax import optim\nname = "\xe9"\n'
+            b'opt = optim.Adam(learning_rate=0.1).create(p)\n')
+  run = lambda data: subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '-'],
+                                    input=data, capture_output=True, cwd=ROOT,
+                                    env={**os.environ, 'PYTHONPATH': str(ROOT)})
+  proc = run(legacy)
+  assert proc.returncode == 1, proc.stderr.decode(errors='replace')
+  assert b'name = "\xe9"' in proc.stdout and b'TrainState.create' in proc.stdout
+  bad = run(b'x = "\xe9"\nfrom flax import optim\n')  # no cookie: must be UTF-8
+  assert bad.returncode == 2 and b'<stdin>: cannot read' in bad.stderr
