@@ -83,6 +83,23 @@ def evaluate(expr: str, what: str, namespace: dict):
     raise BadInput(f'--{what} {expr!r} does not evaluate: {type(e).__name__}: {e}') from None
 
 
+def legacy_def(expr: str):
+  """The optimizer def ``--legacy`` evaluates to (an instance, e.g. ``Adam(learning_rate=1e-3)``).
+
+  Raises:
+    BadInput: the expression does not evaluate, names a def class without calling it, or
+      is not an optimizer def.
+  """
+  legacy = evaluate(expr, 'legacy', legacy_namespace())
+  if isinstance(legacy, type) and hasattr(legacy, 'create'):
+    raise BadInput(f'--legacy {expr!r} is the class {legacy.__name__}, not an optimizer def: '
+                   f'call it with its hyper-parameters, e.g. "{legacy.__name__}(learning_rate=1e-3)"')
+  if not hasattr(legacy, 'create'):
+    raise BadInput(f'--legacy {expr!r} is a {type(legacy).__name__}, not an optimizer def '
+                   '(e.g. "Adam(learning_rate=1e-3)")')
+  return legacy
+
+
 def tx_namespace() -> dict:
   import jax
   import jax.numpy as jnp
@@ -104,17 +121,19 @@ def load_params(spec: str):
     raise BadInput('--params is required')
   path = pathlib.Path(spec)
   if spec.endswith('.npz'):
+    if path.is_file() and not zipfile.is_zipfile(path):
+      raise BadInput(f'--params {spec}: not an .npz archive (numpy.savez writes one)')
+    tree: dict = {}
     try:
       data = np.load(path)
-    except (OSError, ValueError) as e:
+      for key in data.files:
+        node = tree
+        *parents, leaf = key.split('/')
+        for k in parents:
+          node = node.setdefault(k, {})
+        node[leaf] = data[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
       raise BadInput(f'--params {spec}: cannot read: {e}') from None
-    tree: dict = {}
-    for key in data.files:
-      node = tree
-      *parents, leaf = key.split('/')
-      for k in parents:
-        node = node.setdefault(k, {})
-      node[leaf] = data[key]
     return tree
   if spec.endswith('.json'):
     try:
@@ -124,6 +143,11 @@ def load_params(spec: str):
 
     def build(node, where):
       if isinstance(node, dict) and 'shape' in node:
+        shape = node['shape']
+        if (not isinstance(shape, list)
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+          raise BadInput(f'--params {spec}: {where or "/"}: shape {shape!r} is not a list of '
+                         'non-negative integers')
         try:
           return jax.ShapeDtypeStruct(tuple(node['shape']), np.dtype(node.get('dtype', 'float32')))
         except (TypeError, ValueError) as e:
@@ -234,10 +258,7 @@ def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, ma
   if not legacy_expr or not tx_expr:
     raise BadInput('check needs --legacy and --tx (or --against with --tx, or '
                    '[[tool.optim-migrate.check]] entries)')
-  legacy = evaluate(legacy_expr, 'legacy', legacy_namespace())
-  if not hasattr(legacy, 'create'):
-    raise BadInput(f'--legacy {legacy_expr!r} is a {type(legacy).__name__}, not an optimizer def '
-                   '(e.g. "Adam(learning_rate=1e-3)")')
+  legacy = legacy_def(legacy_expr)
   tx = evaluate(tx_expr, 'tx', tx_namespace())
   params = load_params(params_spec)
   try:
@@ -337,7 +358,7 @@ def cmd_record(args) -> int:
   try:
     if not args.legacy:
       raise BadInput('record needs --legacy')
-    legacy = evaluate(args.legacy, 'legacy', legacy_namespace())
+    legacy = legacy_def(args.legacy)
     params = load_params(args.params)
     devices = parse_devices(args.devices)
     try:

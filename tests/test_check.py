@@ -141,6 +141,16 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
   assert 'params has no leaves' in capsys.readouterr().err
   assert cli.main(ok + ['--max-ulp', '-1']) == 2
   assert 'max_ulp must be >= 0' in capsys.readouterr().err
+  (tmp_path / 'neg.json').write_text('{"a": {"b": {"shape": [-3]}}}')
+  assert cli.main(ok[:5] + ['--params', 'neg.json', '--mode', 'single']) == 2
+  assert 'neg.json: /a/b: shape [-3] is not a list of non-negative integers' in (
+      capsys.readouterr().err)
+  (tmp_path / 'garbage.npz').write_bytes(b'not a zip archive at all')
+  assert cli.main(ok[:5] + ['--params', 'garbage.npz', '--mode', 'single']) == 2
+  assert 'garbage.npz: not an .npz archive' in capsys.readouterr().err
+  assert cli.main(['check', '--legacy', 'Adam', '--tx', 'optax.adam(1e-3)', '--params', shapes]) == 2
+  assert "--legacy 'Adam' is the class Adam, not an optimizer def: call it" in (
+      capsys.readouterr().err)
   # a module:attribute params source
   (tmp_path / 'my_model.py').write_text('import numpy as np\n'
                                         'PARAMS = {"w": np.ones((3, 2), np.float32)}\n')
