@@ -62,7 +62,8 @@ def register(subparsers) -> None:
                  help='the legacy def, e.g. "Adam(learning_rate=1e-3, weight_decay=1e-4)" '
                       '(default: inferred from the state fields when only one def has them)')
   p.add_argument('--format', choices=('flax', 'orbax'), default='flax')
-  p.add_argument('--step', type=int, default=None, help='with a directory SRC: which step')
+  p.add_argument('--step', type=int, default=None,
+                 help='with a directory SRC: which step (with a file SRC: must match its name)')
   p.add_argument('--learning-rate-injected', action='store_true',
                  help='the migrated code sets learning_rate per step (optax.inject_hyperparams)')
   p.add_argument('--force', action='store_true', help='replace an existing DST')

@@ -70,8 +70,18 @@ def _is_orbax(path: pathlib.Path) -> bool:
 
 def _checkpoint_file(path: pathlib.Path, step: int | None) -> pathlib.Path:
   """The checkpoint: ``path`` itself (a msgpack file or an orbax directory), or
-  ``checkpoint_<step>`` (default: the latest) in the directory ``path``."""
+  ``checkpoint_<step>`` (default: the latest) in the directory ``path``.
+
+  Raises:
+    CheckpointError: nothing there, no such step, or a ``step`` given with a single
+      checkpoint whose name does not carry that step.
+  """
   if path.is_file() or _is_orbax(path):
+    m = re.fullmatch(r'checkpoint_(\d+)', path.name)
+    if step is not None and (m is None or int(m.group(1)) != step):
+      raise CheckpointError(f'{path}: a single checkpoint, not checkpoint_{step}: a step picks '
+                            'one file of a directory of checkpoint_<step> files (give the '
+                            'directory, or the file without a step)')
     return path
   if not path.exists():
     raise CheckpointError(f'{path}: no such file or directory')

@@ -420,6 +420,12 @@ def test_cli_directory_step_container_and_inference(legacy, tmp_path, capsys):
   assert _cli(legacy['dir'] / 'lars_params', tmp_path / 'x', '--step', 5) == 2
   assert 'pass --optimizer' in capsys.readouterr().err and not (tmp_path / 'x').exists()
   assert _cli(legacy['dir'] / 'adagrad_eps', tmp_path / 'y', '--step', 99) == 2
+  # a single file SRC: a --step its name does not carry is refused, not ignored
+  one = _ckpt(legacy, 'adagrad_eps')
+  assert _cli(one, tmp_path / 'y', '--step', 99) == 2
+  assert 'a single checkpoint, not checkpoint_99' in capsys.readouterr().err
+  assert not (tmp_path / 'y').exists()
+  assert _cli(one, tmp_path / 'w', '--step', legacy['before']) == 0  # the step it carries
   for bad in ('Foo()', 'Adam(foo=1)', 'Adam(', "Adam(beta1='x')", 'Adam(beta1=b1)'):
     assert _cli(_ckpt(legacy, 'adam_betas'), tmp_path / 'y', '--optimizer', bad) == 2
     assert '--optimizer' in capsys.readouterr().err
