@@ -103,7 +103,8 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
   directories, ``.git``, virtualenvs (a ``pyvenv.cfg``), ``build``/``dist``/
   ``__pycache__``/``site-packages`` and ``exclude`` globs (matched against the
   path relative to the directory, and against each name) are skipped; symlinks
-  are not followed out of the directory.
+  are not followed out of the directory. A file reached twice (named twice, or
+  under two given directories) is listed once, where it is first reached.
   """
   exclude = list(exclude)
 
@@ -138,7 +139,13 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
             continue  # a link out of the tree
         found.append(f)
     out.extend(sorted(found))
-  return out
+  seen, unique = set(), []
+  for f in out:  # a file named twice (or inside two given folders) is rewritten once
+    key = os.path.realpath(f)
+    if key not in seen:
+      seen.add(key)
+      unique.append(f)
+  return unique
 
 
 def _work(args) -> engine.FileResult:
@@ -232,6 +239,8 @@ def build_options(args, config: dict) -> Options:
   """
   select = _split(args.select) if args.select is not None else (
       tuple(config['select']) if 'select' in config else None)
+  if select == ():
+    raise ConfigError('select is empty: it would apply no rule (name rule ids, e.g. OM001,OM002)')
   ignore = _split(args.ignore) if args.ignore is not None else tuple(config.get('ignore', ()))
   bad = check_rule_ids([*(select or ()), *ignore])
   if bad:
@@ -266,7 +275,8 @@ def cmd_rewrite(args) -> int:
   except ConfigError as e:
     print(f'rewrite: {e}', file=sys.stderr)
     return EXIT_ERROR
-  jobs = args.jobs or config.get('jobs') or (os.cpu_count() or 1)
+  jobs = args.jobs if args.jobs is not None else (
+      config.get('jobs') or os.cpu_count() or 1)
   if jobs < 1:
     print('rewrite: --jobs must be >= 1', file=sys.stderr)
     return EXIT_ERROR

@@ -291,6 +291,15 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
   assert {r['rule'] for r in json.loads(report.read_text())} == {'OM001', 'OM002', 'OM004'}
   proc = _cli('rewrite', '--select', 'OM999', str(legacy))
   assert proc.returncode == 2 and "unknown rule id(s) ['OM999']" in proc.stderr
+  proc = _cli('rewrite', '--select', '', str(legacy))
+  assert proc.returncode == 2 and 'select is empty' in proc.stderr
+  proc = _cli('rewrite', '--jobs', '0', str(legacy))
+  assert proc.returncode == 2 and '--jobs must be >= 1' in proc.stderr
+  # a file named twice, and again inside its folder, is rewritten and counted once
+  proc = _cli('rewrite', '--check', str(legacy), str(legacy), str(legacy.parent))
+  assert proc.stderr.count(f'{legacy}:18:') == 1
+  assert '1 file(s) scanned: 1 would be rewritten' in proc.stderr
+  assert proc.stdout == f'would rewrite {legacy}\n'
   proc = _cli('rewrite', '--write', '--check', str(legacy))
   assert proc.returncode == 2 and legacy.read_text() == before
 
