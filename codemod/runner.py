@@ -344,7 +344,10 @@ def _rewrite_stdin(args, options: Options) -> int:
     print(finding.format('<stdin>'), file=sys.stderr)
   if args.diff:
     out(result.diff())
-  elif not args.check:
+  elif args.check:
+    if result.changed:  # as for files: the verdict, never the text
+      print('would rewrite <stdin>', flush=True)
+  else:
     out(result.new)
   if args.report:
     pathlib.Path(args.report).write_text(json.dumps(report_entries(result), indent=1) + '\n')

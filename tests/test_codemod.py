@@ -311,6 +311,10 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
   proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '-'], input='x = 1\n',
                         capture_output=True, text=True, cwd=ROOT)
   assert proc.returncode == 0 and proc.stdout == 'x = 1\n'
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--check', '-'],
+                        input=before, capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 1 and proc.stdout == 'would rewrite <stdin>\n'
+  assert '<stdin>:18:' in proc.stderr
 
 
 def test_unapplied_safe_fix_keeps_the_file_legacy():
