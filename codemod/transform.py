@@ -413,6 +413,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
   # -- what blocks the file ------------------------------------------------
   def visit_Module(self, node: cst.Module) -> None:
     a = self.a
+    self._find_group_applies()
     for ref_id, sym in a.refs.items():
       problem = self._ref_problem(ref_id, sym)
       if problem:
@@ -500,14 +501,88 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return any(r[0] is attr.value and attr.attr.value == 'hyper_params'
                for i, r in self.a.hp_reads.items() if i in self._hp_values or i in self._bad_hp)
 
+  def _find_group_applies(self) -> None:
+    """Per-group learning rates (``hyper_params=[...]`` of a MultiOptimizer) that convert.
+
+    Converted: every element is ``opt.optimizer_def.hyper_params[i].replace(learning_rate=x)``
+    with ``i`` its position and ``opt`` the receiver (a name), one per group of the file's
+    single MultiOptimizer, whose groups are all defs of the migration table. Each group's
+    transformation is then built with ``inject_hyperparams`` and its learning rate set in
+    ``opt_state.inner_states[label]`` (legacy semantics: the override holds for that call;
+    the file converts only when every apply call overrides, see ``mixed_lr``).
+    """
+    a = self.a
+    self._group_applies: dict[int, list] = {}
+    multis = [c for c in a.def_calls if self.legacy_def(c) == MULTI]
+    calls = [c for c in a.apply_calls if 'hyper_params' in self._kwargs(c)]
+    if len(multis) != 1 or self._multi_problem(multis[0]) is not None:
+      return
+    multi = multis[0]
+    subs = [arg.value.elements[1].value for arg in multi.args]
+    subs = [self.a.def_vars.get(self.binding(x)) if isinstance(x, cst.Name) else x for x in subs]
+    if not all(self.legacy_def(x) in spec_lib.SPECS for x in subs):
+      return  # a user def (to_optax) has no injectable learning rate
+    for call in calls:
+      lrs = self._group_lrs(call)
+      if lrs is None or len(lrs) != len(multi.args) or not self._is_optimizer(call.func.value):
+        continue
+      self._group_applies[id(call)] = (lrs, self._multi_labels(multi))
+      for element in self._kwargs(call)['hyper_params'].value.elements:
+        a.handled.add(id(element.value.func.value.value.value))  # `opt.optimizer_def`
+    self.inject_lr = self.inject_lr or bool(self._group_applies)
+    with_lr = [('learning_rate' in self._kwargs(c)) or id(c) in self._group_applies
+               for c in [*a.apply_calls, *a.optimize_calls]]
+    self.mixed_lr = any(with_lr) and not all(with_lr)
+
+  def _group_lrs(self, call: cst.Call) -> Optional[list]:
+    """The learning-rate expressions of ``opt.apply_gradient(g, hyper_params=[...])`` when
+    each element only replaces its own group's learning rate, else None."""
+    kwargs = self._kwargs(call)
+    positional = [x for x in call.args if x.keyword is None]
+    recv = call.func.value
+    if set(kwargs) != {'hyper_params'} or len(positional) != 1 or any(x.star for x in call.args) \
+        or not isinstance(recv, cst.Name) or not isinstance(kwargs['hyper_params'].value, cst.List):
+      return None
+    lrs = []
+    for i, element in enumerate(kwargs['hyper_params'].value.elements):
+      value = element.value
+      if not isinstance(element, cst.Element) or not m.matches(value, m.Call(
+          func=m.Attribute(value=m.Subscript(value=m.Attribute(
+              value=m.Attribute(value=m.Name(recv.value), attr=m.Name('optimizer_def')),
+              attr=m.Name('hyper_params'))), attr=m.Name('replace')),
+          args=[m.Arg(keyword=m.Name('learning_rate'), star='')])):
+        return None
+      index = value.func.value.slice
+      if len(index) != 1 or not m.matches(index[0].slice, m.Index(value=m.Integer())) \
+          or int(index[0].slice.value.value, 0) != i:
+        return None
+      lrs.append(value.args[0].value)
+    return lrs
+
+  def _multi_labels(self, call: cst.Call) -> list[str]:
+    """The multi_transform label of each group: the traversal's name, else ``group_<i>``."""
+    labels = []
+    for i, arg in enumerate(call.args):
+      traversal = arg.value.elements[0].value
+      labels.append(traversal.value if isinstance(traversal, cst.Name) else f'group_{i}')
+    return [f'group_{i}' if labels.count(label) > 1 or label == FROZEN else label
+            for i, label in enumerate(labels)]
+
   def _apply_problem(self, call: cst.Call) -> Optional[str]:
+    if id(call) in self._group_applies:
+      return None
     kwargs = self._kwargs(call)
     positional = [a for a in call.args if a.keyword is None]
     other = sorted(set(kwargs) - {'learning_rate'})
     if len(positional) != 1 or other or any(a.star for a in call.args):
+      if 'hyper_params' in other:
+        return ('apply_gradient(hyper_params=[...]): per-group learning rates convert only as '
+                '`[opt.optimizer_def.hyper_params[i].replace(learning_rate=x), ...]`, one per '
+                "group in order, for the file's single MultiOptimizer of table defs, on every "
+                'apply call; otherwise inject them by hand with optax.inject_hyperparams, per '
+                'group at opt_state.inner_states[label].inner_state.hyperparams')
       return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
-              'with optax.inject_hyperparams (for a MultiOptimizer, per group at '
-              'opt_state.inner_states[label].inner_state.hyperparams)')
+              'with optax.inject_hyperparams')
     return None
 
   def _method_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
@@ -875,10 +950,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
         sub = f'optim_compat.to_optax({sub})'
         self._add_import('optim_compat')
       groups.append([label, self._code(u_trav), sub])
-    labels = [g[0] for g in groups]
-    for g, (i, label) in zip(groups, enumerate(labels)):
-      if labels.count(label) > 1 or label == FROZEN:
-        g[0] = f'group_{i}'
+    for g, label in zip(groups, self._multi_labels(original)):
+      g[0] = label
     txs = ', '.join(f'{g[0]!r}: {g[2]}' for g in groups)
     source = (f'optax.multi_transform({{{txs}, {FROZEN!r}: optax.set_to_zero()}}, '
               f'{self._labels([(g[1], g[0]) for g in groups])})')
@@ -977,6 +1050,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return cst.parse_expression(src).visit(_Substitute({'S': source_arg, 'T': target}))
 
   def _rewrite_apply(self, original, updated):
+    if id(original) in self._group_applies:
+      return self._rewrite_group_apply(original, updated)
     kwargs = self._kwargs(updated)
     positional = [a for a in updated.args if a.keyword is None]
     other = sorted(set(kwargs) - {'learning_rate'})
@@ -998,6 +1073,24 @@ class _Rewriter(_Base, cst.CSTTransformer):
       template = 'R.apply_gradients(grads=G)'
       subs = {'R': recv, 'G': grads}
       self.fixed(original, 'OM002', 'apply_gradient(g) -> apply_gradients(grads=g)')
+    return cst.parse_expression(template).visit(_Substitute(subs))
+
+  def _rewrite_group_apply(self, original, updated):
+    """``opt.apply_gradient(g, hyper_params=[hp0.replace(learning_rate=a), ...])`` ->
+    each group's learning rate set in its ``inner_states[label]``, then apply_gradients."""
+    lrs, labels = self._group_applies[id(original)]
+    new_lrs = [e.value.args[0].value for e in self._kwargs(updated)['hyper_params'].value.elements]
+    groups = ', '.join(f'{label!r}: optax.tree_utils.tree_set(R.opt_state.inner_states[{label!r}], '
+                       f'learning_rate=LR_{i}_)' for i, label in enumerate(labels))
+    template = (f'R.replace(opt_state=R.opt_state._replace(inner_states={{'
+                f'**R.opt_state.inner_states, {groups}}})).apply_gradients(grads=G)')
+    subs = {'R': updated.func.value,
+            'G': [x for x in updated.args if x.keyword is None][0].value,
+            **{f'LR_{i}_': lr for i, lr in enumerate(new_lrs)}}
+    self._add_import('optax')
+    self.fixed(original, 'OM002', 'apply_gradient(g, hyper_params=[...]) with per-group learning '
+                                  'rates -> each set in opt_state.inner_states[label] '
+                                  '(inject_hyperparams), then apply_gradients')
     return cst.parse_expression(template).visit(_Substitute(subs))
 
   def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
