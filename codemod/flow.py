@@ -87,8 +87,10 @@ class Flow:
     return self.factories.get(qname)
 
   def mentioned(self, text: str) -> bool:
-    """Could ``text`` call a factory (its function name appears)? A cheap prefilter."""
-    return any(f.function in text for f in self.factories.values())
+    """Could ``text`` call a factory (its function and its module's last name appear)?
+    A cheap prefilter, before any parse."""
+    return any(f.function in text and f.qualified.rsplit('.', 2)[-2] in text
+               for f in self.factories.values())
 
 
 def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path]) -> list[tuple[str, bool]]:
@@ -226,6 +228,11 @@ def migrated_factories(source: str) -> dict[str, Optional[bool]]:
   return visitor.found
 
 
+#: Pre-pass rounds: a creator that itself uses another module's factory is rewritten again
+#: with what the previous round found, until nothing changes.
+MAX_ROUNDS = 3
+
+
 def build_factories(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
                     ) -> dict[str, Factory]:
   """The factories of the tree: ``{qualified name: Factory}``.
@@ -233,10 +240,10 @@ def build_factories(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]
   ``files``: each ``.py`` file of the run with its module names
   (:func:`module_names`) and the path messages name it by. A file is parsed
   only when it could define a factory and some file's import lines mention its
-  module's last name.
+  module's last name. A creator is rewritten as the run will rewrite it: with
+  the flow of the others when it calls one of them (rounds to a fixed point;
+  a creator still changing after :data:`MAX_ROUNDS` counts as kept legacy).
   """
-  from codemod import engine
-  from codemod.transform import KEEPS_LEGACY
   texts = {}
   for path, _, _ in files:
     try:
@@ -248,31 +255,54 @@ def build_factories(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]
     if 'import' in text:
       for line in _IMPORT_LINE.findall(text):
         imported.update(_WORD.findall(line))
-  factories: dict[str, Factory] = {}
-  for path, names, shown in files:
-    text = texts.get(path)
-    if text is None or not names or not _could_define(text):
-      continue
-    if not any(name.rsplit('.', 1)[-1] in imported for name, _ in names):
-      continue  # no file imports this module by name
-    result = engine.rewrite_file(path, options)
-    if result.error:
-      continue
-    found = {}
-    if result.factories:  # legacy: what this run's rewrite of the file makes of them
-      why = next((f'{f.rule}: {f.message}'.replace(' ' + KEEPS_LEGACY, '')
-                  for f in result.manual), 'see its report')
-      for function, converted in result.factories.items():
-        converted = converted and result.changed
-        found[function] = (converted, result.inject_lr, '' if converted else why)
-    else:  # already migrated: functions returning TrainState.create(...)
-      try:
-        migrated = migrated_factories(result.original)
-      except cst.ParserSyntaxError:
-        migrated = {}
-      found = {function: (True, inject, '') for function, inject in migrated.items()}
-    for function, (converted, inject, why) in found.items():
-      for name, _ in names:
-        qualified = f'{name}.{function}'
-        factories[qualified] = Factory(qualified, shown, converted, inject, why)
-  return factories
+  creators = [(path, names, shown) for path, names, shown in files
+              if texts.get(path) is not None and names and _could_define(texts[path])
+              and any(name.rsplit('.', 1)[-1] in imported for name, _ in names)]
+  found = {str(path): _scan(path, names, shown, options, None) for path, names, shown in creators}
+  unsettled: set[str] = set()
+  for _ in range(MAX_ROUNDS - 1):
+    factories = _merge(found)
+    if not factories:
+      return {}
+    unsettled = set()
+    for path, names, shown in creators:
+      others = Flow({q: f for q, f in factories.items() if f.path != shown})
+      if others.mentioned(texts[path]):
+        new = _scan(path, names, shown, options, Flow(factories, names[0][0], names[0][1]))
+        if new != found[str(path)]:
+          found[str(path)] = new
+          unsettled.add(str(path))
+    if not unsettled:
+      return factories
+  for key in unsettled:  # still changing: never prove anything from them
+    found[key] = [dataclasses.replace(f, converted=False, why='it depends on other factories in a '
+                                      'way the pre-pass did not settle') for f in found[key]]
+  return _merge(found)
+
+
+def _merge(found: dict) -> dict[str, Factory]:
+  return {f.qualified: f for factories in found.values() for f in factories}
+
+
+def _scan(path, names, shown, options, flow_file) -> list[Factory]:
+  """The factories one creator file defines, as the run's rewrite of it makes them."""
+  from codemod import engine
+  from codemod.transform import KEEPS_LEGACY
+  result = engine.rewrite_file(path, options, flow_file)
+  if result.error:
+    return []
+  found = {}
+  if result.factories:  # legacy: what this run's rewrite of the file makes of them
+    why = next((f'{f.rule}: {f.message}'.replace(' ' + KEEPS_LEGACY, '')
+                for f in result.manual), 'see its report')
+    for function, converted in result.factories.items():
+      converted = converted and result.changed
+      found[function] = (converted, result.inject_lr, '' if converted else why)
+  else:  # already migrated: functions returning TrainState.create(...)
+    try:
+      migrated = migrated_factories(result.original)
+    except cst.ParserSyntaxError:
+      migrated = {}
+    found = {function: (True, inject, '') for function, inject in migrated.items()}
+  return [Factory(f'{name}.{function}', shown, converted, inject, why)
+          for function, (converted, inject, why) in found.items() for name, _ in names]

@@ -180,3 +180,36 @@ def test_a_module_migrated_earlier_still_proves_its_users(tmp_path):
   assert 'make(p).apply_gradient(g, learning_rate=lr)' in (tree / 'user.py').read_text()
   assert 'created by other.py:make, which returns a TrainState whose tx is built elsewhere' \
       in proc.stderr
+
+
+def test_a_factory_built_on_another_modules_factory(tmp_path):
+  """models/wrapped.py never imports flax.optim: its factory is proven by the next pre-pass
+  round (through models/base.py's), so its user converts; one whose conversion the flow blocks
+  (an apply-time learning rate base.py does not inject) proves nothing."""
+  tree = tmp_path / 'tree' / 'models'
+  tree.mkdir(parents=True)
+  (tree / 'base.py').write_text('from flax import optim\n\n\ndef create_base(params):\n'
+                                '  return optim.GradientDescent(learning_rate=0.1).create(params)\n')
+  (tree / 'wrapped.py').write_text(
+      'from models.base import create_base\n\n\ndef create_warm(params, g):\n'
+      '  opt = create_base(params)\n  return opt.apply_gradient(g)\n')
+  (tree / 'wrapped_lr.py').write_text(
+      'from models.base import create_base\n\n\ndef create_warm_lr(params, g):\n'
+      '  opt = create_base(params)\n  return opt.apply_gradient(g, learning_rate=0.5)\n')
+  for name in ('wrapped', 'wrapped_lr'):
+    function = {'wrapped': 'create_warm', 'wrapped_lr': 'create_warm_lr'}[name]
+    (tmp_path / 'tree' / f'use_{name}.py').write_text(
+        f'from models import {name}\n\n\ndef f(p, g):\n  a = {name}.{function}(p, g)\n'
+        '  return a.target\n')
+  files = runner.iter_python_files([str(tmp_path / 'tree')])
+  factories = runner.tree_flows(files, [str(tmp_path / 'tree')], Options())[0].factories
+  assert factories['models.wrapped.create_warm'].converted
+  assert not factories['models.wrapped_lr.create_warm_lr'].converted
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert 'return a.params' in (tmp_path / 'tree' / 'use_wrapped.py').read_text()
+  out = (tmp_path / 'tree' / 'use_wrapped_lr.py').read_text()
+  assert 'return a.target' in out
+  assert 'created by models/wrapped_lr.py:create_warm_lr, which keeps its legacy' in out
+  assert 'return opt.apply_gradients(grads=g)' in (tree / 'wrapped.py').read_text()
+  assert 'opt.apply_gradient(g, learning_rate=0.5)' in (tree / 'wrapped_lr.py').read_text()
