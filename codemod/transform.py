@@ -558,7 +558,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     the file converts only when every apply call overrides, see ``mixed_lr``).
     """
     a = self.a
-    self._group_applies: dict[int, list] = {}
+    self._group_applies: dict[int, tuple] = {}  # id(call) -> (lr expressions, labels)
     multis = [c for c in a.def_calls if self.legacy_def(c) == MULTI]
     calls = [c for c in a.apply_calls if 'hyper_params' in self._kwargs(c)]
     if len(multis) != 1 or self._multi_problem(multis[0]) is not None:
