@@ -22,7 +22,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from codemod.rules import Options
-from codemod.transform import Finding, MigrateCommand
+from codemod.transform import KEEPS_LEGACY, Finding, MigrateCommand
 
 #: Words a file the codemod acts on must contain (see :func:`may_need_rewrite`).
 MARKERS = ('optim', 'apply_gradient', '.target')
@@ -54,6 +54,10 @@ class FileResult:
   error: str | None = None
   encoding: str = 'utf-8'
   cells: list[int] | None = None  # notebooks: the cell of each finding
+  #: module-level functions returning an optimizer -> converted to return a TrainState
+  #: (read by the cross-module pre-pass, ``codemod.flow``)
+  factories: dict[str, bool] = dataclasses.field(default_factory=dict)
+  inject_lr: bool = False         # the file's defs are built with inject_hyperparams
 
   def where(self, i: int) -> str:
     """The file (``nb.ipynb:cell3`` in a notebook) of finding ``i``."""
@@ -76,15 +80,18 @@ class FileResult:
 
 
 def rewrite_source(source: str, path: str = '<string>',
-                   options: Options | None = None) -> FileResult:
+                   options: Options | None = None, flow=None) -> FileResult:
   """Rewrite one module's source text; never raises for bad input.
+
+  ``flow``: a :class:`codemod.flow.Flow` (the tree's optimizer factories and
+  this file's module name), or None (no cross-module information, e.g. stdin).
 
   Returns:
     A :class:`FileResult`; ``error`` is set (``path:line:col: message``) when
     the source does not parse or the rewrite failed.
   """
   result = FileResult(path, source)
-  if not may_need_rewrite(source):
+  if not may_need_rewrite(source) and not (flow is not None and flow.mentioned(source)):
     result.new = source
     return result
   try:
@@ -92,7 +99,7 @@ def rewrite_source(source: str, path: str = '<string>',
   except cst.ParserSyntaxError as e:
     result.error = _parse_error(path, source, e)
     return result
-  command = MigrateCommand(CodemodContext(filename=path), options)
+  command = MigrateCommand(CodemodContext(filename=path), options, flow)
   try:
     new_module = command.transform_module(module)
   except Exception as e:  # noqa: BLE001 - one file's failure must not stop the run
@@ -108,6 +115,7 @@ def rewrite_source(source: str, path: str = '<string>',
     result.findings = [Finding(first.line, first.col, 'OM100',
                                f'this file needs fixes {", ".join(rules)}, which are not selected: '
                                'left unchanged (a partial migration would not run)', False)]
+    result.factories = dict.fromkeys(command.factories, False)
     return result
   converted = [f for f in command.findings if f.fixed and f.rule in _CONVERSIONS]
   # a flag that says the file keeps its legacy code, raised after other uses were converted
@@ -116,7 +124,7 @@ def rewrite_source(source: str, path: str = '<string>',
   if converted and uncertain and not options.keep_legacy:
     # a blocking OM100 item found only after other uses were converted: the result would be
     # half-migrated, so the file keeps its legacy optimizer code (second pass)
-    kept = rewrite_source(source, path, dataclasses.replace(options, keep_legacy=True))
+    kept = rewrite_source(source, path, dataclasses.replace(options, keep_legacy=True), flow)
     seen = {(f.line, f.col, f.rule) for f in kept.findings}
     kept.findings = [*kept.findings, *(
         f for f in uncertain if (f.line, f.col, f.rule) not in seen)]
@@ -129,10 +137,11 @@ def rewrite_source(source: str, path: str = '<string>',
       return result
   result.new = new_source
   result.findings = command.findings
+  result.factories = command.factories
+  result.inject_lr = command.inject_lr
   return result
 
 
-KEEPS_LEGACY = '(this file keeps its legacy optimizer code)'
 #: Fixes that change optimizer code (OM005 imports and OM006 DynamicScale paths do not).
 _CONVERSIONS = frozenset({'OM001', 'OM002', 'OM003', 'OM004', 'OM007', 'OM008', 'OM009', 'OM010',
                           'OM011', 'OM012', 'OM013'})
@@ -228,7 +237,7 @@ def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None
     raise
 
 
-def rewrite_file(path: pathlib.Path, options: Options | None = None) -> FileResult:
+def rewrite_file(path: pathlib.Path, options: Options | None = None, flow=None) -> FileResult:
   """Rewrite one file in memory (``result.encoding`` is the file's encoding).
 
   A ``.ipynb`` notebook is rewritten cell by cell (``codemod.notebook``); its
@@ -240,7 +249,7 @@ def rewrite_file(path: pathlib.Path, options: Options | None = None) -> FileResu
     source, encoding = read_source(path)
   except (OSError, UnicodeDecodeError, SyntaxError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
-  result = rewrite_source(source, str(path), options)
+  result = rewrite_source(source, str(path), options, flow)
   result.encoding = encoding
   return result
 

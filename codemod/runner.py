@@ -24,7 +24,7 @@ import pathlib
 import sys
 from typing import Iterable, Optional
 
-from codemod import engine
+from codemod import engine, flow as flow_lib
 from codemod.rules import RULES, Options, check_rule_ids
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
@@ -149,17 +149,18 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
 
 
 def _work(args) -> engine.FileResult:
-  path, options = args
-  return engine.rewrite_file(pathlib.Path(path), options)
+  path, options, flow = args
+  return engine.rewrite_file(pathlib.Path(path), options, flow)
 
 
-def _candidate(path: pathlib.Path) -> bool:
-  """Cheap prefilter on raw bytes: could this file hold legacy code?"""
+def _candidate(path: pathlib.Path, flow=None) -> bool:
+  """Cheap prefilter on raw bytes: could this file hold legacy code (or call a factory)?"""
   try:
     data = path.read_bytes()
   except OSError:
     return True  # let rewrite_file report it
-  return engine.may_need_rewrite(data.decode('latin-1'))
+  text = data.decode('latin-1')
+  return engine.may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
 
 
 def _progress(total: int):
@@ -171,16 +172,18 @@ def _progress(total: int):
   return Progress(transient=True, console=Console(stderr=True))
 
 
-def run_files(files: list[pathlib.Path], options: Options, jobs: int):
+def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None):
   """Yield a :class:`engine.FileResult` per file (input order), ``jobs`` processes.
 
   Files without any marker are never parsed (a clean result without reading
-  twice); the rest go to a process pool when there are several.
+  twice); the rest go to a process pool when there are several. ``flows``:
+  each file's :class:`codemod.flow.Flow` (cross-module optimizers), or None.
   """
+  flows = flows or [None] * len(files)
   results: dict[int, engine.FileResult] = {}
   todo = []
   for i, f in enumerate(files):
-    if _candidate(f):
+    if _candidate(f, flows[i]):
       todo.append(i)
     else:
       results[i] = engine.FileResult(str(f), '', new='')
@@ -192,7 +195,7 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int):
   try:
     if jobs > 1 and len(todo) >= POOL_MIN_FILES:
       with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-        futures = {pool.submit(_work, (str(files[i]), options)): i for i in todo}
+        futures = {pool.submit(_work, (str(files[i]), options, flows[i])): i for i in todo}
         for fut in concurrent.futures.as_completed(futures):
           i = futures[fut]
           try:
@@ -203,13 +206,30 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int):
             progress.advance(task)
     else:
       for i in todo:
-        results[i] = _work((str(files[i]), options))
+        results[i] = _work((str(files[i]), options, flows[i]))
         if progress is not None:
           progress.advance(task)
   finally:
     if progress is not None:
       progress.stop()
   return [results[i] for i in range(len(files))]
+
+
+def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options) -> list:
+  """The cross-module pre-pass (:mod:`codemod.flow`): each file's Flow, or None for all
+  files when no module of the tree defines an optimizer factory another one imports."""
+  roots = flow_lib.roots_of(paths)
+  named = []
+  for f in files:
+    owners = [r for p, rs in roots.items() for r in rs
+              if f == pathlib.Path(p) or pathlib.Path(p) in f.parents]
+    shown = f.relative_to(owners[0]).as_posix() if owners and owners[0] in f.parents else str(f)
+    named.append((f, flow_lib.module_names(f, owners) if f.suffix == '.py' else [], shown))
+  factories = flow_lib.build_factories(named, options)
+  if not factories:
+    return [None] * len(files)
+  return [flow_lib.Flow(factories, names[0][0] if names else None,
+                        names[0][1] if names else False) for _, names, _ in named]
 
 
 def report_entries(result: engine.FileResult) -> list[dict]:
@@ -289,7 +309,7 @@ def cmd_rewrite(args) -> int:
   for p in missing:
     print(f'{p}: no such file or directory', file=sys.stderr)
   files = iter_python_files(paths, config.get('exclude', ()))
-  results = run_files(files, options, jobs)
+  results = run_files(files, options, jobs, tree_flows(files, paths, options))
   for result in results:
     if result.error:
       print(result.error, file=sys.stderr)

@@ -45,6 +45,8 @@ RESTORES = {'flax.training.checkpoints.restore_checkpoint': (1, 'target'),
             'flax.serialization.from_state_dict': (0, 'target'),
             'flax.serialization.from_bytes': (0, 'target')}
 FROZEN = 'frozen'
+#: Ends the message of a flag that keeps its file legacy (the engine's second pass looks for it).
+KEEPS_LEGACY = '(this file keeps its legacy optimizer code)'
 
 
 def legacy_symbol(qname: str) -> Optional[str]:
@@ -110,6 +112,16 @@ class _Base:
       if isinstance(t, cst.Name) and (b := self.binding(t)):
         yield b
 
+  def factory_of_call(self, value):
+    """The other module's factory ``value`` calls (``create_optimizer(p)``), if any."""
+    if self.an.flow is None or not isinstance(value, cst.Call):
+      return None
+    for q in sorted(self.qnames(value.func)):
+      found = self.an.flow.resolve(q)
+      if found is not None:
+        return found
+    return None
+
   def is_user_def(self, expr) -> bool:
     """``expr`` is ``MyDef(...)`` for a user subclass of a flax.optim class in this file."""
     return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
@@ -137,9 +149,14 @@ DEF_ONLY_ATTRS = {'hyper_params', 'init_state', 'apply_gradient', 'update_hyper_
 class _Analyzer(_Base, cst.CSTVisitor):
   """Collect def variables, optimizer variables, legacy references and their contexts."""
 
-  def __init__(self):
+  def __init__(self, flow=None):
     super().__init__()
     self.an = self
+    self.flow = flow                # codemod.flow.Flow: factories of other modules, or None
+    self.flow_vars: dict = {}       # binding -> flow.Factory whose result it holds
+    self.flow_used: dict = {}       # qualified name -> flow.Factory this file calls
+    self.module_factories: set[str] = set()  # module-level functions returning an optimizer
+    self._class_depth = 0
     self.def_vars: dict = {}        # binding -> cst.Call of the legacy def
     self.opt_vars: set = set()      # bindings holding optimizers
     self.traversal_vars: dict = {}  # binding -> cst.Call of ModelParamTraversal
@@ -203,12 +220,14 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._annotation_depth -= 1
 
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    self._class_depth += 1
     if any(self.symbol(base.value) for base in node.bases):
       self.subclasses.append(node)
       self.subclass_names.add(node.name.value)
       self._subclass_depth += 1
 
   def leave_ClassDef(self, node: cst.ClassDef) -> None:
+    self._class_depth -= 1
     if any(node is c for c in self.subclasses):
       self._subclass_depth -= 1
 
@@ -274,15 +293,34 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if node.value is not None and (self.legacy_def(node.value) or self.is_user_def(node.value)):
       self.def_vars.update(dict.fromkeys(self.name_bindings([node.target]), node.value))
 
+  def flow_source(self, value):
+    """The factory whose optimizer ``value`` is: its call, or a step/replicate of a name
+    holding one (``opt.apply_gradient(g)``, ``jax_utils.replicate(opt)``)."""
+    found = self.factory_of_call(value)
+    if found is not None or not isinstance(value, cst.Call):
+      return found
+    func = value.func
+    if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('apply_gradient') | m.Name('replicate')
+                                   | m.Name('unreplicate'))):
+      return self.flow_vars.get(self.binding(func.value))
+    if self.qnames(func) & REPLICATE_FNS and value.args and isinstance(value.args[0].value, cst.Name):
+      return self.flow_vars.get(self.binding(value.args[0].value))
+    return None
+
   def visit_Assign(self, node: cst.Assign) -> None:
     value = node.value
     targets = [t.target for t in node.targets]
+    source = self.flow_source(value) if self.flow is not None else None
+    if source is not None:
+      self.flow_vars.update(dict.fromkeys(self.name_bindings(targets), source))
     if self.legacy_def(value) or self.is_user_def(value):
       self.def_vars.update(dict.fromkeys(self.name_bindings(targets), value))
     elif self.is_traversal(value) and isinstance(value, cst.Call):
       self.traversal_vars.update(dict.fromkeys(self.name_bindings(targets), value))
     elif self._produces_optimizer(value):
       self.opt_vars.update(self.name_bindings(targets))
+    elif source is not None:
+      pass  # another module's optimizer, kept legacy there: flagged where it is used
     elif not self._passes_name_through(value, targets):
       # `opt = Thing()`: this name also holds something else; never rewrite it blindly
       self.rebound.update(self.name_bindings(targets))
@@ -321,6 +359,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def visit_Call(self, node: cst.Call) -> None:
     self.call_funcs.add(id(node.func))
+    if (factory := self.factory_of_call(node)) is not None:
+      self.flow_used[factory.qualified] = factory
     name = self.legacy_def(node)
     if name == WEIGHT_NORM:
       self._group_args.update(id(a) for a in node.args)
@@ -365,7 +405,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
       return self.binding(func.value) in self.opt_vars
     if isinstance(func, cst.Name) and func.value in self.opt_factories:
       return True  # a function of this module that returns `Def(...).create(...)`
-    return False
+    factory = self.factory_of_call(value)
+    return factory is not None and factory.converted  # another module's, converted there
 
   def _is_def_value(self, expr) -> bool:
     return self.legacy_def(expr) is not None or self.is_user_def(expr) or (
@@ -382,6 +423,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
         self._produces_optimizer(node.value)
         or (isinstance(node.value, cst.Name) and self.binding(node.value) in self.opt_vars)):
       self.opt_factories.add(self._function_stack[-1])
+      if len(self._function_stack) == 1 and not self._class_depth:
+        self.module_factories.add(self._function_stack[0])
 
   def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
     self._function_stack.pop()
@@ -413,6 +456,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
   # -- what blocks the file ------------------------------------------------
   def visit_Module(self, node: cst.Module) -> None:
     a = self.a
+    self._find_group_applies()
     for ref_id, sym in a.refs.items():
       problem = self._ref_problem(ref_id, sym)
       if problem:
@@ -433,7 +477,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       recv, _, via_opt = a.hp_reads[attr_id]
     # `opt.optimizer_def` consumed by a converted hyper_params read
     self._hp_owner_ids = {id(self._hp_owner(i)) for i in self._hp_values}
-    conflicts = sorted(self.bound_names & EMITTED_NAMES) if a.uses_legacy else []
+    conflicts = sorted(self.bound_names & EMITTED_NAMES) if (a.uses_legacy or a.flow_used) else []
     if conflicts and (a.def_calls or a.create_calls or a.apply_calls):
       self.flag(node, 'OM100', f'{", ".join(f"`{n}`" for n in conflicts)} is bound to something '
                                'else in this file, and the rewrite would use that name for the '
@@ -445,12 +489,15 @@ class _Rewriter(_Base, cst.CSTTransformer):
         or any(self._def_problem(c) for c in a.def_calls)
         or any(self._create_problem(c) for c in a.create_calls)
         or any(self._apply_problem(c) for c in a.apply_calls if self._is_optimizer(c.func.value))
+        or any(self._flow_lr_problem(c) for c in a.optimize_calls
+               if self._is_optimizer(c.func.value))
         or any(self._method_problem(c) for c in a.method_calls.values())
         or self._legacy_only_uses() or self._def_only_uses()
         or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls))
         or bool(a.escaping))
-    # a file that never references flax.optim: nothing proves `.apply_gradient` is ours
-    self.unproven = not a.uses_legacy
+    # a file that never references flax.optim: nothing proves `.apply_gradient` is ours, unless
+    # a name holds what another module's converted factory returned (codemod.flow)
+    self.unproven = not a.uses_legacy and not any(f.converted for f in a.flow_used.values())
 
   def _user_def_create(self, call) -> bool:
     recv = call.func.value
@@ -500,14 +547,148 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return any(r[0] is attr.value and attr.attr.value == 'hyper_params'
                for i, r in self.a.hp_reads.items() if i in self._hp_values or i in self._bad_hp)
 
+  def _find_group_applies(self) -> None:
+    """Per-group learning rates (``hyper_params=[...]`` of a MultiOptimizer) that convert.
+
+    Converted: every element is ``opt.optimizer_def.hyper_params[i].replace(learning_rate=x)``
+    with ``i`` its position and ``opt`` the receiver (a name), one per group of the file's
+    single MultiOptimizer, whose groups are all defs of the migration table. Each group's
+    transformation is then built with ``inject_hyperparams`` and its learning rate set in
+    ``opt_state.inner_states[label]`` (legacy semantics: the override holds for that call;
+    the file converts only when every apply call overrides, see ``mixed_lr``).
+    """
+    a = self.a
+    self._group_applies: dict[int, tuple] = {}  # id(call) -> (lr expressions, labels)
+    multis = [c for c in a.def_calls if self.legacy_def(c) == MULTI]
+    calls = [c for c in a.apply_calls if 'hyper_params' in self._kwargs(c)]
+    if len(multis) != 1 or self._multi_problem(multis[0]) is not None:
+      return
+    multi = multis[0]
+    subs = [arg.value.elements[1].value for arg in multi.args]
+    subs = [self.a.def_vars.get(self.binding(x)) if isinstance(x, cst.Name) else x for x in subs]
+    if not all(self.legacy_def(x) in spec_lib.SPECS for x in subs):
+      return  # a user def (to_optax) has no injectable learning rate
+    for call in calls:
+      lrs = self._group_lrs(call)
+      if lrs is None or len(lrs) != len(multi.args) or not self._is_optimizer(call.func.value):
+        continue
+      self._group_applies[id(call)] = (lrs, self._multi_labels(multi))
+      for element in self._kwargs(call)['hyper_params'].value.elements:
+        a.handled.add(id(element.value.func.value.value.value))  # `opt.optimizer_def`
+    self.inject_lr = self.inject_lr or bool(self._group_applies)
+    with_lr = [('learning_rate' in self._kwargs(c)) or id(c) in self._group_applies
+               for c in [*a.apply_calls, *a.optimize_calls]]
+    self.mixed_lr = any(with_lr) and not all(with_lr)
+
+  def _group_lrs(self, call: cst.Call) -> Optional[list]:
+    """The learning-rate expressions of ``opt.apply_gradient(g, hyper_params=[...])`` when
+    each element only replaces its own group's learning rate, else None."""
+    kwargs = self._kwargs(call)
+    positional = [x for x in call.args if x.keyword is None]
+    recv = call.func.value
+    if set(kwargs) != {'hyper_params'} or len(positional) != 1 or any(x.star for x in call.args) \
+        or not isinstance(recv, cst.Name) or not isinstance(kwargs['hyper_params'].value, cst.List):
+      return None
+    lrs = []
+    for i, element in enumerate(kwargs['hyper_params'].value.elements):
+      value = element.value
+      if not isinstance(element, cst.Element) or not m.matches(value, m.Call(
+          func=m.Attribute(value=m.Subscript(value=m.Attribute(
+              value=m.Attribute(value=m.Name(recv.value), attr=m.Name('optimizer_def')),
+              attr=m.Name('hyper_params'))), attr=m.Name('replace')),
+          args=[m.Arg(keyword=m.Name('learning_rate'), star='')])):
+        return None
+      index = value.func.value.slice
+      if len(index) != 1 or not m.matches(index[0].slice, m.Index(value=m.Integer())) \
+          or int(index[0].slice.value.value, 0) != i:
+        return None
+      lrs.append(value.args[0].value)
+    return lrs
+
+  def _multi_labels(self, call: cst.Call) -> list[str]:
+    """The multi_transform label of each group: the traversal's name, else ``group_<i>``."""
+    labels = []
+    for i, arg in enumerate(call.args):
+      traversal = arg.value.elements[0].value
+      labels.append(traversal.value if isinstance(traversal, cst.Name) else f'group_{i}')
+    return [f'group_{i}' if labels.count(label) > 1 or label == FROZEN else label
+            for i, label in enumerate(labels)]
+
+  # -- cross-module flows (codemod.flow) ----------------------------------
+  def factory_of(self, expr):
+    """The other module's factory whose optimizer ``expr`` holds, converted or not."""
+    if isinstance(expr, cst.Name):
+      b = self.binding(expr)
+      return None if b in self.a.rebound else self.a.flow_vars.get(b)
+    if isinstance(expr, cst.Call):
+      found = self.factory_of_call(expr)
+      if found is None and m.matches(expr.func, m.Attribute(attr=m.Name('apply_gradient'))):
+        return self.factory_of(expr.func.value)
+      return found
+    return None
+
+  def _unconverted(self, expr):
+    found = self.factory_of(expr)
+    return found if found is not None and not found.converted else None
+
+  def _flow_lr_problem(self, call: cst.Call) -> Optional[str]:
+    """An apply-time learning rate the creating module's conversion cannot honour."""
+    factory = self.factory_of(call.func.value)
+    if factory is None or not factory.converted:
+      return None
+    given = 'learning_rate' in self._kwargs(call)
+    if factory.inject_lr is None:
+      return (f'the optimizer is created by {factory.where}, which returns a TrainState whose tx '
+              'is built elsewhere: whether its learning rate is injected cannot be told, so this '
+              'call is not converted; convert it by hand')
+    if given and not factory.inject_lr:
+      return (f'learning_rate at apply time, but the optimizer is created by {factory.where}, '
+              'whose conversion does not inject the learning rate (that file passes none at '
+              'apply time): build its transformation with optax.inject_hyperparams there, or '
+              'convert this call by hand')
+    if not given and factory.inject_lr:
+      return (f'no learning_rate here, but the optimizer is created by {factory.where}, whose '
+              'conversion injects it (an injected rate persists in opt_state, legacy used the '
+              "def's value for calls without one): pass learning_rate here too, or convert by hand")
+    return None
+
+  def _unproven_message(self, recv, what='`.apply_gradient`') -> str:
+    """The flag on a legacy-looking use nothing proves to be an optimizer."""
+    code = self._code(recv)
+    factory = self._unconverted(recv)
+    if factory is not None:
+      return (f'`{code}` is created by {factory.where}, which keeps its legacy optimizer code '
+              f'({factory.why}): migrate it there first {KEEPS_LEGACY}')
+    if self.a.flow_used:
+      where = ', '.join(f.where for f in self.a.flow_used.values())
+      return (f'nothing proves `{code}` holds a flax.optim Optimizer (function parameters, '
+              'attributes and values from unknown modules are not followed); if it is the one '
+              f'created by {where}, that now returns a TrainState: convert {what} here by hand '
+              f'{KEEPS_LEGACY}')
+    return ('this file never imports flax.optim: if this is a flax.optim Optimizer, migrate it '
+            'where it is created')
+
+  def _created_by(self) -> str:
+    converted = [f.where for f in self.a.flow_used.values() if f.converted]
+    return f' (created by {", ".join(converted)}, this file uses it)' if converted else ''
+
   def _apply_problem(self, call: cst.Call) -> Optional[str]:
+    if id(call) in self._group_applies:
+      return None
+    if (problem := self._flow_lr_problem(call)) is not None:
+      return problem
     kwargs = self._kwargs(call)
     positional = [a for a in call.args if a.keyword is None]
     other = sorted(set(kwargs) - {'learning_rate'})
     if len(positional) != 1 or other or any(a.star for a in call.args):
+      if 'hyper_params' in other:
+        return ('apply_gradient(hyper_params=[...]): per-group learning rates convert only as '
+                '`[opt.optimizer_def.hyper_params[i].replace(learning_rate=x), ...]`, one per '
+                "group in order, for the file's single MultiOptimizer of table defs, on every "
+                'apply call; otherwise inject them by hand with optax.inject_hyperparams, per '
+                'group at opt_state.inner_states[label].inner_state.hyperparams')
       return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
-              'with optax.inject_hyperparams (for a MultiOptimizer, per group at '
-              'opt_state.inner_states[label].inner_state.hyperparams)')
+              'with optax.inject_hyperparams')
     return None
 
   def _method_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
@@ -589,7 +770,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def _is_optimizer(self, expr) -> bool:
     if isinstance(expr, cst.Name):
       b = self.binding(expr)
-      return b in self.a.opt_vars and b not in self.a.rebound
+      if b in self.a.rebound:
+        return False
+      if b in self.a.flow_vars:  # another module's optimizer: converted there or not at all
+        return self.a.flow_vars[b].converted
+      # in a file without flax.optim only the flow proves anything
+      return b in self.a.opt_vars and self.a.uses_legacy
+    if isinstance(expr, cst.Call) and (factory := self.factory_of_call(expr)) is not None:
+      return factory.converted
     if isinstance(expr, cst.Call) and self.qnames(expr.func) & REPLICATE_FNS and expr.args:
       return self._is_optimizer(expr.args[0].value)
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
@@ -597,7 +785,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       if method == 'create':  # `Def(...).create(p).target`
         return self.is_def(recv, self.a.def_vars)
       if method == 'apply_gradient':  # `opt.apply_gradient(g).target`
-        return True
+        return self.a.uses_legacy or self._is_optimizer(recv)
       if method in ('replicate', 'unreplicate'):
         return self._is_optimizer(recv)
     return False
@@ -716,11 +904,18 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                    'not; legacy overrides last one call, Optax state persists '
                                    '(this file keeps its legacy optimizer code)')
       return updated
+    if (m.matches(func, m.Attribute(attr=m.Name('apply_gradient')))
+        and not self.a.defines_apply_gradient and not self._is_optimizer(original.func.value)
+        and (not self.a.uses_legacy or self._unconverted(original.func.value) is not None)):
+      # not proven: a file without flax.optim, or another module's optimizer kept legacy there
+      self.flag(original, 'OM100', self._unproven_message(original.func.value))
+      return updated
     if self.unproven:
-      if (m.matches(func, m.Attribute(attr=m.Name('apply_gradient')))
-          and not self.a.defines_apply_gradient):
-        self.flag(original, 'OM100', 'this file never imports flax.optim: if this is a flax.optim '
-                                     'Optimizer, migrate it where it is created')
+      return updated
+    if (m.matches(func, m.Attribute(attr=m.Name('optimize')))
+        and self._is_optimizer(original.func.value)
+        and (problem := self._flow_lr_problem(original)) is not None):
+      self.flag(original, 'OM102', problem + ' (this file keeps its legacy optimizer code)')
       return updated
     if id(original) in self.a.method_calls and self._is_optimizer(original.func.value):
       problem = self._method_problem(original)
@@ -875,10 +1070,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
         sub = f'optim_compat.to_optax({sub})'
         self._add_import('optim_compat')
       groups.append([label, self._code(u_trav), sub])
-    labels = [g[0] for g in groups]
-    for g, (i, label) in zip(groups, enumerate(labels)):
-      if labels.count(label) > 1 or label == FROZEN:
-        g[0] = f'group_{i}'
+    for g, label in zip(groups, self._multi_labels(original)):
+      g[0] = label
     txs = ', '.join(f'{g[0]!r}: {g[2]}' for g in groups)
     source = (f'optax.multi_transform({{{txs}, {FROZEN!r}: optax.set_to_zero()}}, '
               f'{self._labels([(g[1], g[0]) for g in groups])})')
@@ -977,6 +1170,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return cst.parse_expression(src).visit(_Substitute({'S': source_arg, 'T': target}))
 
   def _rewrite_apply(self, original, updated):
+    if id(original) in self._group_applies:
+      return self._rewrite_group_apply(original, updated)
     kwargs = self._kwargs(updated)
     positional = [a for a in updated.args if a.keyword is None]
     other = sorted(set(kwargs) - {'learning_rate'})
@@ -998,6 +1193,24 @@ class _Rewriter(_Base, cst.CSTTransformer):
       template = 'R.apply_gradients(grads=G)'
       subs = {'R': recv, 'G': grads}
       self.fixed(original, 'OM002', 'apply_gradient(g) -> apply_gradients(grads=g)')
+    return cst.parse_expression(template).visit(_Substitute(subs))
+
+  def _rewrite_group_apply(self, original, updated):
+    """``opt.apply_gradient(g, hyper_params=[hp0.replace(learning_rate=a), ...])`` ->
+    each group's learning rate set in its ``inner_states[label]``, then apply_gradients."""
+    lrs, labels = self._group_applies[id(original)]
+    new_lrs = [e.value.args[0].value for e in self._kwargs(updated)['hyper_params'].value.elements]
+    groups = ', '.join(f'{label!r}: optax.tree_utils.tree_set(R.opt_state.inner_states[{label!r}], '
+                       f'learning_rate=LR_{i}_)' for i, label in enumerate(labels))
+    template = (f'R.replace(opt_state=R.opt_state._replace(inner_states={{'
+                f'**R.opt_state.inner_states, {groups}}})).apply_gradients(grads=G)')
+    subs = {'R': updated.func.value,
+            'G': [x for x in updated.args if x.keyword is None][0].value,
+            **{f'LR_{i}_': lr for i, lr in enumerate(new_lrs)}}
+    self._add_import('optax')
+    self.fixed(original, 'OM002', 'apply_gradient(g, hyper_params=[...]) with per-group learning '
+                                  'rates -> each set in opt_state.inner_states[label] '
+                                  '(inject_hyperparams), then apply_gradients')
     return cst.parse_expression(template).visit(_Substitute(subs))
 
   def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
@@ -1079,6 +1292,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if original.attr.value in DEF_ONLY_ATTRS and any(original is a for a in self._def_only_uses()):
       self.flag(original, 'OM100', f'`.{original.attr.value}` of a flax.optim def has no Optax '
                                    'equivalent (this file keeps its legacy optimizer code)')
+    if original.attr.value in ('target', 'state') and self._unconverted(original.value):
+      self.flag(original, 'OM100', self._unproven_message(original.value,
+                                                          f'`.{original.attr.value}`'))
+      return updated
     if self.blocked or self.unproven:
       return updated
     if id(original) in self._hp_values:
@@ -1092,22 +1309,24 @@ class _Rewriter(_Base, cst.CSTTransformer):
         self.fixed(original, 'OM003', '.target -> .params')
         return updated.with_changes(attr=cst.Name('params'))
       value = original.value
-      if (self.a.uses_legacy and isinstance(value, cst.Name)
+      if ((self.a.uses_legacy or self.a.flow_used) and isinstance(value, cst.Name)
           and (self.binding(value) in self.a.params
                or self.binding(value) in (self.a.rebound & self.a.opt_vars))):
         # a parameter of unknown origin in a legacy file: maybe an optimizer
         self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim '
-                                     'Optimizer, `.target` is `.params` on a TrainState')
+                                     'Optimizer, `.target` is `.params` on a TrainState'
+                                     + self._created_by())
     if (original.attr.value == 'step' and isinstance(original.value, cst.Attribute)
         and original.value.attr.value == 'state'):
       if self._is_optimizer(original.value.value):
         self.fixed(original, 'OM004', '.state.step -> .step')
         return updated.with_changes(value=updated.value.value)
       value = original.value.value
-      if (self.a.uses_legacy and isinstance(value, cst.Name)
+      if ((self.a.uses_legacy or self.a.flow_used) and isinstance(value, cst.Name)
           and self.binding(value) in self.a.params):
         self.flag(original, 'OM100', f'if `{value.value}` is a flax.optim Optimizer, '
-                                     '`.state.step` is `.step` on a TrainState')
+                                     '`.state.step` is `.step` on a TrainState'
+                                     + self._created_by())
     return updated
 
   def _rewrite_reference(self, original, updated):
@@ -1236,20 +1455,30 @@ class MigrateCommand(CodemodCommand):
 
   DESCRIPTION = __doc__
 
-  def __init__(self, context: CodemodContext, options: Optional[Options] = None):
+  def __init__(self, context: CodemodContext, options: Optional[Options] = None, flow=None):
     super().__init__(context)
     self.options = options or Options()
+    self.flow = flow if flow is not None and flow.factories else None
     self.findings: list[Finding] = []
+    #: module-level functions returning an optimizer -> whether the result is a TrainState
+    self.factories: dict[str, bool] = {}
+    self.inject_lr = False
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-    reduced, originals = _reduce(tree)
+    if self.flow is not None and self.flow.mentioned(tree.code):
+      reduced, originals = tree, {}  # a factory's name is no word _reduce knows
+    else:
+      reduced, originals = _reduce(tree)
     wrapper = cst.MetadataWrapper(reduced, unsafe_skip_copy=True)
-    analysis = _Analyzer()
+    analysis = _Analyzer(self.flow)
     wrapper.visit(analysis)
     rewriter = _Rewriter(self.context, analysis, self.options)
     rewriter.bound_names = _bound_names(tree)  # the whole module, set-aside statements too
     result = _restore(wrapper.visit(rewriter), originals)
     self.findings = rewriter.findings
+    converts = not rewriter.blocked and not rewriter.unproven
+    self.factories = dict.fromkeys(sorted(analysis.module_factories), converts)
+    self.inject_lr = rewriter.inject_lr
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
     removals = [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
                 *_legacy_imports(tree)] if analysis.uses_legacy else []

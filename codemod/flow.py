@@ -1,0 +1,308 @@
+"""Cross-module optimizer flows: the repository-level pre-pass of ``rewrite``.
+
+A file that never imports ``flax.optim`` may still hold a legacy optimizer: one
+made by a function of another module (``opt = create_optimizer(p)`` after
+``from pkg.opt import create_optimizer``). Before the per-file rewrites,
+:func:`build_factories` finds, over all the files of the run, the module-level
+functions whose returned optimizer the codemod converts to a ``TrainState``
+(by rewriting their file exactly as the run will), keyed by qualified name
+``<module dotted name>.<function>``; a module's dotted name is its path
+relative to the tree root (the directory given, raised past parent packages
+that have an ``__init__.py``). Each file's rewrite then gets a :class:`Flow`:
+names proven (LibCST ``QualifiedNameProvider``) to be bound to such a call get
+the conversions of the defining file; the rest stays flagged, naming the
+factory the file uses.
+
+The pre-pass is cheap: only files that could define a factory (they reference
+``flax.optim``, define a function and call ``create``) and whose module's last
+name appears in an import line of another file are parsed; for stdin (``-``)
+there is no tree and no flow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+from typing import Iterable, Mapping, Optional
+
+import libcst as cst
+from libcst.metadata import QualifiedNameProvider
+
+#: A line that imports something (``import a.b``, ``from .a import b``).
+_IMPORT_LINE = re.compile(r'^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import\b|import\b)[^\n]*', re.M)
+_WORD = re.compile(r'\w+')
+_TOP_DEF = re.compile(r'^(?:async[ \t]+)?def[ \t]+\w+', re.M)
+
+
+@dataclasses.dataclass(frozen=True)
+class Factory:
+  """A module-level function of the tree that returns a legacy optimizer.
+
+  Attributes:
+    qualified: ``'pkg.opt.create_optimizer'``.
+    path: the defining file, as the run names it.
+    converted: its file's rewrite returns a ``TrainState`` from it, or it
+      already does (a module migrated earlier); False: that file keeps its
+      legacy optimizer code, for ``why``.
+    inject_lr: the transformation is built with ``optax.inject_hyperparams``
+      (that file passes ``learning_rate`` at apply time), so a learning rate
+      can be set in ``opt_state``; None: cannot tell (a migrated module whose
+      ``tx`` is not written in the call).
+    why: the first manual item of the defining file when not converted.
+  """
+  qualified: str
+  path: str
+  converted: bool
+  inject_lr: Optional[bool]
+  why: str = ''
+
+  @property
+  def function(self) -> str:
+    return self.qualified.rsplit('.', 1)[1]
+
+  @property
+  def where(self) -> str:
+    """``pkg/opt.py:create_optimizer``."""
+    return f'{self.path}:{self.function}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Flow:
+  """What one file's rewrite knows of the tree: the factories and its own module name."""
+  factories: Mapping[str, Factory]
+  module: Optional[str] = None
+  is_package: bool = False  # the file is a package's ``__init__.py``
+
+  def resolve(self, qname: str) -> Optional[Factory]:
+    """The factory ``qname`` names (absolute, or relative to this file's package)."""
+    if qname.startswith('.'):
+      if self.module is None:
+        return None
+      dots = len(qname) - len(qname.lstrip('.'))
+      package = self.module.split('.') if self.is_package else self.module.split('.')[:-1]
+      if dots - 1 > len(package):
+        return None
+      base = package[:len(package) - (dots - 1)]
+      qname = '.'.join([*base, qname[dots:]])
+    return self.factories.get(qname)
+
+  def mentioned(self, text: str) -> bool:
+    """Could ``text`` call a factory (its function and its module's last name appear)?
+    A cheap prefilter, before any parse."""
+    return any(f.function in text and f.qualified.rsplit('.', 2)[-2] in text
+               for f in self.factories.values())
+
+
+def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path]) -> list[tuple[str, bool]]:
+  """``[(dotted name, is_package)]`` of ``path`` relative to each root it lies under.
+
+  A root that is itself inside a package (it has an ``__init__.py``) is raised
+  to the package's parent, as Python's import path would be.
+  """
+  out = []
+  absolute = path.absolute()
+  for root in roots:
+    root = root.absolute()
+    while (root / '__init__.py').exists() and root.parent != root:
+      root = root.parent
+    try:
+      rel = absolute.relative_to(root)
+    except ValueError:
+      continue
+    parts = list(rel.with_suffix('').parts)
+    is_package = parts[-1] == '__init__'
+    if is_package:
+      parts = parts[:-1]
+    if parts and all(p.isidentifier() for p in parts):
+      name = '.'.join(parts)
+      if (name, is_package) not in out:
+        out.append((name, is_package))
+  return out
+
+
+def roots_of(paths: Iterable[str]) -> dict[str, list[pathlib.Path]]:
+  """``{path given: [roots]}``: a directory is its own root; a file's root is its directory."""
+  out = {}
+  for p in map(pathlib.Path, paths):
+    out[str(p)] = [p] if p.is_dir() else [p.parent]
+  return out
+
+
+def _could_define(text: str) -> bool:
+  """A legacy factory (the codemod's words) or an already migrated one (``TrainState``)."""
+  from codemod import engine
+  return ('create' in text and 'return' in text and _TOP_DEF.search(text) is not None
+          and ('TrainState' in text or engine.may_need_rewrite(text)))
+
+
+TRAIN_STATE_CREATE = 'flax.training.train_state.TrainState.create'
+INJECT = 'optax.inject_hyperparams'
+
+
+class _MigratedFactories(cst.CSTVisitor):
+  """Module-level functions that return ``TrainState.create(...)`` (directly, or a local
+  name only ever assigned one): a module migrated before this run, so that its users still
+  convert, and a second run over a tree gives what the first wrote."""
+
+  METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+  def __init__(self):
+    super().__init__()
+    self.found: dict[str, Optional[bool]] = {}  # function -> inject_lr
+    self._depth = 0                             # functions and classes entered
+    self._function = None
+    self._assigned: dict[str, list] = {}        # local name -> values assigned
+    self._returns: list = []
+
+  def _qnames(self, node) -> set[str]:
+    return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+
+  def _creates(self, node) -> bool:
+    return isinstance(node, cst.Call) and TRAIN_STATE_CREATE in self._qnames(node.func)
+
+  def visit_ClassDef(self, node) -> None:
+    self._depth += 1
+
+  def leave_ClassDef(self, node) -> None:
+    self._depth -= 1
+
+  def visit_FunctionDef(self, node) -> None:
+    if self._depth == 0:
+      self._function, self._assigned, self._returns = node, {}, []
+    self._depth += 1
+
+  def visit_Assign(self, node) -> None:
+    if self._depth == 1:
+      for t in node.targets:
+        if isinstance(t.target, cst.Name):
+          self._assigned.setdefault(t.target.value, []).append(node.value)
+
+  def visit_Return(self, node) -> None:
+    if self._depth == 1 and node.value is not None:
+      self._returns.append(node.value)
+
+  def leave_FunctionDef(self, node) -> None:
+    self._depth -= 1
+    if self._depth or not self._returns:
+      return
+    creates = []
+    for value in self._returns:
+      if isinstance(value, cst.Name) and self._assigned.get(value.value):
+        values = self._assigned[value.value]
+      else:
+        values = [value]
+      if not all(self._creates(v) for v in values):
+        return
+      creates.extend(values)
+    self.found[node.name.value] = self._inject(creates)
+
+  def _inject(self, calls) -> Optional[bool]:
+    verdicts = set()
+    for call in calls:
+      tx = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == 'tx'),
+                None)
+      if not isinstance(tx, cst.Call):
+        return None  # built elsewhere: cannot tell
+      finder = _Finder(self, INJECT)
+      tx.visit(finder)
+      verdicts.add(finder.found)
+    return verdicts.pop() if len(verdicts) == 1 else None
+
+
+class _Finder(cst.CSTVisitor):
+  def __init__(self, owner, qname):
+    super().__init__()
+    self.owner, self.qname, self.found = owner, qname, False
+
+  def visit_Call(self, node) -> None:
+    if self.qname in self.owner._qnames(node.func):
+      self.found = True
+
+
+def migrated_factories(source: str) -> dict[str, Optional[bool]]:
+  """``{function: inject_lr}`` of a module's functions that already return a TrainState."""
+  if TRAIN_STATE_CREATE.rsplit('.', 2)[1] not in source:
+    return {}
+  visitor = _MigratedFactories()
+  cst.MetadataWrapper(cst.parse_module(source)).visit(visitor)
+  return visitor.found
+
+
+#: Pre-pass rounds: a creator that itself uses another module's factory is rewritten again
+#: with what the previous round found, until nothing changes.
+MAX_ROUNDS = 3
+
+
+def build_factories(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
+                    ) -> dict[str, Factory]:
+  """The factories of the tree: ``{qualified name: Factory}``.
+
+  ``files``: each ``.py`` file of the run with its module names
+  (:func:`module_names`) and the path messages name it by. A file is parsed
+  only when it could define a factory and some file's import lines mention its
+  module's last name. A creator is rewritten as the run will rewrite it: with
+  the flow of the others when it calls one of them (rounds to a fixed point;
+  a creator still changing after :data:`MAX_ROUNDS` counts as kept legacy).
+  """
+  texts = {}
+  for path, _, _ in files:
+    try:
+      texts[path] = path.read_bytes().decode('latin-1')
+    except OSError:
+      continue  # reported by the per-file run
+  imported = set()
+  for text in texts.values():
+    if 'import' in text:
+      for line in _IMPORT_LINE.findall(text):
+        imported.update(_WORD.findall(line))
+  creators = [(path, names, shown) for path, names, shown in files
+              if texts.get(path) is not None and names and _could_define(texts[path])
+              and any(name.rsplit('.', 1)[-1] in imported for name, _ in names)]
+  found = {str(path): _scan(path, names, shown, options, None) for path, names, shown in creators}
+  unsettled: set[str] = set()
+  for _ in range(MAX_ROUNDS - 1):
+    factories = _merge(found)
+    if not factories:
+      return {}
+    unsettled = set()
+    for path, names, shown in creators:
+      others = Flow({q: f for q, f in factories.items() if f.path != shown})
+      if others.mentioned(texts[path]):
+        new = _scan(path, names, shown, options, Flow(factories, names[0][0], names[0][1]))
+        if new != found[str(path)]:
+          found[str(path)] = new
+          unsettled.add(str(path))
+    if not unsettled:
+      return factories
+  for key in unsettled:  # still changing: never prove anything from them
+    found[key] = [dataclasses.replace(f, converted=False, why='it depends on other factories in a '
+                                      'way the pre-pass did not settle') for f in found[key]]
+  return _merge(found)
+
+
+def _merge(found: dict) -> dict[str, Factory]:
+  return {f.qualified: f for factories in found.values() for f in factories}
+
+
+def _scan(path, names, shown, options, flow_file) -> list[Factory]:
+  """The factories one creator file defines, as the run's rewrite of it makes them."""
+  from codemod import engine
+  from codemod.transform import KEEPS_LEGACY
+  result = engine.rewrite_file(path, options, flow_file)
+  if result.error:
+    return []
+  found = {}
+  if result.factories:  # legacy: what this run's rewrite of the file makes of them
+    why = next((f'{f.rule}: {f.message}'.replace(' ' + KEEPS_LEGACY, '')
+                for f in result.manual), 'see its report')
+    for function, converted in result.factories.items():
+      converted = converted and result.changed
+      found[function] = (converted, result.inject_lr, '' if converted else why)
+  else:  # already migrated: functions returning TrainState.create(...)
+    try:
+      migrated = migrated_factories(result.original)
+    except cst.ParserSyntaxError:
+      migrated = {}
+    found = {function: (True, inject, '') for function, inject in migrated.items()}
+  return [Factory(f'{name}.{function}', shown, converted, inject, why)
+          for function, (converted, inject, why) in found.items() for name, _ in names]
