@@ -21,6 +21,7 @@ from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
+from codemod import import_scope
 from codemod.rules import RULES, TODO_PREFIX, Options
 from optim_compat import spec as spec_lib
 
@@ -1407,9 +1408,9 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
     context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
     head = AddImportsVisitor(context).transform_module(head)
     context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
-  if fast:
+  if fast and import_scope.may_remove(head.body, fast):
     head = RemoveImportsVisitor(context, fast).transform_module(head)
   tree = tree.with_changes(body=[*head.body, *tail])
   if slow:
-    tree = RemoveImportsVisitor(context, slow).transform_module(tree)
+    tree = import_scope.remove_unused_imports(context, tree, len(head.body), slow)
   return tree

@@ -1,0 +1,103 @@
+"""Codemod speed paths: each shortcut gives exactly what the slow path gives."""
+import pathlib
+
+import libcst as cst
+import pytest
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import RemoveImportsVisitor
+
+from codemod import engine, import_scope, transform
+
+FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'codemod'
+FILLER = ''.join(f'\n\ndef helper_{i}(values, scale={i}):\n  total = 0\n  for v in values:\n'
+                 f'    total += v * scale\n  return total\n' for i in range(6))
+#: Modules where an import of flax.optim is shadowed, used late, aliased, declared global,
+#: exported, named in a string annotation, re-imported in a function or imported in an `if`.
+TRICKY = [
+    'from flax import optim\nimport jax\n\ndef f(optim):\n  return optim\n\ndef g():\n  return 1\n',
+    'from flax import optim\nx = 1\n\ndef g(p):\n  return p\n\nclass K:\n  pass\n\nY = optim.Adam\n',
+    'import flax.optim as fo\n\ndef g(p):\n  return p\n\ndef h():\n  return fo\n',
+    'import flax.optim as fo\n\ndef g(fo):\n  return fo\n\ndef h():\n  return 2\n',
+    'from flax import optim\n\ndef g(p):\n  global optim\n  optim = 3\n\ndef h(p):\n  return p\n',
+    'from flax import optim\n\ndef h(p):\n  return p\n\n__all__ = ["optim"]\n',
+    'from flax import optim\n\ndef g(p) -> "optim.Optimizer":\n  return p\n',
+    'from flax import optim\n\ndef g(p):\n  from flax import optim\n  return optim\n\ndef h():\n  pass\n',
+    'import jax\nif True: from flax import optim\n\ndef g(p):\n  return p\n',
+    'from flax.optim import Adam, Momentum\nimport jax\n\ndef g(p):\n  return Adam\n\ndef h():\n  pass\n',
+    'from flax.optim import Adam, Momentum\nimport jax\n\ndef g(p):\n  return p\n\ndef h(Momentum):\n'
+    '  return Momentum\n',
+    'import flax.optim\nimport flax\n\ndef g(p):\n  return flax.linen\n\ndef h():\n  pass\n',
+    'from flax import optim\n\ndef g(p):\n  return p\nfrom flax import optim as o2\n\ndef h():\n'
+    '  return o2\n',
+]
+REMOVALS = [('flax', 'optim', None), ('flax.optim', None, None), ('flax.optim', None, 'fo'),
+            ('flax.optim', 'Adam', None), ('flax.optim', 'Momentum', None), ('flax', 'optim', 'o2')]
+
+
+def _modules():
+  for source in TRICKY:
+    yield source
+    yield source + FILLER
+  for path in sorted(FIXTURES.glob('*/*.py')):
+    yield path.read_text()
+
+
+@pytest.mark.parametrize('index', range(len(list(_modules()))))
+def test_reduced_import_removal_equals_the_whole_module_pass(index):
+  """``remove_unused_imports`` analyses only the head and the statements naming a removal,
+  and must give byte for byte what LibCST's whole-module ``RemoveImportsVisitor`` gives."""
+  source = list(_modules())[index]
+  tree = cst.parse_module(source)
+  n_head = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
+                len(tree.body))
+  for removals in ([r] for r in REMOVALS):
+    whole = RemoveImportsVisitor(CodemodContext(), removals).transform_module(tree).code
+    fast = import_scope.remove_unused_imports(CodemodContext(), tree, n_head, removals).code
+    assert fast == whole, (removals, source)
+  whole = RemoveImportsVisitor(CodemodContext(), REMOVALS).transform_module(tree).code
+  assert import_scope.remove_unused_imports(CodemodContext(), tree, n_head, REMOVALS).code == whole
+
+
+def test_import_removal_is_tested_on_real_reductions():
+  """The cases above exercise all three outcomes: removed, kept, and nothing to match."""
+  removed = kept = untouched = 0
+  for source in TRICKY:
+    tree = cst.parse_module(source + FILLER)
+    n_head = next(i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement))
+    if not import_scope.may_remove(tree.body[:n_head], REMOVALS):
+      untouched += 1
+    elif import_scope.remove_unused_imports(CodemodContext(), tree, n_head, REMOVALS).code == source + FILLER:
+      kept += 1
+    else:
+      removed += 1
+  assert removed >= 3 and kept >= 3
+
+
+def test_may_remove_is_false_only_without_a_matching_import():
+  head = cst.parse_module('import jax\nfrom flax import linen as nn\nimport flax.optim as fo\n').body
+  assert not import_scope.may_remove(head[:2], [('flax', 'optim', None), ('flax.optim', None, None)])
+  assert import_scope.may_remove(head, [('flax.optim', None, None)])
+  assert import_scope.may_remove(head, [('flax', 'linen', None)])  # alias differs: still a match
+  relative = cst.parse_module('from . import optim\n').body
+  assert import_scope.may_remove(relative, [('flax', 'optim', None)])
+
+
+def test_one_parse_per_file_even_with_the_keep_legacy_second_pass(monkeypatch):
+  """A file whose first pass must be redone keeping its legacy code is parsed once."""
+  source = ('import jax\nfrom flax import optim\n'
+            'opt = optim.GradientDescent(learning_rate=0.1).create(params)\n'
+            'step = jax.jit(opt.apply_gradient)\nopt = step(params)\nprint(opt.target)\n')
+  calls = []
+  real = cst.parse_module
+  monkeypatch.setattr(engine.cst, 'parse_module',
+                      lambda text, *a, **k: calls.append(len(text)) or real(text, *a, **k))
+  passes = []
+  real_rewrite = engine._rewrite_module
+  monkeypatch.setattr(engine, '_rewrite_module',
+                      lambda *a, **k: passes.append(a[3]) or real_rewrite(*a, **k))
+  result = engine.rewrite_source(source, 'l.py')
+  assert result.error is None and result.findings
+  assert len(passes) == 2 and passes[1].keep_legacy, 'the fixture no longer needs a second pass'
+  assert calls == [len(source)]
+  assert 'optim.GradientDescent(learning_rate=0.1).create(params)' in result.new
+  assert [f.rule for f in result.manual] == ['OM100']
