@@ -103,3 +103,79 @@ def remove_unused_imports(context: CodemodContext, tree: cst.Module, n_head: int
   for i, stmt in zip(kept, new_body[split:]):
     out[i - n_head] = stmt
   return tree.with_changes(body=[*new_body[:split], *out])
+
+
+def _matches(node, module_aliases: dict, objects: dict) -> list[bool]:
+  """For each alias of ``node``: would ``RemoveImportsVisitor`` with these removals act on it?"""
+  if isinstance(node, cst.Import):
+    return [alias.evaluated_name in module_aliases
+            and alias.evaluated_alias == module_aliases[alias.evaluated_name]
+            for alias in node.names]
+  module = cst.helpers.get_full_name_for_node(node.module)
+  wanted = objects.get(module, set())
+  return [(alias.evaluated_name, alias.evaluated_alias) in wanted for alias in node.names]
+
+
+def _bound_words(node) -> set[str]:
+  """The names an import statement binds, dotted parts included (``import a.b`` binds ``a``)."""
+  words = set()
+  for alias in node.names:
+    if alias.asname is not None:
+      words.add(alias.evaluated_alias)
+    else:
+      words.update(alias.evaluated_name.split('.'))
+  return words
+
+
+def _drop_whole_statements(head: cst.Module, removals: Sequence[Removal]):
+  """``head`` without its import statements that ``RemoveImportsVisitor`` would remove
+  whole, when the answer is plain from the text; None when it is not (the caller runs
+  LibCST).
+
+  Plain means: each matched statement is a line holding one absolute import, every name
+  of it is on the removal list, and no name it binds appears (as a word, in code,
+  strings or comments) anywhere else in ``head``, so LibCST's scope analysis, its
+  ``__all__`` and string-annotation checks all find it unused.
+  """
+  module_aliases = {module: asname for module, obj, asname in removals if obj is None}
+  objects: dict[str, set] = {}
+  for module, obj, asname in removals:
+    if obj is not None:
+      objects.setdefault(module, set()).add((obj, asname))
+  codes = [head.code_for_node(st) for st in head.body]
+  drop = []
+  for i, st in enumerate(head.body):
+    nodes = list(_import_nodes(st))
+    if not nodes:
+      continue
+    if any(isinstance(n, cst.ImportFrom) and (n.relative or n.module is None
+                                              or isinstance(n.names, cst.ImportStar))
+           for n in nodes):
+      return None
+    hits = [_matches(n, module_aliases, objects) for n in nodes]
+    if not any(any(h) for h in hits):
+      continue
+    if len(st.body) != 1 or not all(hits[0]) or (
+        isinstance(nodes[0], cst.ImportFrom)
+        and cst.helpers.get_full_name_for_node(nodes[0].module) == '__future__'):
+      return None
+    words = _bound_words(nodes[0])
+    pattern = re.compile(r'\b(?:' + '|'.join(map(re.escape, sorted(words))) + r')\b')
+    if any(pattern.search(code) for j, code in enumerate(codes) if j != i):
+      return None
+    drop.append(i)
+  return head.with_changes(body=[st for i, st in enumerate(head.body) if i not in drop])
+
+
+def remove_unused_head_imports(context: CodemodContext, head: cst.Module,
+                               removals: Sequence[Removal]) -> cst.Module:
+  """Same result as ``RemoveImportsVisitor(context, removals).transform_module(head)``.
+
+  ``head`` holds the module's leading simple statements. The common case, a
+  ``from flax import optim`` line whose name nothing else in ``head`` mentions,
+  is decided from the text; anything else goes to LibCST's visitor.
+  """
+  dropped = _drop_whole_statements(head, removals)
+  if dropped is not None:
+    return dropped
+  return RemoveImportsVisitor(context, removals).transform_module(head)

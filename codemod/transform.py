@@ -1409,7 +1409,7 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
     head = AddImportsVisitor(context).transform_module(head)
     context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
   if fast and import_scope.may_remove(head.body, fast):
-    head = RemoveImportsVisitor(context, fast).transform_module(head)
+    head = import_scope.remove_unused_head_imports(context, head, fast)
   tree = tree.with_changes(body=[*head.body, *tail])
   if slow:
     tree = import_scope.remove_unused_imports(context, tree, len(head.body), slow)
