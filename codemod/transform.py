@@ -473,7 +473,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return None
     if ref_id in a.in_subclass:
       import optim_compat
-      if hasattr(optim_compat, sym):
+      if sym in optim_compat.LOADED_NAMES or hasattr(optim_compat, sym):  # without loading jax
         return None
     elif ref_id in a.in_annotation:
       if sym in ANNOTATIONS:
@@ -970,7 +970,6 @@ class _Rewriter(_Base, cst.CSTTransformer):
       source_arg = kw['encoded_bytes'].value if 'encoded_bytes' in kw else positional[-1].value
       src = 'optim_compat.checkpoint.restore_legacy(serialization.msgpack_restore(S), T)'
       self._add_import('flax', 'serialization')
-    import optim_compat.checkpoint  # noqa: F401 - the converter has landed
     self._add_import('optim_compat.checkpoint')
     self.fixed(original, 'OM013', f'{short}(..., optimizer) -> optim_compat.checkpoint.'
                                   'restore_legacy: legacy checkpoints are converted, TrainState ones '
