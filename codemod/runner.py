@@ -146,13 +146,14 @@ def _work(args) -> engine.FileResult:
   return engine.rewrite_file(pathlib.Path(path), options)
 
 
-def _candidate(path: pathlib.Path) -> bool:
-  """Cheap prefilter on raw bytes: could this file hold legacy code?"""
+def _candidate(path: pathlib.Path) -> int:
+  """Cheap prefilter on raw bytes: 0 if this file cannot hold legacy code, else its size
+  in bytes plus one (unreadable files pass: ``rewrite_file`` reports them)."""
   try:
     data = path.read_bytes()
   except OSError:
-    return True  # let rewrite_file report it
-  return engine.may_need_rewrite(data.decode('latin-1'))
+    return 1
+  return len(data) + 1 if engine.may_need_rewrite(data.decode('latin-1')) else 0
 
 
 def _progress(total: int):
@@ -168,13 +169,16 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int):
   """Yield a :class:`engine.FileResult` per file (input order), ``jobs`` processes.
 
   Files without any marker are never parsed (a clean result without reading
-  twice); the rest go to a process pool when there are several.
+  twice); the rest go to a process pool when there are several, largest first
+  (so that no long file starts last while the other workers idle).
   """
   results: dict[int, engine.FileResult] = {}
-  todo = []
+  todo, sizes = [], {}
   for i, f in enumerate(files):
-    if _candidate(f):
+    size = _candidate(f)
+    if size:
       todo.append(i)
+      sizes[i] = size
     else:
       results[i] = engine.FileResult(str(f), '', new='')
   progress = _progress(len(files))
@@ -185,7 +189,8 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int):
   try:
     if jobs > 1 and len(todo) >= POOL_MIN_FILES:
       with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-        futures = {pool.submit(_work, (str(files[i]), options)): i for i in todo}
+        futures = {pool.submit(_work, (str(files[i]), options)): i
+                   for i in sorted(todo, key=lambda i: -sizes[i])}
         for fut in concurrent.futures.as_completed(futures):
           i = futures[fut]
           try:
