@@ -32,7 +32,8 @@ EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 SKIP_DIRS = {'__pycache__', 'build', 'dist', 'site-packages', 'node_modules', 'venv', 'env'}
 #: Files at or above this count get a progress bar (on a terminal only).
 PROGRESS_MIN_FILES = 20
-#: Fewer files to parse than this run in-process (a worker's start costs ~1 s of imports).
+#: Fewer files to parse than this run in-process (a worker costs a process start, and where
+#: processes are spawned rather than forked, the codemod's imports again).
 POOL_MIN_FILES = 8
 CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes'}
 #: Sub-tables other subcommands read (``[[tool.optim-migrate.check]]``): not ours to check.
