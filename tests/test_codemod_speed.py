@@ -190,3 +190,38 @@ def test_shim_names_resolve_as_before():
   assert isinstance(dtype, np.dtype)
   with pytest.raises(AttributeError, match='no attribute'):
     optim_compat.not_a_name
+
+
+def test_no_test_input_that_the_codemod_acts_on_is_skipped_by_the_prefilter():
+  """Every module text in the codemod tests, fixtures, programs and the bench's legacy pool
+  that the codemod (run without the prefilter) changes or flags passes the prefilter."""
+  import ast
+  import sys
+  from codemod.transform import MigrateCommand
+  root = pathlib.Path(__file__).resolve().parents[1]
+  sources = set()
+  for test_file in ('test_codemod.py', 'test_codemod_speed.py'):
+    for node in ast.walk(ast.parse((root / 'tests' / test_file).read_text())):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and '\n' in node.value:
+        sources.add(node.value)
+  sources.update(p.read_text() for p in (root / 'tests' / 'fixtures').rglob('*.py'))
+  sys.path.insert(0, str(root / 'bench'))
+  try:
+    import bench_codemod
+    sources.update(bench_codemod.legacy_pool())
+    sources.update(bench_codemod.LOOKALIKES)
+  finally:
+    sys.path.remove(str(root / 'bench'))
+  acted = skipped = 0
+  for source in sorted(sources):
+    try:
+      module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+      continue
+    command = MigrateCommand(CodemodContext(filename='p.py'))
+    touched = command.transform_module(module).code != source or command.findings
+    acted += bool(touched)
+    if not engine.may_need_rewrite(source):
+      skipped += 1
+      assert not touched, source
+  assert acted >= 40 and skipped >= 10, (acted, skipped)
