@@ -20,6 +20,7 @@ from typing import Iterable
 
 import libcst as cst
 from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from codemod.rules import Options
 from codemod.transform import KEEPS_LEGACY, Finding, MigrateCommand
@@ -99,9 +100,35 @@ def rewrite_source(source: str, path: str = '<string>',
   except cst.ParserSyntaxError as e:
     result.error = _parse_error(path, source, e)
     return result
+  return _rewrite_module(module, source, path, options, flow)
+
+
+def _transform(command: MigrateCommand, module: cst.Module) -> cst.Module:
+  """``command.transform_module(module)`` without its deep copy of the module.
+
+  LibCST's ``Codemod.transform_module`` copies the tree into a fresh
+  ``MetadataWrapper`` for the command's own metadata; ``MigrateCommand`` declares
+  none (its passes wrap the tree themselves), and trees are immutable, so the
+  parsed module is used as is, and the same parse serves a second pass. The
+  import helpers ``CodemodCommand.transform_module`` runs afterwards for
+  entries left in the context's scratch run here too.
+  """
+  if command.get_inherited_dependencies():  # it would need the wrapper: LibCST's own path
+    return command.transform_module(module)
+  new_module = command.transform_module_impl(module)
+  for visitor in (AddImportsVisitor, RemoveImportsVisitor):
+    if visitor.CONTEXT_KEY in command.context.scratch:
+      new_module = visitor(command.context).transform_module(new_module)
+  return new_module
+
+
+def _rewrite_module(module: cst.Module, source: str, path: str,
+                    options: Options | None, flow=None) -> FileResult:
+  """:func:`rewrite_source` after the parse (``module`` is ``source`` parsed)."""
+  result = FileResult(path, source)
   command = MigrateCommand(CodemodContext(filename=path), options, flow)
   try:
-    new_module = command.transform_module(module)
+    new_module = _transform(command, module)
   except Exception as e:  # noqa: BLE001 - one file's failure must not stop the run
     result.error = f'{path}: codemod failed: {type(e).__name__}: {e}'
     return result
@@ -124,7 +151,8 @@ def rewrite_source(source: str, path: str = '<string>',
   if converted and uncertain and not options.keep_legacy:
     # a blocking OM100 item found only after other uses were converted: the result would be
     # half-migrated, so the file keeps its legacy optimizer code (second pass)
-    kept = rewrite_source(source, path, dataclasses.replace(options, keep_legacy=True), flow)
+    kept = _rewrite_module(module, source, path, dataclasses.replace(options, keep_legacy=True),
+                           flow)
     seen = {(f.line, f.col, f.rule) for f in kept.findings}
     kept.findings = [*kept.findings, *(
         f for f in uncertain if (f.line, f.col, f.rule) not in seen)]

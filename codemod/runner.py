@@ -32,7 +32,8 @@ EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 SKIP_DIRS = {'__pycache__', 'build', 'dist', 'site-packages', 'node_modules', 'venv', 'env'}
 #: Files at or above this count get a progress bar (on a terminal only).
 PROGRESS_MIN_FILES = 20
-#: Fewer files to parse than this run in-process (a worker's start costs ~1 s of imports).
+#: Fewer files to parse than this run in-process (a worker costs a process start, and where
+#: processes are spawned rather than forked, the codemod's imports again).
 POOL_MIN_FILES = 8
 CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes'}
 #: Sub-tables other subcommands read (``[[tool.optim-migrate.check]]``): not ours to check.
@@ -153,14 +154,17 @@ def _work(args) -> engine.FileResult:
   return engine.rewrite_file(pathlib.Path(path), options, flow)
 
 
-def _candidate(path: pathlib.Path, flow=None) -> bool:
-  """Cheap prefilter on raw bytes: could this file hold legacy code (or call a factory)?"""
+def _candidate(path: pathlib.Path, flow=None) -> int:
+  """Cheap prefilter on raw bytes: 0 if this file cannot hold legacy code (nor call a
+  factory of ``flow``), else its size in bytes plus one (unreadable files pass:
+  ``rewrite_file`` reports them)."""
   try:
     data = path.read_bytes()
   except OSError:
-    return True  # let rewrite_file report it
+    return 1
   text = data.decode('latin-1')
-  return engine.may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
+  wanted = engine.may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
+  return len(data) + 1 if wanted else 0
 
 
 def _progress(total: int):
@@ -176,15 +180,18 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   """Yield a :class:`engine.FileResult` per file (input order), ``jobs`` processes.
 
   Files without any marker are never parsed (a clean result without reading
-  twice); the rest go to a process pool when there are several. ``flows``:
+  twice); the rest go to a process pool when there are several, largest first
+  (so that no long file starts last while the other workers idle). ``flows``:
   each file's :class:`codemod.flow.Flow` (cross-module optimizers), or None.
   """
   flows = flows or [None] * len(files)
   results: dict[int, engine.FileResult] = {}
-  todo = []
+  todo, sizes = [], {}
   for i, f in enumerate(files):
-    if _candidate(f, flows[i]):
+    size = _candidate(f, flows[i])
+    if size:
       todo.append(i)
+      sizes[i] = size
     else:
       results[i] = engine.FileResult(str(f), '', new='')
   progress = _progress(len(files))
@@ -195,7 +202,8 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   try:
     if jobs > 1 and len(todo) >= POOL_MIN_FILES:
       with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-        futures = {pool.submit(_work, (str(files[i]), options, flows[i])): i for i in todo}
+        futures = {pool.submit(_work, (str(files[i]), options, flows[i])): i
+                   for i in sorted(todo, key=lambda i: -sizes[i])}
         for fut in concurrent.futures.as_completed(futures):
           i = futures[fut]
           try:

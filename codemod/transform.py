@@ -21,6 +21,7 @@ from libcst.codemod import CodemodCommand, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import (PositionProvider, QualifiedNameProvider, ScopeProvider)
 
+from codemod import import_scope
 from codemod.rules import RULES, TODO_PREFIX, Options
 from optim_compat import spec as spec_lib
 
@@ -519,7 +520,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return None
     if ref_id in a.in_subclass:
       import optim_compat
-      if hasattr(optim_compat, sym):
+      if sym in optim_compat.LOADED_NAMES or hasattr(optim_compat, sym):  # without loading jax
         return None
     elif ref_id in a.in_annotation:
       if sym in ANNOTATIONS:
@@ -1162,7 +1163,6 @@ class _Rewriter(_Base, cst.CSTTransformer):
       source_arg = kw['encoded_bytes'].value if 'encoded_bytes' in kw else positional[-1].value
       src = 'optim_compat.checkpoint.restore_legacy(serialization.msgpack_restore(S), T)'
       self._add_import('flax', 'serialization')
-    import optim_compat.checkpoint  # noqa: F401 - the converter has landed
     self._add_import('optim_compat.checkpoint')
     self.fixed(original, 'OM013', f'{short}(..., optimizer) -> optim_compat.checkpoint.'
                                   'restore_legacy: legacy checkpoints are converted, TrainState ones '
@@ -1636,9 +1636,9 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
     context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
     head = AddImportsVisitor(context).transform_module(head)
     context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
-  if fast:
-    head = RemoveImportsVisitor(context, fast).transform_module(head)
+  if fast and import_scope.may_remove(head.body, fast):
+    head = import_scope.remove_unused_head_imports(context, head, fast)
   tree = tree.with_changes(body=[*head.body, *tail])
   if slow:
-    tree = RemoveImportsVisitor(context, slow).transform_module(tree)
+    tree = import_scope.remove_unused_imports(context, tree, len(head.body), slow)
   return tree

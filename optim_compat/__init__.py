@@ -2,24 +2,75 @@
 
 Use ``import optim_compat as optim`` in place of ``from flax import optim``, or
 call :func:`install` so that ``import flax.optim`` itself resolves here.
+
+The shim (jax, flax, optax) loads at the first use of any of its names, all at
+once; until then ``import optim_compat.spec`` (the migration table, which the
+codemod reads) costs no jax import.
 """
-from flax.traverse_util import ModelParamTraversal
-
-from optim_compat.base import (MultiOptimizer, Optimizer, OptimizerDef, OptimizerState,
-                               ReplicatedOptimizer, to_optax)
-from optim_compat.defs import (LAMB, LARS, AdaBelief, Adadelta, Adafactor, Adagrad, Adam,
-                               GradientDescent, Momentum, RMSProp)
-from optim_compat import dynamic_scale  # noqa: F401 - legacy submodule path
-from optim_compat.defs import LEGACY_MODULES as _LEGACY_MODULES
-from optim_compat.dynamic_scale import DynamicScale
-from optim_compat.install import install
-from optim_compat import weight_norm  # noqa: F401 - legacy submodule path
-from optim_compat.weight_norm import WeightNorm
-from optim_compat.spec import SPECS
-
 __all__ = ['AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'GradientDescent',
            'LAMB', 'LARS', 'Momentum', 'Optimizer', 'OptimizerDef', 'OptimizerState',
            'RMSProp', 'ReplicatedOptimizer', 'SPECS', 'install', 'to_optax', 'DynamicScale',
            'ModelParamTraversal', 'MultiOptimizer', 'WeightNorm']
 
-globals().update(_LEGACY_MODULES)  # optim_compat.adam, .momentum, .sgd, ... (legacy submodules)
+#: Names the package has once the shim is loaded, beyond ``__all__``: its submodules and
+#: the legacy submodule paths (``optim_compat.adam``, ...). A test checks this list.
+LOADED_NAMES = frozenset({
+    '_LEGACY_MODULES', 'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'base', 'defs',
+    'dynamic_scale', 'lamb', 'lars', 'momentum', 'rmsprop', 'rules', 'sgd', 'spec',
+    'transforms', 'weight_norm'}) | frozenset(__all__)
+_state = 'new'  # -> 'loading' -> 'loaded'
+
+from optim_compat.install import install  # noqa: E402 - light; the function, not the submodule
+
+
+def _load() -> None:
+  """Import the shim and bind its names here (what this module used to do on import)."""
+  global _state
+  if _state != 'new':
+    return
+  _state = 'loading'
+  try:
+    _bind()
+  except BaseException:
+    _state = 'new'
+    raise
+  _state = 'loaded'
+
+
+def _bind() -> None:
+  from flax.traverse_util import ModelParamTraversal
+
+  from optim_compat import base, defs, dynamic_scale, spec, weight_norm
+  names = {name: getattr(base, name) for name in (
+      'MultiOptimizer', 'Optimizer', 'OptimizerDef', 'OptimizerState', 'ReplicatedOptimizer',
+      'to_optax')}
+  names.update({name: getattr(defs, name) for name in (
+      'LAMB', 'LARS', 'AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'GradientDescent',
+      'Momentum', 'RMSProp')})
+  names.update(ModelParamTraversal=ModelParamTraversal, DynamicScale=dynamic_scale.DynamicScale,
+               install=install, WeightNorm=weight_norm.WeightNorm,
+               SPECS=spec.SPECS, _LEGACY_MODULES=defs.LEGACY_MODULES)
+  names.update(defs.LEGACY_MODULES)  # optim_compat.adam, .momentum, .sgd, ... (legacy submodules)
+  globals().update(names)
+
+
+#: Real submodules among them: importing one loads only what it imports
+#: (``from optim_compat import spec`` asks for the attribute first).
+_SUBMODULES = frozenset({'base', 'defs', 'dynamic_scale', 'rules', 'spec', 'transforms',
+                         'weight_norm'})
+
+
+def __getattr__(name: str):
+  if name in _SUBMODULES:
+    import importlib
+    return importlib.import_module(f'{__name__}.{name}')
+  if name in LOADED_NAMES:
+    _load()
+    if name in globals():
+      return globals()[name]
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+  _load()
+  return sorted(globals())

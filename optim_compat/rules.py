@@ -15,9 +15,27 @@ trajectories of real flax.optim 0.5.3 (``equivalence_tests/golden``).
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
+import importlib
+
 import numpy as np
-from jax import lax
+
+
+class _Deferred:
+  """A module imported at its first attribute use, which then takes this placeholder's
+  global name: the migration table (``spec``) names these rules, and the codemod reads
+  the table without paying for a jax import it never uses."""
+
+  def __init__(self, module: str, name: str):
+    self._module, self._name = module, name
+
+  def __getattr__(self, attr):
+    module = importlib.import_module(self._module)
+    globals()[self._name] = module
+    return getattr(module, attr)
+
+
+jnp = _Deferred('jax.numpy', 'jnp')
+lax = _Deferred('jax.lax', 'lax')
 
 
 def require_learning_rate(hp):

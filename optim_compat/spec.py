@@ -20,10 +20,9 @@ import ast
 import dataclasses
 from typing import Any, Callable, Mapping
 
-import jax
-import optax
+import numpy as np
 
-from optim_compat import rules
+from optim_compat import rules  # its jax import waits for a rule's first use
 
 #: Marker for "the learning rate is set at apply time" in :meth:`OptimizerSpec.emit`.
 INJECT = object()
@@ -436,7 +435,7 @@ ADAFACTOR = _rule_entry(
     'the faithful optim_compat.transforms.adafactor is emitted (a stock chain exists but '
     'optax.adafactor has no epsilon2)',
     init_param_state=rules.adafactor_init,  # factoring flags: read from the def, as legacy
-    extra_args=(('dtype_momentum', jax.numpy.dtype('float32')),),
+    extra_args=(('dtype_momentum', np.dtype('float32')),),  # what jax.numpy.dtype returns
     equation=('g in float32; rho = 1 - (t - step_offset + 1)^-decay_rate (0 at the first '
               'step); g2 = g^2 + eps1; factored (largest axis d0, second largest d1): '
               'v_row <- rho*v_row + (1-rho)*mean_d0(g2), v_col <- rho*v_col + (1-rho)*mean_d1(g2), '
@@ -455,6 +454,9 @@ SPECS: dict[str, OptimizerSpec] = {s.name: s for s in (
 
 def tx_from_source(source: str) -> optax.GradientTransformation:
   """Evaluate emitted Optax source text (used by tests and the equivalence grid)."""
+  import jax
+  import optax
+
   import optim_compat
   return eval(source, {'optax': optax, 'jax': jax, 'optim_compat': optim_compat})  # noqa: S307
 

@@ -1,0 +1,181 @@
+"""Unused-import removal with the scope analysis spent on the statements that matter.
+
+LibCST's ``RemoveImportsVisitor`` decides whether an import is still used with a
+scope analysis of the whole module: for a 170-line legacy file that keeps its
+legacy code, that second full analysis cost more than the rewrite itself.
+Whether an import binding of ``optim`` is referenced depends only on the
+statements that contain the word ``optim`` (a reference, a ``global``, a
+rebinding, an ``__all__`` entry and a string annotation all spell it), so
+:func:`remove_unused_imports` analyses the module's head plus those
+statements, and puts the result back among the others unchanged.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import libcst as cst
+import libcst.helpers
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import RemoveImportsVisitor
+
+Removal = tuple[str, 'str | None', 'str | None']
+
+
+def _words(removals: Sequence[Removal]) -> set[str]:
+  """Every name a removal's binding can be referenced by (dotted parts too)."""
+  words = set()
+  for module, obj, asname in removals:
+    words.add(asname or obj or module.split('.')[0])
+    if obj is None:
+      words.update(module.split('.'))
+  return words
+
+
+def _import_only(stmt: cst.BaseStatement) -> bool:
+  return isinstance(stmt, cst.SimpleStatementLine) and all(
+      isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body)
+
+
+def _import_nodes(stmt):
+  if isinstance(stmt, cst.SimpleStatementLine):
+    yield from (s for s in stmt.body if isinstance(s, (cst.Import, cst.ImportFrom)))
+
+
+def may_remove(statements: Sequence[cst.BaseStatement], removals: Sequence[Removal]) -> bool:
+  """False only when no import among ``statements`` matches a removal, so that
+  ``RemoveImportsVisitor`` (which edits nothing else) would return them unchanged.
+
+  Compound statements and relative imports count as possible matches.
+  """
+  modules = {module for module, obj, _ in removals if obj is None}
+  objects = {(module, obj) for module, obj, _ in removals if obj is not None}
+  for stmt in statements:
+    if not isinstance(stmt, cst.SimpleStatementLine):
+      return True
+    for node in _import_nodes(stmt):
+      if isinstance(node, cst.Import):
+        if any(alias.evaluated_name in modules for alias in node.names):
+          return True
+      elif node.relative or node.module is None:
+        return True
+      elif not isinstance(node.names, cst.ImportStar):
+        module = cst.helpers.get_full_name_for_node(node.module)
+        if any((module, alias.evaluated_name) in objects for alias in node.names):
+          return True
+  return False
+
+
+def remove_unused_imports(context: CodemodContext, tree: cst.Module, n_head: int,
+                          removals: Sequence[Removal]) -> cst.Module:
+  """Same result as ``RemoveImportsVisitor(context, removals).transform_module(tree)``.
+
+  Args:
+    context: the codemod's context (its ``full_package_name`` resolves relative imports).
+    tree: the module.
+    n_head: how many leading statements may be removed whole (the caller's head:
+      statements before the first compound one). A later import-only statement
+      that mentions a removal's name makes this fall back to the whole-module pass.
+    removals: ``(module, obj, asname)`` as ``RemoveImportsVisitor`` takes them.
+
+  Returns:
+    The module with the unused ones among ``removals`` removed.
+  """
+  words = _words(removals)
+  if not words:
+    return tree
+  pattern = re.compile(r'\b(?:' + '|'.join(map(re.escape, sorted(words))) + r')\b')
+  body = list(tree.body)
+  kept = []
+  for i in range(n_head, len(body)):
+    if pattern.search(tree.code_for_node(body[i])):
+      if _import_only(body[i]):  # could be removed whole: the exact pass keeps it simple
+        return RemoveImportsVisitor(context, removals).transform_module(tree)
+      kept.append(i)
+  if not may_remove([*body[:n_head], *(body[i] for i in kept)], removals):
+    return tree
+  if len(kept) == len(body) - n_head:
+    return RemoveImportsVisitor(context, removals).transform_module(tree)
+  reduced = tree.with_changes(body=[*body[:n_head], *(body[i] for i in kept)])
+  new_body = list(RemoveImportsVisitor(context, removals).transform_module(reduced).body)
+  split = len(new_body) - len(kept)
+  out = body[n_head:]
+  for i, stmt in zip(kept, new_body[split:]):
+    out[i - n_head] = stmt
+  return tree.with_changes(body=[*new_body[:split], *out])
+
+
+def _matches(node, module_aliases: dict, objects: dict) -> list[bool]:
+  """For each alias of ``node``: would ``RemoveImportsVisitor`` with these removals act on it?"""
+  if isinstance(node, cst.Import):
+    return [alias.evaluated_name in module_aliases
+            and alias.evaluated_alias == module_aliases[alias.evaluated_name]
+            for alias in node.names]
+  module = cst.helpers.get_full_name_for_node(node.module)
+  wanted = objects.get(module, set())
+  return [(alias.evaluated_name, alias.evaluated_alias) in wanted for alias in node.names]
+
+
+def _bound_words(node) -> set[str]:
+  """The names an import statement binds, dotted parts included (``import a.b`` binds ``a``)."""
+  words = set()
+  for alias in node.names:
+    if alias.asname is not None:
+      words.add(alias.evaluated_alias)
+    else:
+      words.update(alias.evaluated_name.split('.'))
+  return words
+
+
+def _drop_whole_statements(head: cst.Module, removals: Sequence[Removal]):
+  """``head`` without its import statements that ``RemoveImportsVisitor`` would remove
+  whole, when the answer is plain from the text; None when it is not (the caller runs
+  LibCST).
+
+  Plain means: each matched statement is a line holding one absolute import, every name
+  of it is on the removal list, and no name it binds appears (as a word, in code,
+  strings or comments) anywhere else in ``head``, so LibCST's scope analysis, its
+  ``__all__`` and string-annotation checks all find it unused.
+  """
+  module_aliases = {module: asname for module, obj, asname in removals if obj is None}
+  objects: dict[str, set] = {}
+  for module, obj, asname in removals:
+    if obj is not None:
+      objects.setdefault(module, set()).add((obj, asname))
+  codes = [head.code_for_node(st) for st in head.body]
+  drop = []
+  for i, st in enumerate(head.body):
+    nodes = list(_import_nodes(st))
+    if not nodes:
+      continue
+    if any(isinstance(n, cst.ImportFrom) and (n.relative or n.module is None
+                                              or isinstance(n.names, cst.ImportStar))
+           for n in nodes):
+      return None
+    hits = [_matches(n, module_aliases, objects) for n in nodes]
+    if not any(any(h) for h in hits):
+      continue
+    if len(st.body) != 1 or not all(hits[0]) or (
+        isinstance(nodes[0], cst.ImportFrom)
+        and cst.helpers.get_full_name_for_node(nodes[0].module) == '__future__'):
+      return None
+    words = _bound_words(nodes[0])
+    pattern = re.compile(r'\b(?:' + '|'.join(map(re.escape, sorted(words))) + r')\b')
+    if any(pattern.search(code) for j, code in enumerate(codes) if j != i):
+      return None
+    drop.append(i)
+  return head.with_changes(body=[st for i, st in enumerate(head.body) if i not in drop])
+
+
+def remove_unused_head_imports(context: CodemodContext, head: cst.Module,
+                               removals: Sequence[Removal]) -> cst.Module:
+  """Same result as ``RemoveImportsVisitor(context, removals).transform_module(head)``.
+
+  ``head`` holds the module's leading simple statements. The common case, a
+  ``from flax import optim`` line whose name nothing else in ``head`` mentions,
+  is decided from the text; anything else goes to LibCST's visitor.
+  """
+  dropped = _drop_whole_statements(head, removals)
+  if dropped is not None:
+    return dropped
+  return RemoveImportsVisitor(context, removals).transform_module(head)

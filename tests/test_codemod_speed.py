@@ -1,0 +1,227 @@
+"""Codemod speed paths: each shortcut gives exactly what the slow path gives."""
+import pathlib
+
+import libcst as cst
+import pytest
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import RemoveImportsVisitor
+
+from codemod import engine, import_scope, transform
+
+FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'codemod'
+FILLER = ''.join(f'\n\ndef helper_{i}(values, scale={i}):\n  total = 0\n  for v in values:\n'
+                 f'    total += v * scale\n  return total\n' for i in range(6))
+#: Modules where an import of flax.optim is shadowed, used late, aliased, declared global,
+#: exported, named in a string annotation, re-imported in a function or imported in an `if`.
+TRICKY = [
+    'from flax import optim\nimport jax\n\ndef f(optim):\n  return optim\n\ndef g():\n  return 1\n',
+    'from flax import optim\nx = 1\n\ndef g(p):\n  return p\n\nclass K:\n  pass\n\nY = optim.Adam\n',
+    'import flax.optim as fo\n\ndef g(p):\n  return p\n\ndef h():\n  return fo\n',
+    'import flax.optim as fo\n\ndef g(fo):\n  return fo\n\ndef h():\n  return 2\n',
+    'from flax import optim\n\ndef g(p):\n  global optim\n  optim = 3\n\ndef h(p):\n  return p\n',
+    'from flax import optim\n\ndef h(p):\n  return p\n\n__all__ = ["optim"]\n',
+    'from flax import optim\n\ndef g(p) -> "optim.Optimizer":\n  return p\n',
+    'from flax import optim\n\ndef g(p):\n  from flax import optim\n  return optim\n\ndef h():\n  pass\n',
+    'import jax\nif True: from flax import optim\n\ndef g(p):\n  return p\n',
+    'from flax.optim import Adam, Momentum\nimport jax\n\ndef g(p):\n  return Adam\n\ndef h():\n  pass\n',
+    'from flax.optim import Adam, Momentum\nimport jax\n\ndef g(p):\n  return p\n\ndef h(Momentum):\n'
+    '  return Momentum\n',
+    'import flax.optim\nimport flax\n\ndef g(p):\n  return flax.linen\n\ndef h():\n  pass\n',
+    'from flax import optim\n\ndef g(p):\n  return p\nfrom flax import optim as o2\n\ndef h():\n'
+    '  return o2\n',
+]
+REMOVALS = [('flax', 'optim', None), ('flax.optim', None, None), ('flax.optim', None, 'fo'),
+            ('flax.optim', 'Adam', None), ('flax.optim', 'Momentum', None), ('flax', 'optim', 'o2')]
+
+
+def _modules():
+  for source in TRICKY:
+    yield source
+    yield source + FILLER
+  for path in sorted(FIXTURES.glob('*/*.py')):
+    yield path.read_text()
+
+
+@pytest.mark.parametrize('index', range(len(list(_modules()))))
+def test_reduced_import_removal_equals_the_whole_module_pass(index):
+  """``remove_unused_imports`` analyses only the head and the statements naming a removal,
+  and must give byte for byte what LibCST's whole-module ``RemoveImportsVisitor`` gives."""
+  source = list(_modules())[index]
+  tree = cst.parse_module(source)
+  n_head = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
+                len(tree.body))
+  for removals in ([r] for r in REMOVALS):
+    whole = RemoveImportsVisitor(CodemodContext(), removals).transform_module(tree).code
+    fast = import_scope.remove_unused_imports(CodemodContext(), tree, n_head, removals).code
+    assert fast == whole, (removals, source)
+  whole = RemoveImportsVisitor(CodemodContext(), REMOVALS).transform_module(tree).code
+  assert import_scope.remove_unused_imports(CodemodContext(), tree, n_head, REMOVALS).code == whole
+
+
+def test_import_removal_is_tested_on_real_reductions():
+  """The cases above exercise all three outcomes: removed, kept, and nothing to match."""
+  removed = kept = untouched = 0
+  for source in TRICKY:
+    tree = cst.parse_module(source + FILLER)
+    n_head = next(i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement))
+    if not import_scope.may_remove(tree.body[:n_head], REMOVALS):
+      untouched += 1
+    elif import_scope.remove_unused_imports(CodemodContext(), tree, n_head, REMOVALS).code == source + FILLER:
+      kept += 1
+    else:
+      removed += 1
+  assert removed >= 3 and kept >= 3
+
+
+def test_may_remove_is_false_only_without_a_matching_import():
+  head = cst.parse_module('import jax\nfrom flax import linen as nn\nimport flax.optim as fo\n').body
+  assert not import_scope.may_remove(head[:2], [('flax', 'optim', None), ('flax.optim', None, None)])
+  assert import_scope.may_remove(head, [('flax.optim', None, None)])
+  assert import_scope.may_remove(head, [('flax', 'linen', None)])  # alias differs: still a match
+  relative = cst.parse_module('from . import optim\n').body
+  assert import_scope.may_remove(relative, [('flax', 'optim', None)])
+
+
+def test_one_parse_per_file_even_with_the_keep_legacy_second_pass(monkeypatch):
+  """A file whose first pass must be redone keeping its legacy code is parsed once."""
+  source = ('import jax\nfrom flax import optim\n'
+            'opt = optim.GradientDescent(learning_rate=0.1).create(params)\n'
+            'step = jax.jit(opt.apply_gradient)\nopt = step(params)\nprint(opt.target)\n')
+  calls = []
+  real = cst.parse_module
+  monkeypatch.setattr(engine.cst, 'parse_module',
+                      lambda text, *a, **k: calls.append(len(text)) or real(text, *a, **k))
+  passes = []
+  real_rewrite = engine._rewrite_module
+  monkeypatch.setattr(engine, '_rewrite_module',
+                      lambda *a, **k: passes.append(a[3]) or real_rewrite(*a, **k))
+  result = engine.rewrite_source(source, 'l.py')
+  assert result.error is None and result.findings
+  assert len(passes) == 2 and passes[1].keep_legacy, 'the fixture no longer needs a second pass'
+  assert calls == [len(source)]
+  assert 'optim.GradientDescent(learning_rate=0.1).create(params)' in result.new
+  assert [f.rule for f in result.manual] == ['OM100']
+
+
+HEADS = [
+    'from flax import optim\nimport jax\n',
+    '"""Doc."""\n# leading comment\n\nfrom flax import optim  # trailing\n\n# between\nimport jax\n',
+    'import jax\nfrom flax import optim\n',
+    'from flax import optim\n',
+    'from flax import optim, linen\nimport jax\n',
+    'from flax import (optim,\n  linen)  # keep\nimport jax\n',
+    'from flax import optim as o\nimport jax\n',
+    'import flax.optim\nimport jax\n',
+    'import flax.optim as fo\nimport flax\n',
+    'import flax.optim, jax\n',
+    'from flax.optim import Adam, Momentum\nfrom flax.optim import GradientDescent\n',
+    'from flax import optim\nfrom flax import optim\n',
+    'from flax import optim\n__all__ = ["optim"]\n',
+    'from flax import optim\nx: "optim.Optimizer" = None\n',
+    'from flax import optim\nprint(optim)\n',
+    'from flax import optim; import jax\n',
+    'from . import optim\nimport jax\n',
+    'from flax.optim import *\nimport jax\n',
+    'from __future__ import annotations\nfrom flax import optim\n',
+    'import flax\nfrom flax import optim\nflax.linen\n',
+]
+HEAD_REMOVALS = [
+    [('flax', 'optim', None)], [('flax', 'optim', 'o')], [('flax.optim', None, None)],
+    [('flax.optim', None, 'fo')], [('flax', None, None), ('flax', 'optim', None)],
+    [('flax.optim', 'Adam', None), ('flax.optim', 'Momentum', None),
+     ('flax.optim', 'GradientDescent', None)],
+    [('flax.optim', 'Adam', None)],
+]
+
+
+def test_head_import_removal_from_the_text_equals_libcst():
+  """Where the removal is decided from the text, it equals LibCST's visitor; elsewhere
+  LibCST's visitor runs (both outcomes occur below)."""
+  plain = 0
+  for source in HEADS:
+    head = cst.parse_module(source)
+    for removals in HEAD_REMOVALS:
+      want = RemoveImportsVisitor(CodemodContext(), removals).transform_module(head).code
+      got = import_scope.remove_unused_head_imports(CodemodContext(), head, removals).code
+      assert got == want, (source, removals)
+      dropped = import_scope._drop_whole_statements(head, removals)
+      if dropped is not None:
+        assert dropped.code == want, (source, removals)
+        plain += dropped.code != source
+  assert plain >= 8
+
+
+def test_the_codemod_imports_no_jax_and_the_shim_loads_whole_on_first_use():
+  """``rewrite`` reads the migration table without importing jax, flax or optax (about
+  0.8 s of each run's start-up); the shim's first use binds every name it had when it
+  loaded eagerly."""
+  import subprocess
+  import sys
+  code = ('import sys\nimport codemod.cli, codemod.runner, codemod.engine\n'
+          'heavy = sorted(m for m in ("jax", "flax", "optax") if m in sys.modules)\n'
+          'import optim_compat\n'
+          'assert optim_compat.spec.SPECS["Adam"].emit({"learning_rate": "0.1"})\n'
+          'before = sorted(m for m in ("jax", "flax", "optax") if m in sys.modules)\n'
+          'optim_compat.Adam\n'
+          'names = sorted(k for k in vars(optim_compat) if not k.startswith("_") or k == "_LEGACY_MODULES")\n'
+          'print(heavy, before, "jax" in sys.modules, names)\n')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       cwd=pathlib.Path(__file__).resolve().parents[1], check=True).stdout
+  eager = ['AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'DynamicScale',
+           'GradientDescent', 'LAMB', 'LARS', 'ModelParamTraversal', 'Momentum', 'MultiOptimizer',
+           'Optimizer', 'OptimizerDef', 'OptimizerState', 'RMSProp', 'ReplicatedOptimizer',
+           'SPECS', 'WeightNorm', '_LEGACY_MODULES', 'adabelief', 'adadelta', 'adafactor',
+           'adagrad', 'adam', 'base', 'defs', 'dynamic_scale', 'install', 'lamb', 'lars',
+           'momentum', 'rmsprop', 'rules', 'sgd', 'spec', 'to_optax', 'transforms', 'weight_norm']
+  assert out.strip() == f'[] [] True {sorted(eager + ["LOADED_NAMES"])}'
+
+
+def test_shim_names_resolve_as_before():
+  import numpy as np
+  import optim_compat
+  from optim_compat import defs, rules, spec
+  assert optim_compat.LOADED_NAMES >= set(optim_compat.__all__)
+  assert optim_compat.Adam is defs.Adam and optim_compat.adam.Adam is defs.Adam
+  assert callable(optim_compat.install) and optim_compat.SPECS is spec.SPECS
+  assert spec.ADAM.param_update is rules.adam
+  dtype = dict(spec.ADAFACTOR.extra_args)['dtype_momentum']
+  import jax.numpy as jnp
+  assert dtype == jnp.dtype('float32') and type(dtype) is type(jnp.dtype('float32'))
+  assert isinstance(dtype, np.dtype)
+  with pytest.raises(AttributeError, match='no attribute'):
+    optim_compat.not_a_name
+
+
+def test_no_test_input_that_the_codemod_acts_on_is_skipped_by_the_prefilter():
+  """Every module text in the codemod tests, fixtures, programs and the bench's legacy pool
+  that the codemod (run without the prefilter) changes or flags passes the prefilter."""
+  import ast
+  import sys
+  from codemod.transform import MigrateCommand
+  root = pathlib.Path(__file__).resolve().parents[1]
+  sources = set()
+  for test_file in ('test_codemod.py', 'test_codemod_speed.py'):
+    for node in ast.walk(ast.parse((root / 'tests' / test_file).read_text())):
+      if isinstance(node, ast.Constant) and isinstance(node.value, str) and '\n' in node.value:
+        sources.add(node.value)
+  sources.update(p.read_text() for p in (root / 'tests' / 'fixtures').rglob('*.py'))
+  sys.path.insert(0, str(root / 'bench'))
+  try:
+    import bench_codemod
+    sources.update(bench_codemod.legacy_pool())
+    sources.update(bench_codemod.LOOKALIKES)
+  finally:
+    sys.path.remove(str(root / 'bench'))
+  acted = skipped = 0
+  for source in sorted(sources):
+    try:
+      module = cst.parse_module(source)
+    except cst.ParserSyntaxError:
+      continue
+    command = MigrateCommand(CodemodContext(filename='p.py'))
+    touched = command.transform_module(module).code != source or command.findings
+    acted += bool(touched)
+    if not engine.may_need_rewrite(source):
+      skipped += 1
+      assert not touched, source
+  assert acted >= 40 and skipped >= 10, (acted, skipped)
