@@ -74,3 +74,47 @@ def __getattr__(name: str):
 def __dir__():
   _load()
   return sorted(globals())
+
+
+#: The legacy submodule paths (``optim_compat.adam``, ...) exist only once the shim has
+#: loaded (``defs`` makes them); an import statement naming one loads it first.
+_LEGACY_SUBMODULES = LOADED_NAMES - _SUBMODULES - frozenset(__all__) - {'_LEGACY_MODULES'}
+
+
+class _LegacySubmoduleFinder:
+  """``import optim_compat.adam`` / ``from optim_compat.sgd import GradientDescent`` before
+  the first use of the shim: the finder loads the shim, then hands over the module it made."""
+
+  @staticmethod
+  def find_spec(fullname, path=None, target=None):
+    import importlib.util
+    import sys
+    package, _, name = fullname.rpartition('.')
+    if package != __name__ or name not in _LEGACY_SUBMODULES:
+      return None
+    _load()
+    module = sys.modules[fullname]
+    return importlib.util.spec_from_loader(fullname, _Existing(module))
+
+
+class _Existing:
+  """A loader that returns an already built module."""
+
+  def __init__(self, module):
+    self.module = module
+
+  def create_module(self, spec):
+    return self.module
+
+  def exec_module(self, module):
+    pass
+
+
+def _add_finder() -> None:
+  import sys
+  if not any(isinstance(f, type) and f.__name__ == '_LegacySubmoduleFinder'
+             and f.__module__ == __name__ for f in sys.meta_path):
+    sys.meta_path.append(_LegacySubmoduleFinder)
+
+
+_add_finder()

@@ -176,6 +176,25 @@ def test_the_codemod_imports_no_jax_and_the_shim_loads_whole_on_first_use():
   assert out.strip() == f'[] [] True {sorted(eager + ["LOADED_NAMES"])}'
 
 
+def test_legacy_submodule_import_statements_load_the_shim_first():
+  """``from optim_compat.adam import Adam`` (the legacy ``flax.optim.adam`` path) works in a
+  fresh process, before anything else has loaded the shim."""
+  import subprocess
+  import sys
+  code = ('import sys, optim_compat\n'
+          'assert "jax" not in sys.modules\n'
+          'from optim_compat.adam import Adam\n'
+          'import optim_compat.momentum as m\n'
+          'assert Adam is optim_compat.defs.Adam and m.Momentum is optim_compat.Momentum\n'
+          'try:\n'
+          '  import optim_compat.not_a_module\n'
+          'except ImportError:\n'
+          '  print("ok")\n')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       cwd=pathlib.Path(__file__).resolve().parents[1])
+  assert out.returncode == 0 and out.stdout == 'ok\n', out.stderr
+
+
 def test_shim_names_resolve_as_before():
   import numpy as np
   import optim_compat
