@@ -259,15 +259,15 @@ def _leaf_spec(x, model_size: int):
   return PartitionSpec()
 
 
-def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
+def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str, scan: bool = True):
   """``({step: flat params}, replicas_bitwise)`` for one optimizer, mode and count.
 
   Gradients that do not depend on the params' values (``'random'``, or a
   ``PerDeviceGrads(..., params_free=True)``) are drawn for every step up front
   and all steps run as one compiled ``lax.scan``; a user's ``grads`` callable
-  sees the params of each step, one jitted call per step.
+  sees the params of each step, one jitted call per step (as does ``scan=False``).
   """
-  if getattr(grads_fn, 'params_free', False):
+  if scan and getattr(grads_fn, 'params_free', False):
     return _scanned_trajectory(runner, params, grads_fn, steps, n, mode)
   init, step, params_of = runner
   state = init(params)
@@ -382,11 +382,13 @@ def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str)
   return {t + 1: flat(h) for t, h in enumerate(history)}, ok
 
 
-def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int = 0) -> dict:
+def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int = 0,
+             scan: bool = True) -> dict:
   """Both trajectories for one ``(mode, n)``, in this process (needs ``n`` devices).
 
-  ``legacy`` may be ``None`` (then only ``tx`` runs). Returns ``{'legacy':
-  traj, 'tx': traj, 'replicas': {'legacy': bool, 'tx': bool}}``.
+  ``legacy`` may be ``None`` (then only ``tx`` runs). ``scan=False``: one
+  compiled call per step even where the gradients are known up front. Returns
+  ``{'legacy': traj, 'tx': traj, 'replicas': {'legacy': bool, 'tx': bool}}``.
   """
   params = materialize(params, seed)
   if isinstance(grads, PerDeviceGrads):
@@ -401,7 +403,8 @@ def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int
     if opt is None:
       continue
     runner = _legacy_runner(opt) if who == 'legacy' else _tx_runner(opt, tree)
-    out[who], out['replicas'][who] = _trajectory(runner, params, grads_fn, steps, n, mode)
+    out[who], out['replicas'][who] = _trajectory(runner, params, grads_fn, steps, n, mode,
+                                                 scan)
   return out
 
 

@@ -93,7 +93,7 @@ def optimization_barrier(x):
 def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
                record: Sequence[int] | None = None, apply_kwargs: Callable | None = None,
                use_pmap: bool | None = None, focus=None, overrides: Callable | None = None,
-               corrupt_grads: Callable | None = None):
+               corrupt_grads: Callable | None = None, scan: bool = True):
   """Run a legacy def (real ``flax.optim`` or the shim) for ``steps`` jitted steps.
 
   Args:
@@ -114,6 +114,9 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
       the values themselves.
     corrupt_grads: ``(step, grads) -> grads`` applied to each device's
       gradients (e.g. to insert NaN/inf).
+    scan: under ``pmap``, run the steps as one compiled ``lax.scan``
+      (:func:`pmap_steps`); ``False``: one ``pmap`` call per step (for the
+      cases whose numbers the scan does not reproduce, ``cases.PER_STEP``).
 
   Returns:
     ``(trajectory, final_optimizer)``; ``trajectory[step]`` is ``flat(params)``;
@@ -127,17 +130,32 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
   grads_at = _grads_fn(params, seed, corrupt_grads)
   if use_pmap is None:
     use_pmap = n_devices > 1
+  apply = lambda o, g, k: o.apply_gradient(g, **to_kwargs(o.optimizer_def, k))
+  if use_pmap and not scan:
+    devices = jax.local_devices()[:n_devices]
+    if len(devices) < n_devices:
+      raise RuntimeError(f'need {n_devices} devices, have {len(jax.local_devices())}; '
+                         'set XLA_FLAGS=--xla_force_host_platform_device_count=N')
+    opt = replicate_on_host(opt, n_devices)
+    step_fn = jax.pmap(data_parallel(apply), axis_name='batch', devices=devices)
+    traj = {}
+    for step in range(steps):
+      g = stack([grads_at(step, d, n_devices) for d in range(n_devices)])
+      k = {name: np.full((n_devices,), v, np.float32) for name, v in kw(step).items()}
+      opt = step_fn(opt, g, k)
+      if step + 1 in record:
+        traj[step + 1] = flat(opt.target)
+    return traj, opt
   if use_pmap:
     # every step's gradient shares and overrides up front: one program for all steps
     def draw(step, like):
       return (stack([grads_at(step, d, n_devices) for d in range(n_devices)]),
               {name: np.full((n_devices,), v, np.float32) for name, v in kw(step).items()})
-    apply = lambda o, g, k: o.apply_gradient(g, **to_kwargs(o.optimizer_def, k))
     first = lambda args: jax.tree_util.tree_map(lambda x: x[0], args)
     head, tail = plan_steps(apply, opt, draw, steps, lambda o: o.target, first)
     opt, history = pmap_steps(apply, opt, head, tail, n_devices, lambda o: o.target)
     return {step: flat(history[step - 1]) for step in sorted(record)}, opt
-  step_fn = jax.jit(lambda o, g, k: o.apply_gradient(g, **to_kwargs(o.optimizer_def, k)))
+  step_fn = jax.jit(apply)
   traj = {}
   for step in range(steps):
     opt = step_fn(opt, grads_at(step), kw(step))

@@ -1,7 +1,10 @@
 """The project's own equivalence grid: every recorded case x devices x {pmap, sharded}.
 
-    XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0" \\
-        python -m equivalence_tests.grid [--devices 1,2,4,8] [--modes pmap,sharded] [--cases ID...]
+    python -m equivalence_tests.grid [--devices 1,2,4,8] [--modes pmap,sharded] [--cases ID... | all]
+
+(started without ``max(devices)`` host devices it runs :func:`run`, which
+starts worker processes of itself with ``XLA_FLAGS="--xla_backend_optimization_level=0
+--xla_force_host_platform_device_count=8"``).
 
 For each case of ``cases.py`` without ``focus=`` or per-call overrides (those
 run in the shim's pmap grid, ``pmap_run``) and each ``(mode, n)``, the shim
@@ -123,6 +126,10 @@ def main(argv=None) -> int:
   from equivalence_tests import cases, checker, core, record_golden
   devices = [int(n) for n in args.devices.split(',')]
   modes = args.modes.split(',')
+  import jax
+  if jax.local_device_count() < max(devices):  # started by hand: the workers get the flags
+    json.dump(run(devices, modes, args.cases or 'all'), sys.stdout)
+    return 0
   start = time.perf_counter()
   out: dict = {}
   for case in cases.CASES:
@@ -142,8 +149,9 @@ def main(argv=None) -> int:
     for mode in modes:
       single = None
       for n in sorted(devices):
-        r = checker.run_pair(opt_def, tx, cases.params_for(case_id),
-                             _grads(grads), cases.STEPS, n, mode, cases.SEED)
+        r = checker.run_pair(opt_def, tx, cases.params_for(case_id), _grads(grads),
+                             cases.STEPS, n, mode, cases.SEED,
+                             scan=case_id not in cases.PER_STEP)
         shim_traj = _steps_as_golden(r['legacy'])
         single = single or shim_traj
         vs_golden, _ = core.compare({s: shim_traj[s] for s in golden}, golden, dtype)

@@ -1,7 +1,10 @@
 """Shim trajectories across pmap devices, every recorded case.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
-        python -m equivalence_tests.pmap_run 1,2,4,8 [--cases ID...]
+    python -m equivalence_tests.pmap_run 1,2,4,8 [--cases ID...]
+
+(started without ``max(counts)`` host devices, e.g. without
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``, it runs
+:func:`run_device_counts`, which starts worker processes of itself with them).
 
 Prints JSON ``{n: {case_id: {"replicas_bitwise": bool, "max_ulp_vs_single": float,
 "worst": [step, leaf], "step": [...]}}}`` for each device count ``n``: the
@@ -64,22 +67,23 @@ def main(argv=None) -> int:
   import numpy as np
   import optim_compat as shim
   from equivalence_tests import cases, core
-  if jax.local_device_count() < max(counts):
-    print(f'only {jax.local_device_count()} devices, {max(counts)} requested', file=sys.stderr)
-    return 2
   unknown = sorted(set(args.cases or ()) - set(cases.CASE_BY_ID))
   if unknown:
     print(f'unknown case ids: {", ".join(unknown)}', file=sys.stderr)
     return 2
+  if jax.local_device_count() < max(counts):  # started by hand: the workers get the flag
+    json.dump(run_device_counts(counts, case_ids=args.cases), sys.stdout)
+    return 0
   result = {n: {} for n in counts}
   for case_id, def_name, kwargs in cases.CASES:
     if args.cases is not None and case_id not in args.cases:
       continue
-    single, single_opt = cases.run_case(shim, case_id, n_devices=1, use_pmap=True)
+    scan = case_id not in cases.PER_STEP
+    single, single_opt = cases.run_case(shim, case_id, n_devices=1, use_pmap=True, scan=scan)
     single0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in single.items()}
     for n in counts:
       multi, opt = ((single, single_opt) if n == 1 else
-                    cases.run_case(shim, case_id, n_devices=n, use_pmap=True))
+                    cases.run_case(shim, case_id, n_devices=n, use_pmap=True, scan=scan))
       replicas_equal = core.replicas_bitwise(multi)
       replica0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in multi.items()}
       worst, where = core.compare(replica0, single0, cases.DTYPES.get(case_id))
