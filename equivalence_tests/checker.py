@@ -23,6 +23,11 @@ Modes:
   state array with at least 1024 elements and a dimension divisible by the
   model axis is sharded over ``'model'`` on its largest such dimension.
 
+With ``grads='random'`` every step's gradients are drawn up front and a
+run's steps are one compiled ``lax.scan`` (after any first steps that change
+the state's dtypes, e.g. float32 gradient shares promoting bfloat16 params);
+a ``grads`` callable sees each step's params, one jitted call per step.
+
 Gradient shares are multiples of 2**-12 (``core.reference_grads``), so their
 mean over up to 8 devices is exact: any difference between device counts is
 the optimizer's arithmetic, not the averaging. Device counts the process lacks
