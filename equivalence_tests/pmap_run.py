@@ -30,6 +30,9 @@ def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900,
   usable core, see ``workers.default_workers``), each with ``max(counts)`` host
   devices and a share of the cases; ``{n: {case_id: result}}``.
 
+  ``timeout``: seconds per device count (as when each count had its own
+  subprocess); the workers together get ``timeout * len(counts)``.
+
   ``extra_xla_flags`` e.g. ``--xla_backend_optimization_level=0``, which stops
   XLA's backend from contracting multiply-adds differently in the 1-device and
   N-device programs, so the two must then agree bitwise.
@@ -47,7 +50,7 @@ def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900,
   parts = _workers.run_json('equivalence_tests.pmap_run',
                             [[','.join(map(str, counts)), '--cases', *share] for share in shares],
                             xla_flags=extra_xla_flags, devices=max(counts), python=python,
-                            cwd=cwd, timeout=timeout)
+                            cwd=cwd, timeout=timeout * len(counts))
   out = {n: {} for n in counts}
   for part in parts:
     for n, per_case in part.items():
