@@ -275,6 +275,18 @@ def params_for(case_id: str):
 DTYPES = {'adam_bf16': 'bfloat16', 'adam_bf16_default_beta2': 'bfloat16',
           'adabelief_bf16_default_beta2': 'bfloat16'}
 
+#: Cases whose 20 steps run as one compiled call per step in the grids (``grid``,
+#: ``pmap_run``): for them one ``lax.scan`` of all steps does not give the per-step
+#: programs' numbers bitwise (measured: Adadelta, up to 3 ulp from step 2, with
+#: XLA's backend optimisation off; the cause inside XLA is not identified).
+#: Checked bitwise against the per-step runs, every step, with the backend
+#: optimisation off: pmap_run's path for the 15 cases before Adadelta at 1, 2, 4 and
+#: 8 devices; the grid's path for sgd_default, adam_wd, adam_bf16, lamb_wd and
+#: adafactor_momentum (both optimizers, both modes, 1, 2 and 8 devices) and
+#: tests/test_scan.py's cases. Not checked yet: the other cases after Adadelta, and
+#: default XLA flags (pmap_run's benchmark setting).
+PER_STEP = ('adadelta_default', 'adadelta_params', 'adadelta_wd')
+
 STEPS = 20
 #: Steps (after that many updates) whose parameters the golden files keep.
 RECORDED_STEPS = (1, 3, 20)

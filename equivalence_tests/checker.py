@@ -23,6 +23,11 @@ Modes:
   state array with at least 1024 elements and a dimension divisible by the
   model axis is sharded over ``'model'`` on its largest such dimension.
 
+With ``grads='random'`` every step's gradients are drawn up front and a
+run's steps are one compiled ``lax.scan`` (after any first steps that change
+the state's dtypes, e.g. float32 gradient shares promoting bfloat16 params);
+a ``grads`` callable sees each step's params, one jitted call per step.
+
 Gradient shares are multiples of 2**-12 (``core.reference_grads``), so their
 mean over up to 8 devices is exact: any difference between device counts is
 the optimizer's arithmetic, not the averaging. Device counts the process lacks
@@ -148,10 +153,13 @@ class PerDeviceGrads:
   """``grads=PerDeviceGrads(fn)``: ``fn(step, params, device, n_devices)`` gives each
   device its own share (``device=None``: the single-device gradient); the mean
   of the shares should equal the single-device gradient exactly, as
-  ``core.reference_grads``' shares do."""
+  ``core.reference_grads``' shares do. ``params_free=True`` promises that
+  ``fn`` reads only the params' shapes and dtypes (not their values): all
+  steps then run as one compiled scan, with ``fn`` given the initial params."""
 
-  def __init__(self, fn):
+  def __init__(self, fn, params_free: bool = False):
     self.fn = fn
+    self.params_free = params_free
 
   def __call__(self, step, params, device=None, n_devices=1):
     return self.fn(step, params, device, n_devices)
@@ -160,6 +168,7 @@ class PerDeviceGrads:
 def _random_grads(seed):
   def grads(step, params, device=None, n_devices=1):
     return core.reference_grads(params, step, seed, device, n_devices)
+  grads.params_free = True  # shapes and dtypes only
   return grads
 
 
@@ -220,20 +229,8 @@ def _tx_runner(tx, expected_tree):
 # one trajectory
 
 
-def _host(x) -> np.ndarray:
-  # a zero-size pmap output cannot be fetched (jax raises a broadcast error): build it
-  if int(np.prod(np.shape(x))) == 0:
-    return np.zeros(np.shape(x), x.dtype)
-  return np.asarray(x)
-
-
 def _replica0(x) -> np.ndarray:
-  return _host(x)[0]
-
-
-def _replicas_equal_pmap(tree) -> bool:
-  return all(np.array_equal(core.storable(x[d]), core.storable(x[0]), equal_nan=True)
-             for x in map(_host, jax.tree_util.tree_leaves(tree)) for d in range(x.shape[0]))
+  return core.host(x)[0]
 
 
 def _replicas_equal_sharded(tree) -> bool:
@@ -267,8 +264,16 @@ def _leaf_spec(x, model_size: int):
   return PartitionSpec()
 
 
-def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
-  """``({step: flat params}, replicas_bitwise)`` for one optimizer, mode and count."""
+def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str, scan: bool = True):
+  """``({step: flat params}, replicas_bitwise)`` for one optimizer, mode and count.
+
+  Gradients that do not depend on the params' values (``'random'``, or a
+  ``PerDeviceGrads(..., params_free=True)``) are drawn for every step up front
+  and all steps run as one compiled ``lax.scan``; a user's ``grads`` callable
+  sees the params of each step, one jitted call per step (as does ``scan=False``).
+  """
+  if scan and getattr(grads_fn, 'params_free', False):
+    return _scanned_trajectory(runner, params, grads_fn, steps, n, mode)
   init, step, params_of = runner
   state = init(params)
   traj = {}
@@ -280,55 +285,115 @@ def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
     return traj, True
   if mode == 'pmap':
     devices = jax.local_devices()[:n]
-    # replicated on the host (numpy) and sharded by pmap itself: no per-leaf device ops
-    state = jax.tree_util.tree_map(
-        lambda x: np.broadcast_to(np.asarray(x), (n,) + np.shape(x)), state)
+    state = core.replicate_on_host(state, n)
     first = lambda tree: jax.tree_util.tree_map(_replica0, tree)
-
-    def pstep(s, g):
-      # the barrier keeps XLA from fusing pmean's scaling into the optimizer's arithmetic
-      return step(s, core.optimization_barrier(jax.lax.pmean(g, 'batch')))
-    step_fn = jax.pmap(pstep, axis_name='batch', devices=devices)
+    step_fn = jax.pmap(core.data_parallel(step), axis_name='batch', devices=devices)
     ok = True
     for t in range(steps):
       current = first(params_of(state))
-      shares = [grads_fn(t, current, d, n) for d in range(n)]
-      g = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *shares)
-      state = step_fn(state, g)
-      ok = ok and _replicas_equal_pmap(params_of(state))
+      state = step_fn(state, core.stack([grads_fn(t, current, d, n) for d in range(n)]))
+      ok = ok and core.replicas_bitwise(params_of(state))
       traj[t + 1] = flat(first(params_of(state)))
-    return traj, ok and _replicas_equal_pmap(state)
-  # sharded
-  from jax.sharding import NamedSharding, PartitionSpec
-  mesh = _mesh(n)
-  model, data = mesh.shape['model'], mesh.shape['data']
-  shardings = lambda tree: jax.tree_util.tree_map(
-      lambda x: NamedSharding(mesh, _leaf_spec(x, model)), tree)
-  state_shardings = shardings(state)
-  state = jax.device_put(state, state_shardings)
-
-  def sstep(s, gs):
-    g = jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), gs)
-    return step(s, core.optimization_barrier(g))
+    return traj, ok and core.replicas_bitwise(state)
+  mesh, state_shardings, share_shardings, sstep = _sharded_program(step, state, n)
   step_fn = jax.jit(sstep, out_shardings=state_shardings)
+  state = jax.device_put(state, state_shardings)
+  data = mesh.shape['data']
   ok = True
   for t in range(steps):
     current = params_of(state)
-    shares = [grads_fn(t, current, d, data) for d in range(data)]
-    gs = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *shares)
-    gs = jax.device_put(gs, jax.tree_util.tree_map(
-        lambda x: NamedSharding(mesh, PartitionSpec('data', *_leaf_spec(x[0], model))), gs))
-    state = step_fn(state, gs)
+    gs = core.stack([grads_fn(t, current, d, data) for d in range(data)])
+    state = step_fn(state, jax.device_put(gs, share_shardings(gs, 1)))
     ok = ok and _replicas_equal_sharded(params_of(state))
     traj[t + 1] = flat(params_of(state))
   return traj, ok and _replicas_equal_sharded(state)
 
 
-def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int = 0) -> dict:
+def _sharded_program(step, state, n: int):
+  """``(mesh, state_shardings, share_shardings, sstep)`` of sharded mode.
+
+  ``sstep(state, shares)`` is one step (``shares``: ``(data, ...)`` leaves,
+  averaged inside). ``share_shardings(tree, lead)``: the shardings of such
+  shares with ``lead`` leading axes up to and including the data axis.
+  """
+  from jax.sharding import NamedSharding, PartitionSpec
+  mesh = _mesh(n)
+  model = mesh.shape['model']
+  state_shardings = jax.tree_util.tree_map(
+      lambda x: NamedSharding(mesh, _leaf_spec(x, model)), state)
+
+  def share_shardings(tree, lead):
+    return jax.tree_util.tree_map(lambda x: NamedSharding(
+        mesh, PartitionSpec(*([None] * (lead - 1)), 'data',
+                            *_leaf_spec(x[(0,) * lead], model))), tree)
+
+  def sstep(s, gs):
+    g = jax.tree_util.tree_map(lambda x: jnp.mean(x, axis=0), gs)
+    return step(s, core.optimization_barrier(g))
+  return mesh, state_shardings, share_shardings, sstep
+
+
+def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
+  """:func:`_trajectory` with every step's gradients drawn up front (``core.plan_steps``).
+
+  The steps that change the state's types run one compiled step each (e.g.
+  float32 gradient shares promote bfloat16 params at the first step); one
+  compiled ``lax.scan`` runs the rest.
+  """
+  init, step, params_of = runner
+  state = init(params)
+  if mode == 'pmap':
+    draw = lambda t, like: (core.stack([grads_fn(t, like, d, n) for d in range(n)]),)
+    first = lambda args: jax.tree_util.tree_map(lambda x: x[0], args)
+    head, tail = core.plan_steps(step, state, draw, steps, params_of, first)
+    state, history = core.pmap_steps(step, state, head, tail, n, params_of)
+    ok = core.replicas_bitwise(history) and core.replicas_bitwise(state)
+    return {t + 1: flat(jax.tree_util.tree_map(_replica0, h)) for t, h in enumerate(history)}, ok
+  if mode == 'single':
+    one_step, put, jit_kw, scan_kw = step, (lambda tree, lead: tree), {}, {}
+    draw = lambda t, like: (grads_fn(t, like),)
+  else:
+    from jax.sharding import NamedSharding, PartitionSpec
+    mesh, state_shardings, share_shardings, one_step = _sharded_program(step, state, n)
+    model, data = mesh.shape['model'], mesh.shape['data']
+    draw = lambda t, like: (core.stack([grads_fn(t, like, d, data) for d in range(data)]),)
+    state = jax.device_put(state, state_shardings)
+    put = lambda tree, lead: jax.device_put(tree, share_shardings(tree, lead))
+    # shardings follow shapes only, so they hold for a state whose dtypes a step changes
+    history_shardings = jax.tree_util.tree_map(
+        lambda x: NamedSharding(mesh, PartitionSpec(None, *_leaf_spec(x, model))), params_of(state))
+    jit_kw = {'out_shardings': state_shardings}
+    scan_kw = {'out_shardings': (state_shardings, history_shardings)}
+  head, tail = core.plan_steps(one_step, state, draw, steps, params_of)
+  history = []
+  if head:
+    fn = jax.jit(one_step, **jit_kw)
+    for (grads,) in head:
+      state = fn(state, put(grads, 1))
+      history.append(params_of(state))
+  ok = mode == 'single' or all(_replicas_equal_sharded(h) for h in history)
+  history = [jax.tree_util.tree_map(core.host, h) for h in history]
+  if tail is not None:
+    def body(s, g):
+      s = one_step(s, g)
+      return s, params_of(s)
+    fn = jax.jit(lambda s, gs: jax.lax.scan(body, s, gs), **scan_kw)
+    state, stacked = fn(state, put(tail[0], 2))
+    ok = ok and (mode == 'single' or _replicas_equal_sharded(stacked))
+    stacked = jax.tree_util.tree_map(core.host, stacked)
+    history += [jax.tree_util.tree_map(lambda x: x[t], stacked)
+                for t in range(steps - len(history))]
+  ok = ok and (mode == 'single' or _replicas_equal_sharded(state))
+  return {t + 1: flat(h) for t, h in enumerate(history)}, ok
+
+
+def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int = 0,
+             scan: bool = True) -> dict:
   """Both trajectories for one ``(mode, n)``, in this process (needs ``n`` devices).
 
-  ``legacy`` may be ``None`` (then only ``tx`` runs). Returns ``{'legacy':
-  traj, 'tx': traj, 'replicas': {'legacy': bool, 'tx': bool}}``.
+  ``legacy`` may be ``None`` (then only ``tx`` runs). ``scan=False``: one
+  compiled call per step even where the gradients are known up front. Returns
+  ``{'legacy': traj, 'tx': traj, 'replicas': {'legacy': bool, 'tx': bool}}``.
   """
   params = materialize(params, seed)
   if isinstance(grads, PerDeviceGrads):
@@ -343,7 +408,8 @@ def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int
     if opt is None:
       continue
     runner = _legacy_runner(opt) if who == 'legacy' else _tx_runner(opt, tree)
-    out[who], out['replicas'][who] = _trajectory(runner, params, grads_fn, steps, n, mode)
+    out[who], out['replicas'][who] = _trajectory(runner, params, grads_fn, steps, n, mode,
+                                                 scan)
   return out
 
 

@@ -93,7 +93,7 @@ def optimization_barrier(x):
 def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
                record: Sequence[int] | None = None, apply_kwargs: Callable | None = None,
                use_pmap: bool | None = None, focus=None, overrides: Callable | None = None,
-               corrupt_grads: Callable | None = None):
+               corrupt_grads: Callable | None = None, scan: bool = True):
   """Run a legacy def (real ``flax.optim`` or the shim) for ``steps`` jitted steps.
 
   Args:
@@ -114,6 +114,9 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
       the values themselves.
     corrupt_grads: ``(step, grads) -> grads`` applied to each device's
       gradients (e.g. to insert NaN/inf).
+    scan: under ``pmap``, run the steps as one compiled ``lax.scan``
+      (:func:`pmap_steps`); ``False``: one ``pmap`` call per step (for the
+      cases whose numbers the scan does not reproduce, ``cases.PER_STEP``).
 
   Returns:
     ``(trajectory, final_optimizer)``; ``trajectory[step]`` is ``flat(params)``;
@@ -127,36 +130,169 @@ def run_legacy(opt_def, params, steps: int, seed: int = 0, n_devices: int = 1,
   grads_at = _grads_fn(params, seed, corrupt_grads)
   if use_pmap is None:
     use_pmap = n_devices > 1
-  if not use_pmap:
-    step_fn = jax.jit(lambda o, g, k: o.apply_gradient(g, **to_kwargs(o.optimizer_def, k)))
-  else:
+  apply = lambda o, g, k: o.apply_gradient(g, **to_kwargs(o.optimizer_def, k))
+  if use_pmap and not scan:
     devices = jax.local_devices()[:n_devices]
     if len(devices) < n_devices:
       raise RuntimeError(f'need {n_devices} devices, have {len(jax.local_devices())}; '
                          'set XLA_FLAGS=--xla_force_host_platform_device_count=N')
-    opt = jax.tree_util.tree_map(lambda x: np.broadcast_to(np.asarray(x), (n_devices,) + np.shape(x)),
-                                 opt)
-
-    def pstep(o, g, k):
-      # The barrier keeps XLA from fusing pmean's ``psum * (1/n)`` into the
-      # optimizer's arithmetic, where it changes which multiply-add LLVM
-      # contracts into an FMA (a program difference, not an optimizer one).
-      g = optimization_barrier(jax.lax.pmean(g, 'batch'))
-      return o.apply_gradient(g, **to_kwargs(o.optimizer_def, k))
-    step_fn = jax.pmap(pstep, axis_name='batch', devices=devices)
+    opt = replicate_on_host(opt, n_devices)
+    step_fn = jax.pmap(data_parallel(apply), axis_name='batch', devices=devices)
+    traj = {}
+    for step in range(steps):
+      g = stack([grads_at(step, d, n_devices) for d in range(n_devices)])
+      k = {name: np.full((n_devices,), v, np.float32) for name, v in kw(step).items()}
+      opt = step_fn(opt, g, k)
+      if step + 1 in record:
+        traj[step + 1] = flat(opt.target)
+    return traj, opt
+  if use_pmap:
+    # every step's gradient shares and overrides up front: one program for all steps
+    def draw(step, like):
+      return (stack([grads_at(step, d, n_devices) for d in range(n_devices)]),
+              {name: np.full((n_devices,), v, np.float32) for name, v in kw(step).items()})
+    first = lambda args: jax.tree_util.tree_map(lambda x: x[0], args)
+    head, tail = plan_steps(apply, opt, draw, steps, lambda o: o.target, first)
+    opt, history = pmap_steps(apply, opt, head, tail, n_devices, lambda o: o.target)
+    return {step: flat(history[step - 1]) for step in sorted(record)}, opt
+  step_fn = jax.jit(apply)
   traj = {}
   for step in range(steps):
-    if not use_pmap:
-      g = grads_at(step)
-      k = kw(step)
-    else:
-      per_dev = [grads_at(step, d, n_devices) for d in range(n_devices)]
-      g = jax.tree_util.tree_map(lambda *xs: np.stack(xs), *per_dev)
-      k = {name: np.full((n_devices,), v, np.float32) for name, v in kw(step).items()}
-    opt = step_fn(opt, g, k)
+    opt = step_fn(opt, grads_at(step), kw(step))
     if step + 1 in record:
       traj[step + 1] = flat(opt.target)
   return traj, opt
+
+
+def stack(trees):
+  """One pytree of numpy arrays: ``trees``' leaves stacked on a new leading axis.
+
+  Raises:
+    ValueError: the trees differ in structure (from ``jax.tree_util.tree_map``).
+  """
+  return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *trees)
+
+
+def replicate_on_host(tree, n_devices: int):
+  """Each leaf ``x`` as a read-only numpy view of shape ``(n_devices,) + x.shape``:
+  what ``flax.jax_utils.replicate`` produces, without its per-leaf device transfers
+  (``pmap`` shards the copies itself)."""
+  return jax.tree_util.tree_map(
+      lambda x: np.broadcast_to(np.asarray(x), (n_devices,) + np.shape(x)), tree)
+
+
+def host(x) -> np.ndarray:
+  """A device array as numpy (zero-size ``pmap`` outputs, which jax cannot fetch, rebuilt)."""
+  if int(np.prod(np.shape(x))) == 0:
+    return np.zeros(np.shape(x), x.dtype)
+  return np.asarray(x)
+
+
+def replicas_bitwise(tree) -> bool:
+  """Every leaf's slices along its leading (device) axis bitwise equal to slice 0
+  (NaN equal to NaN): the replicas of a ``pmap`` output, or of a trajectory of them."""
+  return all(np.array_equal(storable(x[d]), storable(x[0]), equal_nan=True)
+             for x in map(host, jax.tree_util.tree_leaves(tree)) for d in range(x.shape[0]))
+
+
+def data_parallel(step: Callable) -> Callable:
+  """``step(state, grads, *rest)`` for inside ``pmap(axis_name='batch')``: ``grads``
+  ``pmean``'d, behind an optimization barrier (it keeps XLA from fusing pmean's
+  ``psum * (1/n)`` into the optimizer's arithmetic, where it changes which
+  multiply-add LLVM contracts into an FMA: a program difference, not an
+  optimizer one)."""
+  def pstep(state, grads, *rest):
+    return step(state, optimization_barrier(jax.lax.pmean(grads, 'batch')), *rest)
+  return pstep
+
+
+def _signature(tree):
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, [(tuple(x.shape), np.dtype(x.dtype), bool(getattr(x, 'weak_type', False)))
+                   for x in leaves]
+
+
+def plan_steps(step: Callable, state, draw: Callable, steps: int, params_of: Callable,
+               view: Callable = lambda args: args):
+  """Every step's arguments, drawn up front, split where ``lax.scan`` can take over.
+
+  A scan needs a state whose type (tree, shapes, dtypes, weak types) the step
+  keeps; the first steps that change it (float32 gradient shares promote
+  bfloat16 params; a weak-typed counter becomes strong) must run alone, as
+  separate programs, like every step once did. Traces only (``jax.eval_shape``).
+
+  Args:
+    step: ``(state, *args) -> state`` (for ``pmap``: one device's step).
+    state: the initial state (arrays or ``jax.ShapeDtypeStruct``).
+    draw: ``(t, like) -> args`` of step ``t``, a tuple; ``like`` is
+      ``params_of(state)`` as zeros of the dtypes the state has before step
+      ``t`` (what a gradient function that reads shapes and dtypes needs).
+    steps: how many steps.
+    view: ``args -> `` what ``step`` sees of them (e.g. one device's slice).
+
+  Returns:
+    ``(head, tail)``: the argument tuples of the type-changing first steps,
+    and the tuple of the remaining steps' arguments stacked on a new leading
+    axis (``None`` when no step is left).
+  """
+  avals = jax.eval_shape(lambda s: s, state)
+  head = []
+  for t in range(steps):
+    like = jax.tree_util.tree_map(lambda a: np.zeros(a.shape, a.dtype), params_of(avals))
+    args = tuple(draw(t, like))
+    out = jax.eval_shape(step, avals, *view(args))
+    if _signature(out) == _signature(avals):
+      rest = [args] + [tuple(draw(u, like)) for u in range(t + 1, steps)]
+      return head, tuple(stack(column) for column in zip(*rest))
+    head.append(args)
+    avals = out
+  return head, None
+
+
+def pmap_steps(step: Callable, state, head: list, tail, n_devices: int, params_of: Callable):
+  """All steps of a data-parallel run under ``jax.pmap``: one compiled ``lax.scan``.
+
+  Args:
+    step: ``(state, grads, *rest) -> state`` for one device (e.g.
+      ``opt.apply_gradient``); it gets ``pmean``'d gradients (:func:`data_parallel`).
+    state: one copy of the state pytree (replicated here, on the host).
+    head, tail: from :func:`plan_steps` with ``view`` taking device 0's slice:
+      ``head`` a list of ``(grads, *rest)`` tuples whose leaves have shape
+      ``(n_devices, ...)`` (each device's share), run one compiled step each;
+      ``tail`` the same, stacked: leaves ``(steps, n_devices, ...)``, one scan.
+    n_devices: the first ``n_devices`` local devices are used.
+    params_of: ``state -> params`` (what is kept after every step).
+
+  Returns:
+    ``(final_state, history)``: the final state (leaves ``(n_devices, ...)``,
+    on the devices) and a list with one pytree per step: ``params_of(state)``
+    after it, numpy arrays of shape ``(n_devices, ...)``.
+
+  Raises:
+    RuntimeError: fewer than ``n_devices`` local devices.
+  """
+  devices = jax.local_devices()[:n_devices]
+  if len(devices) < n_devices:
+    raise RuntimeError(f'need {n_devices} devices, have {len(jax.local_devices())}; '
+                       'set XLA_FLAGS=--xla_force_host_platform_device_count=N')
+  pstep = data_parallel(step)
+  state = replicate_on_host(state, n_devices)
+  history = []
+  if head:
+    one = jax.pmap(pstep, axis_name='batch', devices=devices)
+    for args in head:
+      state = one(state, *args)
+      history.append(jax.tree_util.tree_map(host, params_of(state)))
+  if tail is not None:
+    def body(s, x):
+      s = pstep(s, *x)
+      return s, params_of(s)
+    run = jax.pmap(lambda s, x: jax.lax.scan(body, s, x), axis_name='batch', devices=devices)
+    state, stacked = run(state, jax.tree_util.tree_map(lambda x: np.swapaxes(x, 0, 1), tail))
+    stacked = jax.tree_util.tree_map(host, stacked)
+    steps = np.shape(jax.tree_util.tree_leaves(tail)[0])[0]
+    history += [jax.tree_util.tree_map(lambda x: x[:, t], stacked) for t in range(steps)]
+  return state, history
 
 
 def _grads_fn(params, seed, corrupt_grads):

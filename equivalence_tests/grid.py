@@ -1,7 +1,10 @@
 """The project's own equivalence grid: every recorded case x devices x {pmap, sharded}.
 
-    XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0" \\
-        python -m equivalence_tests.grid [--devices 1,2,4,8] [--modes pmap,sharded] [--cases ID...]
+    python -m equivalence_tests.grid [--devices 1,2,4,8] [--modes pmap,sharded] [--cases ID... | all]
+
+(started without ``max(devices)`` host devices it runs :func:`run`, which
+starts worker processes of itself with ``XLA_FLAGS="--xla_backend_optimization_level=0
+--xla_force_host_platform_device_count=8"``).
 
 For each case of ``cases.py`` without ``focus=`` or per-call overrides (those
 run in the shim's pmap grid, ``pmap_run``) and each ``(mode, n)``, the shim
@@ -17,14 +20,18 @@ flax.optim (recorded with XLA's default optimisation: in bfloat16 the grid's
 setting moves Adam by up to 17 bfloat16 ulp from it). The gradient shares
 average exactly (``core.reference_grads``), so with XLA's backend optimisation
 off (it contracts multiply-adds differently per program) every device count
-must give the numbers of the smallest one (``shim_vs_fewest_devices``). :func:`run` starts the subprocess for you.
+must give the numbers of the smallest one (``shim_vs_fewest_devices``).
+
+Each ``(case, mode, n)`` and optimizer is one compiled program for all 20
+steps (``lax.scan``; the gradient shares are drawn up front), which gives the
+per-step programs' numbers bitwise (checked for every case). :func:`run`
+starts the subprocesses for you, one per usable core, the cases dealt between
+them.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 
@@ -61,25 +68,41 @@ def emitted_tx(case):
   return spec.tx_from_source(emitted_source(case))
 
 
-def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800) -> dict:
-  """Run the grid in one subprocess with ``max(devices)`` CPU devices; the parsed JSON.
+def eligible(case) -> bool:
+  """Cases the grid runs: no ``focus=`` and no per-call overrides (those run in
+  the shim's pmap grid, ``pmap_run``)."""
+  _, _, kwargs = case
+  return 'focus' not in kwargs and 'apply' not in kwargs
+
+
+def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800, workers=None) -> dict:
+  """Run the grid in ``workers`` subprocesses (default: one per usable core, see
+  ``workers.default_workers``) with ``max(devices)`` CPU devices each, the cases
+  dealt between them; the merged JSON (``_seconds``: wall time of them all).
+
+  ``case_ids``: ids to run (default :data:`REPRESENTATIVE`; ``'all'``: every
+  eligible case).
 
   Raises:
-    RuntimeError: the subprocess failed (its stderr is in the message).
+    RuntimeError: a subprocess failed (its stderr is in the message).
   """
-  env = dict(os.environ)
-  env['XLA_FLAGS'] = (f'{env.get("XLA_FLAGS", "")} {NO_BACKEND_OPT} '
-                      f'--xla_force_host_platform_device_count={max(devices)}').strip()
-  env['JAX_PLATFORMS'] = 'cpu'
-  cmd = [sys.executable, '-m', 'equivalence_tests.grid', '--devices',
-         ','.join(map(str, devices)), '--modes', ','.join(modes)]
-  if case_ids:
-    cmd += ['--cases', *case_ids]
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-  if proc.returncode != 0:
-    raise RuntimeError(f'equivalence grid failed (exit status {proc.returncode}):\n'
-                       f'{proc.stderr[-4000:]}')
-  return json.loads(proc.stdout)
+  from equivalence_tests import cases
+  from equivalence_tests import workers as _workers
+  if case_ids is None:
+    case_ids = REPRESENTATIVE
+  ids = [c[0] for c in cases.CASES if eligible(c) and (case_ids == 'all' or c[0] in case_ids)]
+  args = ['--devices', ','.join(map(str, devices)), '--modes', ','.join(modes), '--cases']
+  start = time.perf_counter()
+  parts = _workers.run_json('equivalence_tests.grid',
+                            [args + share for share in
+                             _workers.split(ids, workers or _workers.default_workers())],
+                            xla_flags=NO_BACKEND_OPT, devices=max(devices), timeout=timeout)
+  seconds = time.perf_counter() - start
+  merged = {k: v for part in parts for k, v in part.items() if not k.startswith('_')}
+  out = {i: merged[i] for i in ids if i in merged}
+  out['_seconds'] = seconds
+  out['_worker_seconds'] = [part['_seconds'] for part in parts]
+  return out
 
 
 def _steps_as_golden(traj: dict) -> dict:
@@ -103,18 +126,22 @@ def main(argv=None) -> int:
   from equivalence_tests import cases, checker, core, record_golden
   devices = [int(n) for n in args.devices.split(',')]
   modes = args.modes.split(',')
+  import jax
+  if jax.local_device_count() < max(devices):  # started by hand: the workers get the flags
+    json.dump(run(devices, modes, args.cases or 'all'), sys.stdout)
+    return 0
   start = time.perf_counter()
   out: dict = {}
   for case in cases.CASES:
     case_id, def_name, kwargs = case
     if args.cases and case_id not in args.cases:
       continue
-    with warnings.catch_warnings():
-      warnings.simplefilter('ignore', DeprecationWarning)
-      opt_def, focus = cases.build(shim, def_name, kwargs)
-    if focus is not None or 'apply' in kwargs:
+    if not eligible(case):
       # focus= and per-call overrides run in the shim's pmap grid (tests/test_pmap.py)
       continue
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      opt_def, _ = cases.build(shim, def_name, kwargs)
     tx = emitted_tx(case) if converted(case) else None
     golden, _ = record_golden.load(case_id)
     grads = cases.GRADS.get(kwargs.get('grads'))
@@ -122,8 +149,9 @@ def main(argv=None) -> int:
     for mode in modes:
       single = None
       for n in sorted(devices):
-        r = checker.run_pair(opt_def, tx, cases.params_for(case_id),
-                             _grads(grads), cases.STEPS, n, mode, cases.SEED)
+        r = checker.run_pair(opt_def, tx, cases.params_for(case_id), _grads(grads),
+                             cases.STEPS, n, mode, cases.SEED,
+                             scan=case_id not in cases.PER_STEP)
         shim_traj = _steps_as_golden(r['legacy'])
         single = single or shim_traj
         vs_golden, _ = core.compare({s: shim_traj[s] for s in golden}, golden, dtype)
@@ -146,7 +174,7 @@ def _grads(corrupt):
   def fn(step, params, device=None, n_devices=1):
     g = core.reference_grads(params, step, cases.SEED, device, n_devices)
     return corrupt(step, g) if corrupt else g
-  return checker.PerDeviceGrads(fn)
+  return checker.PerDeviceGrads(fn, params_free=True)
 
 
 if __name__ == '__main__':

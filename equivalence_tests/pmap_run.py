@@ -1,25 +1,37 @@
-"""Shim trajectories across pmap devices (one process per device count).
+"""Shim trajectories across pmap devices, every recorded case.
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=N \\
-        python -m equivalence_tests.pmap_run N
+    python -m equivalence_tests.pmap_run 1,2,4,8 [--cases ID...]
 
-Prints JSON ``{case_id: {"replicas_bitwise": bool, "max_ulp_vs_single": float,
-"worst": [step, leaf], "step": [...]}}``: the replicated optimizer's replicas must
-be bitwise equal to each other and equal to the single-device run (``pmap``
-over one device, the same program) within the bound; the per-device gradients
-average exactly (``core.reference_grads``), so any difference is the optimizer's. ``run_device_counts`` starts those processes for you.
+(started without ``max(counts)`` host devices, e.g. without
+``XLA_FLAGS=--xla_force_host_platform_device_count=8``, it runs
+:func:`run_device_counts`, which starts worker processes of itself with them).
+
+Prints JSON ``{n: {case_id: {"replicas_bitwise": bool, "max_ulp_vs_single": float,
+"worst": [step, leaf], "step": [...]}}}`` for each device count ``n``: the
+replicated optimizer's replicas must be bitwise equal to each other and equal
+to the single-device run (``pmap`` over one device, the same program, run
+once per case) within the bound; the per-device gradients average exactly
+(``core.reference_grads``), so any difference is the optimizer's. Each run
+is one compiled ``pmap`` of all 20 steps (``core.pmap_steps``).
+``run_device_counts`` starts the processes for you (one per usable core, the
+cases dealt between them).
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
+
+from equivalence_tests import workers as _workers
 
 
 def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900,
-                      extra_xla_flags: str = '') -> dict:
-  """Run this module once per device count in a subprocess; ``{n: result}``.
+                      extra_xla_flags: str = '', workers: int | None = None,
+                      case_ids=None) -> dict:
+  """Run this module for ``counts`` in ``workers`` subprocesses (default: one per
+  usable core, see ``workers.default_workers``), each with ``max(counts)`` host
+  devices and a share of the cases; ``{n: {case_id: result}}``.
+
+  ``timeout``: seconds per device count (as when each count had its own
+  subprocess); the workers together get ``timeout * len(counts)``.
 
   ``extra_xla_flags`` e.g. ``--xla_backend_optimization_level=0``, which stops
   XLA's backend from contracting multiply-adds differently in the 1-device and
@@ -27,50 +39,60 @@ def run_device_counts(counts, python=sys.executable, cwd=None, timeout=900,
 
   Raises:
     RuntimeError: a subprocess failed (its stderr is in the message).
+    ValueError: a device count < 1.
   """
-  out = {}
-  for n in counts:
-    env = dict(os.environ)
-    env['XLA_FLAGS'] = (f'{env.get("XLA_FLAGS", "")} {extra_xla_flags} '
-                        f'--xla_force_host_platform_device_count={n}').strip()
-    env['JAX_PLATFORMS'] = 'cpu'
-    for _attempt in range(2):
-      proc = subprocess.run([str(python), '-m', 'equivalence_tests.pmap_run', str(n)],
-                            capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
-      # a process killed by a signal (seen once, 8 host devices on 2 cores, empty
-      # stderr) produced no result at all: run it once more; any other failure is final
-      if proc.returncode >= 0:
-        break
-    if proc.returncode != 0:
-      raise RuntimeError(f'pmap_run {n} failed with exit status {proc.returncode}:\n'
-                         f'{proc.stderr[-4000:]}{proc.stdout[-1000:]}')
-    out[n] = json.loads(proc.stdout)
-  return out
+  from equivalence_tests import cases
+  counts = [int(n) for n in counts]
+  if not counts or min(counts) < 1:
+    raise ValueError(f'device counts must be >= 1, got {counts}')
+  ids = [c[0] for c in cases.CASES if case_ids is None or c[0] in case_ids]
+  shares = _workers.split(ids, workers or _workers.default_workers())
+  parts = _workers.run_json('equivalence_tests.pmap_run',
+                            [[','.join(map(str, counts)), '--cases', *share] for share in shares],
+                            xla_flags=extra_xla_flags, devices=max(counts), python=python,
+                            cwd=cwd, timeout=timeout * len(counts))
+  out = {n: {} for n in counts}
+  for part in parts:
+    for n, per_case in part.items():
+      out[int(n)].update(per_case)
+  return {n: {i: out[n][i] for i in ids} for n in counts}
 
 
 def main(argv=None) -> int:
-  argv = sys.argv[1:] if argv is None else argv
-  n = int(argv[0])
+  import argparse
+  import json
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument('counts', help='device counts, e.g. 8 or 1,2,4,8')
+  parser.add_argument('--cases', nargs='+', default=None, help='case ids (default: all)')
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  counts = [int(n) for n in args.counts.split(',')]
   import jax
   import numpy as np
   import optim_compat as shim
   from equivalence_tests import cases, core
-  if jax.local_device_count() < n:
-    print(f'only {jax.local_device_count()} devices', file=sys.stderr)
+  unknown = sorted(set(args.cases or ()) - set(cases.CASE_BY_ID))
+  if unknown:
+    print(f'unknown case ids: {", ".join(unknown)}', file=sys.stderr)
     return 2
-  result = {}
+  if jax.local_device_count() < max(counts):  # started by hand: the workers get the flag
+    json.dump(run_device_counts(counts, case_ids=args.cases), sys.stdout)
+    return 0
+  result = {n: {} for n in counts}
   for case_id, def_name, kwargs in cases.CASES:
-    single, _ = cases.run_case(shim, case_id, n_devices=1, use_pmap=True)
-    multi, opt = cases.run_case(shim, case_id, n_devices=n, use_pmap=True)
-    replicas_equal = all(np.array_equal(v[d], v[0], equal_nan=True)
-                         for leaves in multi.values() for v in leaves.values()
-                         for d in range(n))
-    replica0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in multi.items()}
+    if args.cases is not None and case_id not in args.cases:
+      continue
+    scan = case_id not in cases.PER_STEP
+    single, single_opt = cases.run_case(shim, case_id, n_devices=1, use_pmap=True, scan=scan)
     single0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in single.items()}
-    worst, where = core.compare(replica0, single0, cases.DTYPES.get(case_id))
-    result[case_id] = {'replicas_bitwise': replicas_equal, 'max_ulp_vs_single': worst,
-                       'worst': list(where) if where else None,
-                       'step': np.asarray(opt.state.step).tolist()}
+    for n in counts:
+      multi, opt = ((single, single_opt) if n == 1 else
+                    cases.run_case(shim, case_id, n_devices=n, use_pmap=True, scan=scan))
+      replicas_equal = core.replicas_bitwise(multi)
+      replica0 = {s: {k: v[0] for k, v in leaves.items()} for s, leaves in multi.items()}
+      worst, where = core.compare(replica0, single0, cases.DTYPES.get(case_id))
+      result[n][case_id] = {'replicas_bitwise': replicas_equal, 'max_ulp_vs_single': worst,
+                            'worst': list(where) if where else None,
+                            'step': np.asarray(opt.state.step).tolist()}
   json.dump(result, sys.stdout)
   return 0
 

@@ -1,0 +1,88 @@
+"""The grids' one-program-per-run scan gives the per-step programs' numbers bitwise."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from equivalence_tests import workers
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Run with 2 host devices: every case's shim and emitted chain, as one scan and as
+# one jitted call per step (the grads callable then sees each step's params), in
+# single, pmap and sharded mode. adam_bf16: float32 gradient shares promote the
+# bfloat16 params at step 1 (that step runs alone, then the scan); the draws for
+# later steps see float32 params, as the per-step run did.
+SCRIPT = r'''
+import json, sys, warnings
+import numpy as np
+import optim_compat as shim
+from equivalence_tests import cases, checker, core, grid
+
+out = {}
+for case_id in sys.argv[1:]:
+  case = cases.CASE_BY_ID[case_id]
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    opt_def, _ = cases.build(shim, case[1], case[2])
+  tx = grid.emitted_tx(case) if grid.converted(case) else None
+  corrupt = cases.GRADS.get(case[2].get('grads'))
+  def fn(step, params, device=None, n_devices=1, corrupt=corrupt):
+    g = core.reference_grads(params, step, cases.SEED, device, n_devices)
+    return corrupt(step, g) if corrupt else g
+  for mode, n in (('single', 1), ('pmap', 2), ('sharded', 2)):
+    runs = [checker.run_pair(opt_def, tx, cases.params_for(case_id),
+                             checker.PerDeviceGrads(fn, params_free=free), 6, n, mode)
+            for free in (True, False)]  # steps: 6 (the nonfinite step is 5)
+    same = {}
+    for who in ('legacy', 'tx'):
+      if who not in runs[0]:
+        continue
+      a, b = runs[0][who], runs[1][who]
+      same[who] = (sorted(a) == sorted(b) == list(range(1, 7)) and all(
+          a[s].keys() == b[s].keys() and all(
+              a[s][k].dtype == b[s][k].dtype and np.array_equal(a[s][k], b[s][k], equal_nan=True)
+              for k in a[s]) for s in a))
+    out[f'{case_id} {mode}/{n}'] = {'same': same, 'replicas': runs[0]['replicas']}
+json.dump(out, sys.stdout)
+'''
+
+
+def test_scan_equals_per_step_programs_bitwise():
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
+             XLA_FLAGS='--xla_force_host_platform_device_count=2 '
+                       '--xla_backend_optimization_level=0')
+  ids = ['adam_bf16', 'lamb_wd', 'adafactor_momentum', 'weightnorm_adam', 'adam_nonfinite']
+  proc = subprocess.run([sys.executable, '-c', SCRIPT, *ids], capture_output=True, text=True,
+                        env=env, cwd=ROOT, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  result = json.loads(proc.stdout)
+  assert len(result) == 3 * len(ids)
+  for key, r in result.items():
+    assert r['same'].get('legacy') is True, key
+    if not key.startswith('weightnorm'):  # WeightNorm has no emitted chain
+      assert r['same'].get('tx') is True, key
+    assert all(r['replicas'].values()), key
+
+
+def test_workers_split_and_setting(monkeypatch):
+  assert workers.split(list('abcde'), 2) == [['a', 'c', 'e'], ['b', 'd']]
+  assert workers.split(['a'], 4) == [['a']]
+  monkeypatch.setenv(workers.WORKERS_ENV, '3')
+  assert workers.default_workers() == 3
+  for bad in ('0', 'two'):
+    monkeypatch.setenv(workers.WORKERS_ENV, bad)
+    with pytest.raises(ValueError, match=workers.WORKERS_ENV):
+      workers.default_workers()
+
+
+def test_pmap_run_rejects_unknown_case_ids():
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT))
+  proc = subprocess.run([sys.executable, '-m', 'equivalence_tests.pmap_run', '1', '--cases',
+                         'no_such_case'], capture_output=True, text=True, env=env, cwd=ROOT,
+                        timeout=300)
+  assert proc.returncode == 2
+  assert 'unknown case ids: no_such_case' in proc.stderr
