@@ -166,6 +166,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.def_calls: list[cst.Call] = []
     self.create_calls: list[cst.Call] = []
     self.params: set = set()        # bindings of function parameters
+    self.loop_vars: set = set()     # bindings of for-loop and comprehension targets
     self.legacy_attrs: list[cst.Attribute] = []  # opt.optimizer_def, opt.state, opt.replicate...
     self.handled: set[int] = set()  # ids of legacy_attrs a rule converts
     self.subclasses: list[cst.ClassDef] = []     # user OptimizerDef subclasses
@@ -284,6 +285,21 @@ class _Analyzer(_Base, cst.CSTVisitor):
         self.opt_vars.add(b)
       if node.annotation is not None and self.symbol(node.annotation.annotation) == 'OptimizerDef':
         self.def_vars[b] = None  # a def of unknown kind: `.create` on it is still converted
+
+  def visit_For(self, node: cst.For) -> None:
+    self.loop_vars.update(self._target_bindings(node.target))
+
+  def visit_CompFor(self, node: cst.CompFor) -> None:
+    self.loop_vars.update(self._target_bindings(node.target))
+
+  def _target_bindings(self, target):
+    """Bindings of the names a for/comprehension target binds (tuples unpacked)."""
+    if isinstance(target, cst.Name):
+      b = self.binding(target)
+      return [b] if b else []
+    if isinstance(target, (cst.Tuple, cst.List)):
+      return [b for e in target.elements for b in self._target_bindings(e.value)]
+    return []
 
   def visit_Name(self, node) -> None:
     self._reference(node)
@@ -1309,10 +1325,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
         self.fixed(original, 'OM003', '.target -> .params')
         return updated.with_changes(attr=cst.Name('params'))
       value = original.value
-      if ((self.a.uses_legacy or self.a.flow_used) and isinstance(value, cst.Name)
-          and (self.binding(value) in self.a.params
-               or self.binding(value) in (self.a.rebound & self.a.opt_vars))):
-        # a parameter of unknown origin in a legacy file: maybe an optimizer
+      if (self.a.uses_legacy or self.a.flow_used) and (
+          isinstance(value, cst.Subscript) or (isinstance(value, cst.Name) and (
+              self.binding(value) in (self.a.params | self.a.loop_vars)
+              or self.binding(value) in (self.a.rebound & self.a.opt_vars)))):
+        # a parameter, loop variable or container item of unknown origin in a legacy file:
+        # maybe an optimizer
         self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim '
                                      'Optimizer, `.target` is `.params` on a TrainState'
                                      + self._created_by())
@@ -1322,9 +1340,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
         self.fixed(original, 'OM004', '.state.step -> .step')
         return updated.with_changes(value=updated.value.value)
       value = original.value.value
-      if ((self.a.uses_legacy or self.a.flow_used) and isinstance(value, cst.Name)
-          and self.binding(value) in self.a.params):
-        self.flag(original, 'OM100', f'if `{value.value}` is a flax.optim Optimizer, '
+      if (self.a.uses_legacy or self.a.flow_used) and (
+          isinstance(value, cst.Subscript) or (isinstance(value, cst.Name) and (
+              self.binding(value) in (self.a.params | self.a.loop_vars)))):
+        self.flag(original, 'OM100', f'if `{self._code(value)}` is a flax.optim Optimizer, '
                                      '`.state.step` is `.step` on a TrainState'
                                      + self._created_by())
     return updated
