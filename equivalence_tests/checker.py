@@ -25,7 +25,7 @@ Modes:
 
 With ``grads='random'`` every step's gradients are drawn up front and a
 run's steps are one compiled ``lax.scan`` (after any first steps that change
-the state's dtypes, e.g. float32 gradient shares promoting bfloat16 params);
+the state's dtypes, e.g. float32 gradients promoting bfloat16 params);
 a ``grads`` callable sees each step's params, one jitted call per step.
 
 Gradient shares are multiples of 2**-12 (``core.reference_grads``), so their
@@ -336,8 +336,8 @@ def _sharded_program(step, state, n: int):
 def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
   """:func:`_trajectory` with every step's gradients drawn up front (``core.plan_steps``).
 
-  The steps that change the state's types run one compiled step each (e.g.
-  float32 gradient shares promote bfloat16 params at the first step); one
+  The steps that change the state's types run one compiled step each (e.g. a
+  weak-typed step counter that the first step makes strong); one
   compiled ``lax.scan`` runs the rest.
   """
   init, step, params_of = runner

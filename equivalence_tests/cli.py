@@ -239,6 +239,9 @@ def load_trajectory(path: str):
     BadInput: missing, truncated or not a trajectory file.
   """
   import numpy as np
+  if pathlib.Path(path).is_file() and not zipfile.is_zipfile(path):
+    raise BadInput(f'--against {path}: not a readable trajectory file (not a complete .npz '
+                   'archive; `optim-migrate record` writes one)')
   try:
     data = np.load(path)
     index = json.loads(bytes(data['index']).decode())

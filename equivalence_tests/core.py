@@ -40,12 +40,19 @@ def reference_params(seed: int = 0, dtype: str = 'float32') -> dict:
 
 def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
                     n_devices: int = 1):
-  """Deterministic gradient tree for ``step`` (numpy float32).
+  """Deterministic gradient tree for ``step``, in each param leaf's dtype.
 
-  Values are multiples of 2**-12 in (-8, 8), so sums over up to 8 devices are
-  exact in float32. With ``device`` given, returns that device's share
-  ``g + (d - (n-1)/2) * s``: the mean over devices is exactly ``g``, so a
-  ``pmean``'d run must reproduce the single-device run.
+  Values are multiples of 2**-12 in (-8, 8) (rounded to the leaf's dtype), so
+  sums over up to 8 devices are exact in float32. With ``device`` given, returns
+  that device's share, whose mean over the ``n_devices`` (a power of two) is
+  exactly the single-device ``g`` in its dtype, so a ``pmean``'d run must
+  reproduce the single-device run:
+
+  - float32 leaves: ``g + (d - (n-1)/2) * s`` (every device a different share);
+  - bfloat16 / float16 leaves: ``n * g`` on device 0 and zeros elsewhere, in
+    that dtype. Float32 shares would give a float32 mean (not ``g`` rounded) and
+    promote the params to float32 at the first step; these stay in their dtype,
+    and every partial sum in any reduction order is ``0`` or ``n * g``: exact.
   """
   def draw(offset):
     rs = np.random.RandomState(seed * 100003 + step * 7 + offset)
@@ -59,7 +66,12 @@ def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
     return g
   s = draw(2)
   k = np.float32(device - (n_devices - 1) / 2)
-  return jax.tree_util.tree_map(lambda a, b: (a + k * b).astype(np.float32), g, s)
+
+  def share(a, b):
+    if np.asarray(a).dtype == np.float32:
+      return (a + k * b).astype(np.float32)
+    return a * n_devices if device == 0 else jnp.zeros_like(a)
+  return jax.tree_util.tree_map(share, g, s)
 
 
 def flat(tree) -> dict[str, np.ndarray]:
@@ -217,8 +229,8 @@ def plan_steps(step: Callable, state, draw: Callable, steps: int, params_of: Cal
   """Every step's arguments, drawn up front, split where ``lax.scan`` can take over.
 
   A scan needs a state whose type (tree, shapes, dtypes, weak types) the step
-  keeps; the first steps that change it (float32 gradient shares promote
-  bfloat16 params; a weak-typed counter becomes strong) must run alone, as
+  keeps; the first steps that change it (a weak-typed counter becomes strong;
+  a user's float32 gradients promote bfloat16 params) must run alone, as
   separate programs, like every step once did. Traces only (``jax.eval_shape``).
 
   Args:

@@ -13,9 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Run with 2 host devices: every case's shim and emitted chain, as one scan and as
 # one jitted call per step (the grads callable then sees each step's params), in
-# single, pmap and sharded mode. adam_bf16: float32 gradient shares promote the
-# bfloat16 params at step 1 (that step runs alone, then the scan); the draws for
-# later steps see float32 params, as the per-step run did.
+# single, pmap and sharded mode. adam_bf16: the gradient shares are bfloat16, as
+# the params (core.reference_grads), so the params stay bfloat16 in every mode.
 SCRIPT = r'''
 import json, sys, warnings
 import numpy as np
