@@ -293,13 +293,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.loop_vars.update(self._target_bindings(node.target))
 
   def _target_bindings(self, target):
-    """Bindings of the names a for/comprehension target binds (tuples unpacked)."""
-    if isinstance(target, cst.Name):
-      b = self.binding(target)
-      return [b] if b else []
-    if isinstance(target, (cst.Tuple, cst.List)):
-      return [b for e in target.elements for b in self._target_bindings(e.value)]
-    return []
+    """Bindings of the names a for/comprehension target binds (unpacking included)."""
+    return self.name_bindings(target_names(target))
 
   def visit_Name(self, node) -> None:
     self._reference(node)
@@ -1412,6 +1407,17 @@ class _Substitute(cst.CSTTransformer):
 EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util'})
 
 
+def target_names(target):
+  """The ``cst.Name`` nodes an assignment or loop target binds (``a``, ``a, (b, *c)``)."""
+  if isinstance(target, cst.Name):
+    yield target
+  elif isinstance(target, (cst.Tuple, cst.List)):
+    for element in target.elements:
+      yield from target_names(element.value)
+  elif isinstance(target, cst.StarredElement):
+    yield from target_names(target.value)
+
+
 class _Bindings(cst.CSTVisitor):
   """Names bound by anything but an import (assignments, parameters, defs, loops, ...)."""
 
@@ -1419,13 +1425,7 @@ class _Bindings(cst.CSTVisitor):
     self.names: set[str] = set()
 
   def _add(self, target) -> None:
-    if isinstance(target, cst.Name):
-      self.names.add(target.value)
-    elif isinstance(target, (cst.Tuple, cst.List)):
-      for element in target.elements:
-        self._add(element.value)
-    elif isinstance(target, cst.StarredElement):
-      self._add(target.value)
+    self.names.update(n.value for n in target_names(target))
 
   def visit_AssignTarget(self, node):
     self._add(node.target)
