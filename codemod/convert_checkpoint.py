@@ -33,9 +33,12 @@ def cmd_convert_checkpoint(args) -> int:
     print(f'convert-checkpoint: {dst}: already exists (pass --force to replace it)',
           file=sys.stderr)
     return EXIT_ERROR
-  if dst.exists() and src.exists() and dst.resolve() == src.resolve():
-    print(f'convert-checkpoint: DST {dst} is SRC; the source is never modified', file=sys.stderr)
-    return EXIT_ERROR
+  if src.exists():
+    s, d = src.resolve(), dst.resolve()
+    if d == s or d in s.parents or (src.is_dir() and s in d.parents):
+      print(f'convert-checkpoint: DST {dst} is SRC, contains it or lies inside it; the source is '
+            'never modified', file=sys.stderr)
+      return EXIT_ERROR
   try:
     sd = ck.read_state_dict(src, args.step)
     new_sd, notes = ck.convert_state_dict(sd, args.optimizer, args.learning_rate_injected)

@@ -87,10 +87,16 @@ def rewrite_notebook(text: str, path: str, options: Options | None = None):
   parts, starts, code_cells = [], {}, []
   line = 1
   for i, cell in enumerate(nb['cells']):
+    if not isinstance(cell, dict):
+      raise NotebookError(f'{path}:cell{i}: not a notebook: a cell is not an object')
     if cell.get('cell_type') != 'code':
       continue
     src = cell.get('source', '')
-    src = ''.join(src) if isinstance(src, list) else src
+    if isinstance(src, list) and all(isinstance(s, str) for s in src):
+      src = ''.join(src)
+    if not isinstance(src, str):
+      raise NotebookError(f'{path}:cell{i}: not a notebook: "source" is not a string or a list '
+                          'of strings')
     if src.lstrip().startswith('%%'):
       if any(marker in src for marker in _MARKERS):
         ipython.append((i, _ipython_finding(1, 'this %% cell magic')))

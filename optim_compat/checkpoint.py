@@ -912,6 +912,10 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
 def _atomic_target(dst: pathlib.Path, force: bool):
   if (dst.exists() or dst.is_symlink()) and not force:
     raise FileExistsError(f'{dst}: already exists (pass --force to replace it)')
+  if dst.is_dir() and not dst.is_symlink() and not (_is_orbax(dst) or _is_orbax(dst / 'ckpt')):
+    # --force replaces a checkpoint, never a folder of other files
+    raise FileExistsError(f'{dst}: a directory that is not a checkpoint; force replaces only a '
+                          'checkpoint file or checkpoint directory')
   dst.parent.mkdir(parents=True, exist_ok=True)
 
 

@@ -407,6 +407,33 @@ def test_cli_converts_and_dst_restores_with_standard_tools(legacy, tmp_path, fmt
   assert _cli(src, dst, '--optimizer', opt, '--format', fmt, '--force') == 0
 
 
+def test_cli_force_never_deletes_a_folder_or_the_source(legacy, tmp_path, capsys):
+  """--force replaces a checkpoint, never a folder of other files, SRC's folder or SRC."""
+  import shutil
+  src_dir = tmp_path / 'run'
+  shutil.copytree(legacy['dir'] / 'adagrad_eps', src_dir)
+  src = src_dir / f'checkpoint_{legacy["before"]}'
+  before = _sha(src)
+  notes = tmp_path / 'folder' / 'sub' / 'notes.txt'
+  notes.parent.mkdir(parents=True)
+  notes.write_text('important')
+  for fmt in ('flax', 'orbax'):
+    assert _cli(src, tmp_path / 'folder', '--force', '--format', fmt) == 2
+    assert 'a directory that is not a checkpoint' in capsys.readouterr().err
+    assert notes.read_text() == 'important'
+  # DST containing SRC (its folder, or a parent of it), or inside a SRC folder: refused
+  for dst in (src_dir, tmp_path, src_dir / 'checkpoint_99'):
+    assert _cli(src_dir if dst.name == 'checkpoint_99' else src, dst, '--force') == 2
+    assert 'the source is never modified' in capsys.readouterr().err
+  assert _sha(src) == before and sorted(p.name for p in src_dir.iterdir()) == sorted(
+      p.name for p in (legacy['dir'] / 'adagrad_eps').iterdir())
+  # a checkpoint the converter wrote is still replaced with --force
+  for fmt in ('flax', 'orbax'):
+    out = tmp_path / f'out_{fmt}'
+    assert _cli(src, out, '--format', fmt) == 0
+    assert _cli(src, out, '--format', fmt, '--force') == 0
+
+
 def test_cli_directory_step_container_and_inference(legacy, tmp_path, capsys):
   dst = tmp_path / 'c.msgpack'
   # a directory SRC, --step picks the file; Adagrad is inferred from its field 'G'

@@ -498,6 +498,17 @@ def test_notebook_rewritten_cell_by_cell_and_runs(tmp_path):
   bad.write_text('{"cells": [{"cell_type": "code", "source": "from flax import optim\\ndef f(:"}]}')
   proc = _cli('rewrite', str(bad))
   assert proc.returncode == 2 and f'{bad}:cell0:2:' in proc.stderr
+  # malformed cells: that notebook exits 2 with a message; the other files are still rewritten
+  legacy_py = tmp_path / 'other.py'
+  legacy_py.write_text((FIXTURES / 'from_import_lr_at_apply' / 'before.py').read_text())
+  for i, cells in enumerate(('[{"cell_type": "code", "source": 5}]',
+                             '[{"cell_type": "code", "source": ["from flax import optim\\n", 7]}]',
+                             '["from flax import optim"]')):
+    odd = tmp_path / f'odd{i}.ipynb'
+    odd.write_text('{"cells": ' + cells + ', "x": "flax optim"}')
+    proc = _cli('rewrite', '--check', str(odd), str(legacy_py))
+    assert proc.returncode == 2 and f'{odd}:cell0: not a notebook' in proc.stderr, proc.stderr
+    assert 'Traceback' not in proc.stderr and proc.stdout == f'would rewrite {legacy_py}\n'
 
 
 def test_prefilter_skips_lookalikes_and_misses_no_legacy_file():
