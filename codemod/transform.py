@@ -27,6 +27,11 @@ from optim_compat import spec as spec_lib
 
 LEGACY = 'flax.optim'
 REPLICATE_FNS = {'flax.jax_utils.replicate', 'flax.jax_utils.unreplicate'}
+#: Array attributes a legacy ``.state.step`` had and a fresh ``TrainState.step`` (an int) lacks.
+ARRAY_ONLY_ATTRS = {'astype', 'dtype', 'shape', 'ndim', 'item', 'block_until_ready', 'tolist',
+                    'copy', 'size', 'addressable_shards', 'sharding', 'devices'}
+#: Wrappers whose result takes the wrapped function's arguments unchanged (``p_step = jax.pmap(step)``).
+CALL_WRAPPERS = {'jax.jit', 'jax.pmap', 'jax.checkpoint', 'jax.remat'}
 #: Optimizer attributes a TrainState does not have and no rule converts yet.
 LEGACY_ONLY_ATTRS = {
     'optimizer_def': 'OM100', 'state': 'OM103', 'replicate': 'OM100', 'unreplicate': 'OM100',
@@ -173,6 +178,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.subclass_names: set[str] = set()
     self.defines_apply_gradient = False          # the module has its own `def apply_gradient`
     self._state_step: set[int] = set()
+    self.step_array_uses: set[int] = set()  # `.state.step` nodes used as an array
     self.rebound: set = set()       # bindings also assigned something else
     self.refs: dict[int, str] = {}  # id(outermost legacy reference) -> legacy symbol
     self.ref_nodes: dict[int, cst.CSTNode] = {}
@@ -195,6 +201,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.escaping: dict[int, cst.CSTNode] = {}  # defs returned or passed to other code
     self._group_args: set[int] = set()
     self._function_stack: list[str] = []
+    self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
+    self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
 
   # -- imports: only whether flax.optim is imported ----------------------
   def visit_Import(self, node: cst.Import) -> bool:
@@ -262,6 +270,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
     attr = node.attr.value
     if attr == 'step' and m.matches(node.value, m.Attribute(attr=m.Name('state'))):
       self._state_step.add(id(node.value))  # `.state.step` is converted (OM004)
+    if attr in ARRAY_ONLY_ATTRS and m.matches(
+        node.value, m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))):
+      self.step_array_uses.add(id(node.value))  # `opt.state.step.astype(...)`
     elif attr in LEGACY_ONLY_ATTRS and id(node) not in self._state_step:
       self.legacy_attrs.append(node)
     if m.matches(node, _HP_READ):
@@ -275,6 +286,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
     self._function_stack.append(node.name.value)
+    if not self._class_depth:
+      self.functions.append(node)
     if node.name.value == 'apply_gradient':
       self.defines_apply_gradient = True
 
@@ -322,6 +335,10 @@ class _Analyzer(_Base, cst.CSTVisitor):
   def visit_Assign(self, node: cst.Assign) -> None:
     value = node.value
     targets = [t.target for t in node.targets]
+    if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
+        and value.args and isinstance(value.args[0].value, cst.Name)
+        and self.qnames(value.func) & CALL_WRAPPERS):
+      self._wrapped.append((node, value))
     source = self.flow_source(value) if self.flow is not None else None
     if source is not None:
       self.flow_vars.update(dict.fromkeys(self.name_bindings(targets), source))
@@ -371,6 +388,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def visit_Call(self, node: cst.Call) -> None:
     self.call_funcs.add(id(node.func))
+    self._calls_by_func[id(node.func)] = node
     if (factory := self.factory_of_call(node)) is not None:
       self.flow_used[factory.qualified] = factory
     name = self.legacy_def(node)
@@ -440,6 +458,92 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
     self._function_stack.pop()
+
+  def leave_Module(self, node: cst.Module) -> None:
+    if self.uses_legacy:
+      self._follow_parameters()
+
+  # -- parameters that receive optimizers ---------------------------------
+  def _follow_parameters(self) -> None:
+    """Parameters proven to hold optimizers join ``opt_vars``.
+
+    A parameter is proven when its function (not a method) is only ever called
+    in this file, directly or through ``jax.jit``/``jax.pmap`` bound to a name,
+    and every call passes it a proven optimizer (``evaluate(optimizer, batch)``
+    after ``optimizer = Adam(...).create(p)``). A function used any other way
+    (passed as a value, called with ``*args``) proves nothing. Repeated until
+    nothing changes, so a helper called by a proven function is followed too.
+    """
+    sites = {}
+    for fn in self.functions:
+      calls = self._call_sites(fn.name)
+      if calls:
+        sites[id(fn)] = (fn, calls)
+    changed = True
+    while changed:
+      changed = False
+      for fn, calls in sites.values():
+        for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
+          b = self.binding(param.name)
+          if b is None or b in self.opt_vars or b in self.rebound:
+            continue
+          args = [self._argument(fn, param, call) for call in calls]
+          if all(a is not None and self._holds_optimizer(a) for a in args):
+            self.opt_vars.add(b)
+            changed = True
+
+  def _call_sites(self, name: cst.Name) -> Optional[list[cst.Call]]:
+    """Every call of the function ``name`` defines, or None when it is used otherwise."""
+    scope = self.get_metadata(ScopeProvider, name, None)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if len(assignments) != 1:
+      return None  # redefined or rebound: cannot tell which one a call reaches
+    calls = []
+    for access in assignments[0].references:
+      call = self._calls_by_func.get(id(access.node))
+      if call is not None:
+        calls.append(call)
+        continue
+      alias = self._wrapper_alias(access.node)
+      if alias is None:
+        return None
+      more = self._call_sites(alias)
+      if more is None:
+        return None
+      calls.extend(more)
+    return calls
+
+  def _wrapper_alias(self, node) -> Optional[cst.Name]:
+    """``p_step`` in ``p_step = jax.pmap(step, ...)`` when ``node`` is that ``step``."""
+    for (assign, call) in self._wrapped:
+      if call.args and call.args[0].value is node and call.args[0].keyword is None:
+        return assign.targets[0].target
+    return None
+
+  @property
+  def _wrapped(self):
+    return self.__dict__.setdefault('_wrapped_list', [])
+
+  def _argument(self, fn: cst.FunctionDef, param: cst.Param, call: cst.Call):
+    """The expression ``call`` passes to ``param`` (None: a default, or cannot tell)."""
+    if any(a.star for a in call.args):
+      return None
+    positional = [*fn.params.posonly_params, *fn.params.params]
+    for a in call.args:
+      if a.keyword is not None and a.keyword.value == param.name.value and \
+          not any(param is p for p in fn.params.posonly_params):
+        return a.value
+    index = next((i for i, p in enumerate(positional) if p is param), None)
+    given = [a for a in call.args if a.keyword is None]
+    if index is not None and index < len(given):
+      return given[index].value
+    return None
+
+  def _holds_optimizer(self, expr) -> bool:
+    if isinstance(expr, cst.Name):
+      b = self.binding(expr)
+      return b in self.opt_vars and b not in self.rebound and b not in self.flow_vars
+    return self._produces_optimizer(expr) and self.factory_of_call(expr) is None
 
 
 class _Rewriter(_Base, cst.CSTTransformer):
@@ -1332,7 +1436,13 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if (original.attr.value == 'step' and isinstance(original.value, cst.Attribute)
         and original.value.attr.value == 'state'):
       if self._is_optimizer(original.value.value):
-        self.fixed(original, 'OM004', '.state.step -> .step')
+        self.fixed(original, 'OM004', '.state.step -> .step (TrainState.create starts it as the '
+                                      'Python int 0, legacy as an int32 array; a jitted step '
+                                      'returns an array)')
+        if id(original) in self.a.step_array_uses:
+          self.flag(original, 'OM100', '`.step` is a Python int on a TrainState fresh from '
+                                       'TrainState.create or stepped outside jit (legacy: an int32 '
+                                       'array): use jnp.asarray(<state>.step, jnp.int32) here')
         return updated.with_changes(value=updated.value.value)
       value = original.value.value
       if (self.a.uses_legacy or self.a.flow_used) and (
