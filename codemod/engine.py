@@ -16,7 +16,7 @@ import pathlib
 import re
 import tempfile
 import tokenize
-from typing import Iterable
+from typing import Iterable, Optional
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -133,6 +133,11 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
     result.error = f'{path}: codemod failed: {type(e).__name__}: {e}'
     return result
   options = options or Options()
+  new_source = new_module.code
+  if new_source != source and any(f.fixed and f.rule != 'OM006' for f in command.findings):
+    imports = _import_finding(source, new_source)  # OM006 reports its own import rewrites
+    if imports is not None:
+      command.findings.append(imports)
   unselected = [f for f in command.findings if f.fixed and not options.enabled(f.rule)]
   if unselected:
     # a partial migration would not run: keep the file, say which fixes it needs
@@ -157,7 +162,6 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
     kept.findings = [*kept.findings, *(
         f for f in uncertain if (f.line, f.col, f.rule) not in seen)]
     return kept
-  new_source = new_module.code
   if new_source != source:
     problem = _reparse_problem(new_source, source)
     if problem:
@@ -168,6 +172,38 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
   result.factories = command.factories
   result.inject_lr = command.inject_lr
   return result
+
+
+def _imports(source: str) -> Optional[dict[str, ast.stmt]]:
+  """``{import statement as code: its node}`` (first occurrence), or None if it does not parse."""
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError):
+    return None
+  found = {}
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+      found.setdefault(ast.unparse(node), node)
+  return found
+
+
+def _import_finding(source: str, new_source: str) -> Optional[Finding]:
+  """The ``OM005`` report entry for the imports a rewrite added and dropped, or None.
+
+  Positioned at the first dropped import (else line 1); the message lists both.
+  """
+  before, after = _imports(source), _imports(new_source)
+  if before is None or after is None:
+    return None
+  added = [k for k in after if k not in before]
+  dropped = [k for k in before if k not in after]
+  if not added and not dropped:
+    return None
+  first = min((before[k] for k in dropped), key=lambda n: (n.lineno, n.col_offset), default=None)
+  parts = ([f'added {"; ".join(f"`{k}`" for k in added)}'] if added else []) + (
+      [f'dropped {"; ".join(f"`{k}`" for k in dropped)}'] if dropped else [])
+  return Finding(first.lineno if first else 1, first.col_offset + 1 if first else 1, 'OM005',
+                 'imports: ' + ', '.join(parts), True)
 
 
 #: Fixes that change optimizer code (OM005 imports and OM006 DynamicScale paths do not).

@@ -282,13 +282,13 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
   rows = json.loads(report.read_text())
   assert [(r['line'], r['rule'], r['safety'], r['applied']) for r in rows] == [
       (7, 'OM001', 'safe', True), (8, 'OM001', 'safe', True), (13, 'OM002', 'safe', True),
-      (14, 'OM004', 'safe', True), (18, 'OM100', 'manual', False)]
+      (14, 'OM004', 'safe', True), (18, 'OM100', 'manual', False), (2, 'OM005', 'safe', True)]
   assert all(r['file'] == str(legacy) and r['column'] >= 1 and r['message'] for r in rows)
 
   # a manual rule ignored: no TODO, no report entry; the fixes still apply
   proc = _cli('rewrite', '--ignore', 'OM1', '--report', str(report), str(legacy))
   assert proc.returncode == 1 and 'TODO' not in proc.stdout
-  assert {r['rule'] for r in json.loads(report.read_text())} == {'OM001', 'OM002', 'OM004'}
+  assert {r['rule'] for r in json.loads(report.read_text())} == {'OM001', 'OM002', 'OM004', 'OM005'}
   proc = _cli('rewrite', '--select', 'OM999', str(legacy))
   assert proc.returncode == 2 and "unknown rule id(s) ['OM999']" in proc.stderr
   proc = _cli('rewrite', '--select', '', str(legacy))
