@@ -15,7 +15,9 @@ table); MultiOptimizer and WeightNorm checkpoints need their traversals or inner
 and restore through ``optim_compat.checkpoint.restore_legacy(path, state)`` instead.
 
 Exit status: 0 written; 2 nothing written (unreadable SRC, structure mismatch,
-existing DST without ``--force``, bad ``--optimizer``). SRC is only read.
+existing DST without ``--force``, bad ``--optimizer``: not a call of a table
+entry, e.g. a bare ``Adam``, or a hyper-parameter that is not a literal number,
+True/False or None). SRC is only read.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def cmd_convert_checkpoint(args) -> int:
             'never modified', file=sys.stderr)
       return EXIT_ERROR
   try:
+    if args.optimizer is not None:
+      ck.parse_optimizer(args.optimizer)  # a bad --optimizer before reading SRC
     sd = ck.read_state_dict(src, args.step)
     new_sd, notes = ck.convert_state_dict(sd, args.optimizer, args.learning_rate_injected)
     del sd

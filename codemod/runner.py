@@ -104,7 +104,9 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
   directories, ``.git``, virtualenvs (a ``pyvenv.cfg``), ``build``/``dist``/
   ``__pycache__``/``site-packages`` and ``exclude`` globs (matched against the
   path relative to the directory, and against each name) are skipped; symlinks
-  are not followed out of the directory. A file reached twice (named twice, or
+  are not followed out of the directory, and dangling ones are skipped (a path
+  that does not exist, a dangling link named on the command line included, is
+  left out: ``cmd_rewrite`` reports it). A file reached twice (named twice, or
   under two given directories) is listed once, where it is first reached.
   """
   exclude = list(exclude)
@@ -134,6 +136,8 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
             or excluded(f.relative_to(p)):
           continue
         if f.is_symlink():
+          if not f.exists():
+            continue  # dangling: nothing to rewrite (named on the command line: an error)
           try:
             f.resolve().relative_to(root)
           except ValueError:
@@ -289,8 +293,27 @@ def _summary(results, n_missing, verb) -> str:
           f'({n_manual} manual item(s)), {failed} failed ({failed} error(s)); top rules: {top}')
 
 
+def _unwritable(path: pathlib.Path) -> Optional[str]:
+  """Why ``path`` cannot be written as a file, or None (nothing is created)."""
+  if path.is_dir():
+    return 'is a directory'
+  parent = path.parent
+  if not parent.is_dir():
+    return f'its directory {parent} ' + ('is not a directory' if parent.exists()
+                                         else 'does not exist')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    return f'its directory {parent} is not writable'
+  if path.exists() and not os.access(path, os.W_OK):
+    return 'the file is not writable'
+  return None
+
+
 def cmd_rewrite(args) -> int:
-  """Run ``rewrite`` (see the module docstring). Returns the exit status."""
+  """Run ``rewrite`` (see the module docstring). Returns the exit status.
+
+  A ``--report`` that cannot be written, or that names a file the run reads, is
+  refused (exit 2) before anything is written.
+  """
   if args.write and args.check:
     print('rewrite: --write and --check exclude each other', file=sys.stderr)
     return EXIT_ERROR
@@ -308,6 +331,10 @@ def cmd_rewrite(args) -> int:
   if jobs < 1:
     print('rewrite: --jobs must be >= 1', file=sys.stderr)
     return EXIT_ERROR
+  problem = args.report and _unwritable(pathlib.Path(args.report))
+  if problem:
+    print(f'rewrite: --report {args.report}: cannot write there: {problem}', file=sys.stderr)
+    return EXIT_ERROR
   if stdin:
     if paths or len(stdin) > 1:
       print('rewrite: `-` (stdin) cannot be combined with paths', file=sys.stderr)
@@ -317,6 +344,10 @@ def cmd_rewrite(args) -> int:
   for p in missing:
     print(f'{p}: no such file or directory', file=sys.stderr)
   files = iter_python_files(paths, config.get('exclude', ()))
+  if args.report and any(os.path.realpath(f) == os.path.realpath(args.report) for f in files):
+    print(f'rewrite: --report {args.report}: is one of the files this run reads; name another '
+          'file', file=sys.stderr)
+    return EXIT_ERROR
   results = run_files(files, options, jobs, tree_flows(files, paths, options))
   for result in results:
     if result.error:

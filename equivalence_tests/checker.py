@@ -187,6 +187,54 @@ def _is_optax(tx) -> bool:
   return hasattr(tx, 'init') and hasattr(tx, 'update') and not hasattr(tx, 'create')
 
 
+def _tx_name(tx) -> str:
+  """``tx`` for a message: ``optax.adam``, a function's name, else its repr."""
+  name = getattr(tx, '__name__', None)
+  if not isinstance(name, str):
+    text = repr(tx)
+    return text if len(text) <= 60 else text[:57] + '...'
+  if (getattr(tx, '__module__', None) or '').split('.')[0] == 'optax':
+    import optax
+    return f'optax.{name}' if getattr(optax, name, None) is tx else f'{tx.__module__}.{name}'
+  return name
+
+
+def validate_tx(tx, params, what: str | None = None) -> None:
+  """Check ``tx`` is an Optax ``GradientTransformation`` or a callable ``params -> TrainState``.
+
+  A callable is called once on ``params`` (concrete arrays, e.g. from
+  :func:`materialize`) to see what it builds. ``what`` names ``tx`` in the
+  messages (default ``tx <name>``; the CLI passes ``--tx '<expression>'``).
+
+  Raises:
+    TypeError: ``tx`` is neither (e.g. ``None``); an Optax function not called
+      (``optax.adam`` instead of ``optax.adam(1e-3)``); a callable that returns
+      something other than a ``TrainState`` (names the type it returned).
+    ValueError: a callable that raises (names the exception).
+  """
+  what = what or f'tx {_tx_name(tx)}'
+  if _is_optax(tx) and not isinstance(tx, type):
+    return
+  if not callable(tx):
+    raise TypeError(f'{what} is a {type(tx).__name__}, not an optax GradientTransformation '
+                    '(or a callable returning a TrainState)')
+  name = _tx_name(tx)
+  if name.startswith('optax.') and not isinstance(tx, type):
+    raise TypeError(f'{what} is a function, not a GradientTransformation: call it, e.g. '
+                    f'{name}(1e-3)')
+  try:
+    state = tx(params)
+  except Exception as e:  # noqa: BLE001 - any failure is the callable's
+    raise ValueError(f'{what}: calling it on the params to build a TrainState raised '
+                     f'{type(e).__name__}: {e}') from None
+  if _is_optax(state):
+    raise TypeError(f'{what} returned a GradientTransformation, not a TrainState: pass the '
+                    'transformation itself as tx')
+  if not (hasattr(state, 'params') and hasattr(state, 'apply_gradients')):
+    raise TypeError(f'{what} returned a {type(state).__name__}, not a TrainState (a callable tx '
+                    'must build one from the params)')
+
+
 def _legacy_runner(opt_def):
   def init(params):
     return opt_def.create(params)
@@ -485,8 +533,11 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     ValueError: unknown mode, a device count < 1, ``'single'`` with more than
       one device, ``'sharded'`` with an odd count > 1, a negative ``max_ulp``,
       ``params`` without leaves, a non-float leaf, a ``TrainState`` whose
-      params tree differs from ``params``.
-    TypeError: ``tx`` is neither a GradientTransformation nor a callable.
+      params tree differs from ``params``, a ``tx`` callable that raises (names
+      the exception).
+    TypeError: ``tx`` is neither a GradientTransformation nor a callable
+      returning a ``TrainState`` (e.g. ``None``, or ``optax.adam`` not called);
+      the message names it (:func:`validate_tx`).
   """
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
@@ -504,7 +555,7 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     raise ValueError(f'max_ulp must be >= 0, got {max_ulp}')
   if not jax.tree_util.tree_leaves(params):
     raise ValueError('params has no leaves: nothing to check')
-  materialize(params, seed)  # validates leaves before any subprocess starts
+  validate_tx(tx, materialize(params, seed))  # the leaves and tx, before any subprocess starts
   results = collect(legacy, tx, params, grads=grads, steps=steps, seed=seed, mode=mode,
                     devices=devices)
   return report(results, dtype_names(materialize(params, seed)), steps, max_ulp)

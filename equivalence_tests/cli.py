@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import pathlib
 import sys
 import zipfile
@@ -109,6 +110,26 @@ def tx_namespace() -> dict:
   return {'optax': optax, 'jax': jax, 'jnp': jnp, 'np': np, 'optim_compat': optim_compat}
 
 
+def tx_def(expr: str, params, seed: int = 0):
+  """What ``--tx`` evaluates to: an Optax transformation or a callable ``params -> TrainState``.
+
+  ``params`` (a pytree, ``ShapeDtypeStruct`` leaves drawn from ``seed``) is what a
+  callable is tried on.
+
+  Raises:
+    BadInput: the expression does not evaluate, or is neither (``None``, ``optax.adam``
+      not called, a callable that raises or returns no ``TrainState``); the message
+      names the expression.
+  """
+  from equivalence_tests import checker
+  tx = evaluate(expr, 'tx', tx_namespace())
+  try:
+    checker.validate_tx(tx, checker.materialize(params, seed), what=f'--tx {expr!r}')
+  except (TypeError, ValueError) as e:
+    raise BadInput(str(e)) from None
+  return tx
+
+
 def load_params(spec: str):
   """The params pytree named by ``--params`` (see the module docstring).
 
@@ -171,10 +192,18 @@ def load_params(spec: str):
 
 
 def parse_devices(text) -> list[int]:
+  """``--devices`` (``"1,2,4"``, spaces allowed after commas, or a list) as counts.
+
+  Raises:
+    BadInput: an empty entry (``1,,2``), a non-integer, or a count < 1.
+  """
   if isinstance(text, (list, tuple)):
     items = list(text)
   else:
-    items = [t for t in str(text).split(',') if t.strip()]
+    items = str(text).split(',')
+    if not all(t.strip() for t in items):
+      raise BadInput(f'--devices {text!r}: empty entry; expected comma-separated integers, '
+                     'e.g. 1,2,4,8')
   try:
     devices = [int(t) for t in items]
   except ValueError:
@@ -262,8 +291,8 @@ def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, ma
     raise BadInput('check needs --legacy and --tx (or --against with --tx, or '
                    '[[tool.optim-migrate.check]] entries)')
   legacy = legacy_def(legacy_expr)
-  tx = evaluate(tx_expr, 'tx', tx_namespace())
   params = load_params(params_spec)
+  tx = tx_def(tx_expr, params, seed)
   try:
     report = checker.check(legacy, tx, params, steps=steps, devices=parse_devices(devices),
                            mode=mode, seed=seed, max_ulp=max_ulp)
@@ -280,7 +309,6 @@ def _check_against(args) -> int:
     raise BadInput('--against needs --tx')
   index, arrays = load_trajectory(args.against)
   meta = index['meta']
-  tx = evaluate(args.tx, 'tx', tx_namespace())
   if index['tree'] is not None and not args.params:
     params = jax.tree_util.tree_map(lambda name: arrays[name], index['tree'])
   else:
@@ -289,6 +317,7 @@ def _check_against(args) -> int:
     if got != sorted(index['params']):
       raise BadInput(f'--params leaves {got} differ from the recorded ones '
                      f'{sorted(index["params"])}')
+  tx = tx_def(args.tx, params)
   results = {}
   for run_key, run in index['runs'].items():
     mode, n = run_key.split('/')
@@ -354,11 +383,32 @@ def cmd_check(args) -> int:
     return EXIT_BAD_INPUT
 
 
+def check_output(path: str) -> pathlib.Path:
+  """``record``'s ``-o``, checked before anything is computed (standard library only: this
+  runs in the old stack). Nothing is created.
+
+  Raises:
+    BadInput: its directory does not exist, is not a directory or is not writable, or
+      the path is a directory (names the path).
+  """
+  out = pathlib.Path(path)
+  parent = out.parent
+  if out.is_dir():
+    raise BadInput(f'-o {path}: cannot write there: it is a directory')
+  if not parent.is_dir():
+    what = 'is not a directory' if parent.exists() else 'does not exist'
+    raise BadInput(f'-o {path}: cannot write there: its directory {parent} {what}')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise BadInput(f'-o {path}: cannot write there: its directory {parent} is not writable')
+  return out
+
+
 def cmd_record(args) -> int:
   import flax
   import jax
   from equivalence_tests import checker
   try:
+    out = check_output(args.output)
     if not args.legacy:
       raise BadInput('record needs --legacy')
     legacy = legacy_def(args.legacy)
@@ -373,7 +423,6 @@ def cmd_record(args) -> int:
   except BadInput as e:
     print(f'optim-migrate record: {e}', file=sys.stderr)
     return EXIT_BAD_INPUT
-  out = pathlib.Path(args.output)
   meta = {'legacy': args.legacy, 'steps': args.steps, 'seed': args.seed, 'mode': args.mode,
           'devices': devices, 'jax': jax.__version__, 'flax': flax.__version__}
   try:

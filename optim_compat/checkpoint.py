@@ -765,15 +765,18 @@ def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
   ``learning_rate`` (e.g. ``config.lr``) is dropped, as it is not in the state.
 
   Raises:
-    CheckpointError: not a call of a table entry, an unknown argument, or a
-      non-literal value.
+    CheckpointError: not a call of a table entry (a bare ``Adam``: call it), an
+      unknown argument, a non-literal value, or a literal that is not a number,
+      True/False or None (``learning_rate='x'``; names the field and value).
   """
   try:
     node = ast.parse(text.strip(), mode='eval').body
   except SyntaxError as e:
     raise CheckpointError(f'--optimizer {text!r}: not a Python call ({e.msg})') from None
-  if isinstance(node, ast.Name):
-    node = ast.Call(func=node, args=[], keywords=[])
+  bare = node.attr if isinstance(node, ast.Attribute) else getattr(node, 'id', None)
+  if bare in spec.SPECS:
+    raise CheckpointError(f'--optimizer {text!r} is the class {bare}, not called: call it, e.g. '
+                          f'{bare}(learning_rate=1e-3)')
   name = getattr(node, 'func', None)
   name = name.attr if isinstance(name, ast.Attribute) else getattr(name, 'id', None)
   if not isinstance(node, ast.Call) or name not in spec.SPECS:
@@ -794,11 +797,15 @@ def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
   for key, value in pairs:
     try:
       literal = ast.literal_eval(value)
-      ok = literal is None or isinstance(literal, (bool, int, float))
-    except ValueError:
-      ok = False
+    except ValueError:  # a name or expression from the user's code
+      ok, is_literal = False, False
+    else:
+      ok, is_literal = literal is None or isinstance(literal, (bool, int, float)), True
     if ok:
       args[key] = ast.unparse(value)
+    elif is_literal:  # 'x', [1e-3], 1j: never a hyper-parameter, the learning rate included
+      raise CheckpointError(f'--optimizer {text!r}: {key}={ast.unparse(value)} is a '
+                            f'{type(literal).__name__}, not a number, True/False or None')
     elif key != 'learning_rate':  # the learning rate is not in the state layout
       raise CheckpointError(f'--optimizer {text!r}: {key}={ast.unparse(value)} must be a number, '
                             f'True/False or None')

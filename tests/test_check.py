@@ -81,7 +81,7 @@ def test_shape_dtype_struct_params_and_bad_input():
     check_fn(optim.Adagrad(0.1), optax.sgd(0.1), shapes, mode='single', devices=(2,))
   with pytest.raises(ValueError, match='mode must be one of'):
     check_fn(optim.Adagrad(0.1), optax.sgd(0.1), shapes, mode='jit')
-  with pytest.raises(TypeError, match='tx must be an optax GradientTransformation'):
+  with pytest.raises(TypeError, match='tx 0.1 is a float, not an optax GradientTransformation'):
     check_fn(optim.Adagrad(0.1), 0.1, shapes, mode='single')
   from flax.training import train_state
   other = lambda p: train_state.TrainState.create(apply_fn=None, params={'v': p['w']},
@@ -105,6 +105,32 @@ def test_train_state_factory_and_loss_gradients():
                                                   tx=optax.sgd(0.1, momentum=0.8))
   assert not check_fn(optim.Momentum(0.1), wrong, _params(), mode='single', steps=10,
                       grads=lambda step, p: jax.grad(loss)(p)).ok
+
+
+def test_bad_tx_is_named_before_anything_runs():
+  """None, an Optax function not called, a callable that raises or builds no TrainState."""
+  from flax.training import train_state
+  shapes = {'w': jax.ShapeDtypeStruct((4, 3), jnp.float32)}
+  calls = []
+
+  def boom(p):
+    calls.append(p)
+    raise ZeroDivisionError('division by zero')
+  for tx, error, message in [
+      (None, TypeError, 'tx None is a NoneType, not an optax GradientTransformation'),
+      (optax.adam, TypeError, r'tx optax.adam is a function, not a GradientTransformation: '
+                              r'call it, e.g. optax.adam\(1e-3\)'),
+      (boom, ValueError, 'tx boom: calling it on the params to build a TrainState raised '
+                         'ZeroDivisionError: division by zero'),
+      (lambda p: None, TypeError, 'tx <lambda> returned a NoneType, not a TrainState'),
+      (lambda p: optax.adam(1e-3), TypeError, 'returned a GradientTransformation, not a '
+                                              'TrainState')]:
+    with pytest.raises(error, match=message):
+      check_fn(optim.Adam(1e-3), tx, shapes, mode='pmap', devices=(1, 2))
+  assert len(calls) == 1  # tried once, in this process: no run started
+  # a callable that does build a TrainState is still accepted
+  make = lambda p: train_state.TrainState.create(apply_fn=None, params=p, tx=optax.adam(1e-3))
+  assert check_fn(optim.Adam(1e-3), make, shapes, mode='single', steps=2, max_ulp=0).ok
 
 
 def _shapes_file(tmp_path):
@@ -156,6 +182,65 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
                                         'PARAMS = {"w": np.ones((3, 2), np.float32)}\n')
   assert cli.main(['check', '--legacy', 'GradientDescent(0.1)', '--tx', 'optax.sgd(0.1)',
                    '--params', 'my_model:PARAMS', '--mode', 'single', '--max-ulp', '0']) == 0
+
+
+def test_cli_bad_tx_and_devices_exit_2_naming_them(tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  base = ['check', '--legacy', 'Adam(learning_rate=1e-3)', '--params', str(_shapes_file(tmp_path)),
+          '--mode', 'single', '--steps', '2']
+  for tx, message in [
+      ('None', "--tx 'None' is a NoneType, not an optax GradientTransformation (or a callable "
+               "returning a TrainState)"),
+      ('lambda p: None', "--tx 'lambda p: None' returned a NoneType, not a TrainState"),
+      ('lambda p: 1/0', "--tx 'lambda p: 1/0': calling it on the params to build a TrainState "
+                        "raised ZeroDivisionError: division by zero"),
+      ('optax.adam', "--tx 'optax.adam' is a function, not a GradientTransformation: call it, "
+                     "e.g. optax.adam(1e-3)"),
+      ('lambda p: optax.adam(1e-3)', "--tx 'lambda p: optax.adam(1e-3)' returned a "
+                                     "GradientTransformation, not a TrainState")]:
+    assert cli.main(base + ['--tx', tx]) == 2, tx
+    captured = capsys.readouterr()
+    assert message in captured.err and 'Traceback' not in captured.err
+    assert 'optimizer equivalence' not in captured.out  # refused before running
+  # a TrainState factory still runs
+  make = ('lambda p: __import__("flax.training.train_state", fromlist=["_"]).TrainState.create('
+          'apply_fn=None, params=p, tx=optax.adam(1e-3))')
+  assert cli.main(base + ['--tx', make]) == 0
+  assert 'optimizer equivalence: OK' in capsys.readouterr().out
+  # --devices: an empty entry is refused; spaces after commas are fine
+  pmap = base[:-4] + ['--tx', 'optax.adam(1e-3)', '--steps', '2']
+  for devices in ('1,,2', '1,', ',1', ''):
+    assert cli.main(pmap + ['--devices', devices]) == 2, devices
+    err = capsys.readouterr().err
+    assert f'--devices {devices!r}: empty entry' in err
+  assert cli.main(pmap + ['--devices', '1, 1']) == 0
+  from equivalence_tests import cli as check_cli
+  assert check_cli.parse_devices('1, 2,4,8') == [1, 2, 4, 8]
+  assert check_cli.parse_devices([1, 2]) == [1, 2]  # a pyproject entry's list
+
+
+def test_record_refuses_an_unwritable_output_before_computing(tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  shapes = str(_shapes_file(tmp_path))
+  (tmp_path / 'file').write_text('x')
+  (tmp_path / 'folder').mkdir()
+  calls = []
+  monkeypatch.setattr(checker, 'collect', lambda *a, **k: calls.append(a))
+  for out, message in [('missing/traj.npz', 'its directory missing does not exist'),
+                       ('file/traj.npz', 'its directory file is not a directory'),
+                       ('folder', 'it is a directory')]:
+    assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '1',
+                     '-o', out]) == 2
+    assert f'-o {out}: cannot write there: {message}' in capsys.readouterr().err
+  assert calls == []  # nothing computed
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['file', 'folder', 'shapes.json']
+  assert list((tmp_path / 'folder').iterdir()) == []
+  if os.geteuid() != 0:  # root may write anywhere
+    (tmp_path / 'ro').mkdir(mode=0o555)
+    assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '1',
+                     '-o', 'ro/t.npz']) == 2
+    assert 'its directory ro is not writable' in capsys.readouterr().err
+    assert list((tmp_path / 'ro').iterdir()) == [] and calls == []
 
 
 def test_cli_reads_pyproject_entries(tmp_path, capsys):

@@ -456,14 +456,14 @@ def test_cli_directory_step_container_and_inference(legacy, tmp_path, capsys):
   for bad in ('Foo()', 'Adam(foo=1)', 'Adam(', "Adam(beta1='x')", 'Adam(beta1=b1)'):
     assert _cli(_ckpt(legacy, 'adam_betas'), tmp_path / 'y', '--optimizer', bad) == 2
     assert '--optimizer' in capsys.readouterr().err
-  assert _cli(_ckpt(legacy, 'adagrad_eps'), tmp_path / 'y', '--optimizer', 'Adam') == 2
+  assert _cli(_ckpt(legacy, 'adagrad_eps'), tmp_path / 'y', '--optimizer', 'Adam()') == 2
   assert 'grad_ema: missing from the checkpoint' in capsys.readouterr().err
   assert not (tmp_path / 'y').exists()
   # a learning rate taken from the user's code is not in the state: accepted
   assert _cli(_ckpt(legacy, 'adam_betas'), tmp_path / 'y', '--optimizer',
               'Adam(learning_rate=config.lr, beta1=0.85, beta2=0.99, eps=1e-6)') == 0
   # a container: the optimizer converted, the rest copied
-  assert _cli(_ckpt(legacy, 'container_dict'), tmp_path / 'z', '--optimizer', 'Adam') == 0
+  assert _cli(_ckpt(legacy, 'container_dict'), tmp_path / 'z', '--optimizer', 'Adam()') == 0
   sd = ck.read_state_dict(tmp_path / 'z')
   assert set(sd) == {'optimizer', 'model_state', 'step'}
   assert set(sd['optimizer']) == {'step', 'params', 'opt_state'}
@@ -500,9 +500,41 @@ def test_truncated_or_corrupt_file_is_a_clear_error_and_nothing_is_written(legac
   params = cases.params_for('adam_betas')
   with pytest.raises(ck.CheckpointError, match=str(bad)):
     ck.restore_legacy(bad, _target(params, _emitted_tx('Adam', ADAM_KW)))
-  assert _cli(bad, tmp_path / 'out', '--optimizer', 'Adam') == 2
+  assert _cli(bad, tmp_path / 'out', '--optimizer', 'Adam()') == 2
   assert str(bad) in capsys.readouterr().err
   assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_5']
+
+
+def test_optimizer_class_not_called_or_non_numeric_hyperparameter_is_refused(tmp_path, capsys):
+  """``--optimizer Adam`` and ``Adam(learning_rate='x')``: exit 2 naming it, DST not created."""
+  params = {'w': np.arange(6, dtype=np.float32).reshape(2, 3)}
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    opt = oc.Adam(1e-3).create(params)
+  src = tmp_path / 'checkpoint_0'
+  src.write_bytes(serialization.to_bytes(opt))  # the shim's state dict is the legacy layout
+  before = _sha(src)
+  dst = tmp_path / 'out'
+  for bad, message in [
+      ('Adam', "--optimizer 'Adam' is the class Adam, not called: call it, e.g. "
+               "Adam(learning_rate=1e-3)"),
+      ('optim.Adam', "--optimizer 'optim.Adam' is the class Adam, not called: call it"),
+      ("Adam(learning_rate='x')", "learning_rate='x' is a str, not a number, True/False or None"),
+      ('Adam(1e-3, beta1=[0.9])', 'beta1=[0.9] is a list, not a number'),
+      ("Adam('1e-3')", "learning_rate='1e-3' is a str")]:
+    assert _cli(src, dst, '--optimizer', bad) == 2, bad
+    err = capsys.readouterr().err
+    assert message in err and 'Traceback' not in err, err
+    assert not dst.exists() and not dst.is_symlink()
+    with pytest.raises(ck.CheckpointError, match='--optimizer'):
+      ck.convert_state_dict(ck.read_state_dict(src), bad)
+  assert _sha(src) == before and sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_0']
+  # called, and a learning rate from the user's code (not in the state): still converted
+  for good in ('Adam(learning_rate=1e-3)', 'Adam()', 'Adam(learning_rate=config.lr)'):
+    assert _cli(src, dst, '--optimizer', good, '--force') == 0, good
+    restored = checkpoints.restore_checkpoint(
+        str(dst), target=_target(params, _emitted_tx('Adam', {'learning_rate': 1e-3})))
+    np.testing.assert_array_equal(restored.params['w'], params['w'])
 
 
 def test_structure_mismatch_names_the_first_differing_path(legacy):

@@ -189,6 +189,62 @@ def test_write_goes_through_a_symlink_and_missing_paths_count_once(tmp_path):
   assert '1 error(s)' in proc.stderr
 
 
+def test_unwritable_report_or_report_naming_an_input_writes_nothing(tmp_path):
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  pkg = tmp_path / 'pkg'
+  pkg.mkdir()
+  a, b = pkg / 'a.py', pkg / 'b.py'
+  a.write_text(before)
+  b.write_text(before)
+  (tmp_path / 'file').write_text('x')
+  nb = pkg / 'n.ipynb'
+  nb.write_text(json.dumps({'cells': [], 'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}))
+  nb_bytes = nb.read_bytes()
+  for report, why in [(tmp_path / 'missing' / 'r.json', 'does not exist'),
+                      (tmp_path / 'file' / 'r.json', 'is not a directory'),
+                      (pkg, 'is a directory'),
+                      (a, 'is one of the files this run reads'),
+                      (b, 'is one of the files this run reads'),
+                      (nb, 'is one of the files this run reads')]:
+    for paths in ([str(a)], [str(pkg)]) if report == a else ([str(pkg)],):
+      proc = _cli('rewrite', '--write', '--report', str(report), *paths)
+      assert proc.returncode == 2, (report, proc.stderr)
+      assert f'--report {report}' in proc.stderr and why in proc.stderr, proc.stderr
+      assert 'Traceback' not in proc.stderr
+      assert a.read_text() == before and b.read_text() == before and nb.read_bytes() == nb_bytes
+  # a link to an input is the input
+  (tmp_path / 'alias.json').symlink_to(a)
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'alias.json'), str(pkg))
+  assert proc.returncode == 2 and 'is one of the files this run reads' in proc.stderr
+  assert a.read_text() == before
+  assert not (tmp_path / 'missing').exists()
+  # stdin with an unwritable report: refused before any output
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--report',
+                         str(tmp_path / 'missing' / 'r.json'), '-'], input=before,
+                        capture_output=True, text=True, cwd=ROOT)
+  assert proc.returncode == 2 and proc.stdout == '' and 'does not exist' in proc.stderr
+  # a writable report next to the inputs still works
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), str(pkg))
+  assert proc.returncode == 1, proc.stderr
+  assert a.read_text() != before and json.loads((tmp_path / 'r.json').read_text())
+
+
+def test_dangling_symlink_skipped_in_a_tree_but_an_error_when_named(tmp_path):
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  after = (FIXTURES / 'bare_flax_import' / 'after.py').read_text()
+  (tmp_path / 'm.py').write_text(before)
+  dangling = tmp_path / 'gone.py'
+  dangling.symlink_to(tmp_path / 'deleted.py')  # inside the tree, target missing
+  (tmp_path / 'gone_out.py').symlink_to(tmp_path.parent / 'nowhere' / 'x.py')
+  proc = _cli('rewrite', '--write', str(tmp_path))
+  assert proc.returncode == 1, proc.stderr
+  assert '1 file(s) scanned: 1 rewritten' in proc.stderr and 'gone' not in proc.stderr
+  assert (tmp_path / 'm.py').read_text() == after and dangling.is_symlink()
+  assert not (tmp_path / 'deleted.py').exists()
+  proc = _cli('rewrite', str(dangling))
+  assert proc.returncode == 2 and f'{dangling}: no such file' in proc.stderr
+
+
 def test_demo_rejects_zero_steps():
   proc = _cli('demo', '--steps', '0')
   assert proc.returncode == 2 and '--steps' in proc.stderr
