@@ -23,10 +23,15 @@ Modes:
   state array with at least 1024 elements and a dimension divisible by the
   model axis is sharded over ``'model'`` on its largest such dimension.
 
-With ``grads='random'`` every step's gradients are drawn up front and a
-run's steps are one compiled ``lax.scan`` (after any first steps that change
-the state's dtypes, e.g. float32 gradients promoting bfloat16 params);
-a ``grads`` callable sees each step's params, one jitted call per step.
+Each step is one call of a compiled step function, as in a training loop
+(``check`` and ``collect``). The project's grid (``run_pair(..., scan=True)``)
+instead draws every step's gradients up front and runs a run's steps as one
+compiled ``lax.scan`` (after any first steps that change the state's dtypes):
+with XLA's backend optimisation off, as the grid runs, that gives the per-step
+numbers bitwise (measured on all 39 grid cases); with default XLA flags the
+loop body's multiply-adds can contract differently, measured up to 2 ulp of a
+leaf's largest magnitude (Adam, Momentum, RMSProp centered, LARS, Adafactor), so
+the user-facing check never scans.
 
 Gradient shares are multiples of 2**-12 (``core.reference_grads``), so their
 mean over up to 8 devices is exact: any difference between device counts is
@@ -312,13 +317,13 @@ def _leaf_spec(x, model_size: int):
   return PartitionSpec()
 
 
-def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str, scan: bool = True):
+def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str, scan: bool = False):
   """``({step: flat params}, replicas_bitwise)`` for one optimizer, mode and count.
 
-  Gradients that do not depend on the params' values (``'random'``, or a
-  ``PerDeviceGrads(..., params_free=True)``) are drawn for every step up front
-  and all steps run as one compiled ``lax.scan``; a user's ``grads`` callable
-  sees the params of each step, one jitted call per step (as does ``scan=False``).
+  One jitted call per step. With ``scan``, gradients that do not depend on the
+  params' values (``'random'``, or a ``PerDeviceGrads(..., params_free=True)``)
+  are drawn for every step up front and all steps run as one compiled
+  ``lax.scan``; a user's ``grads`` callable always sees the params of each step.
   """
   if scan and getattr(grads_fn, 'params_free', False):
     return _scanned_trajectory(runner, params, grads_fn, steps, n, mode)
@@ -436,11 +441,13 @@ def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str)
 
 
 def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int = 0,
-             scan: bool = True) -> dict:
+             scan: bool = False) -> dict:
   """Both trajectories for one ``(mode, n)``, in this process (needs ``n`` devices).
 
-  ``legacy`` may be ``None`` (then only ``tx`` runs). ``scan=False``: one
-  compiled call per step even where the gradients are known up front. Returns
+  ``legacy`` may be ``None`` (then only ``tx`` runs). ``scan=True``: where the
+  gradients are known up front (``'random'``, ``PerDeviceGrads(params_free=True)``)
+  all steps run as one compiled ``lax.scan`` (bitwise the per-step numbers only
+  with XLA's backend optimisation off; see the module docstring). Returns
   ``{'legacy': traj, 'tx': traj, 'replicas': {'legacy': bool, 'tx': bool}}``.
   """
   params = materialize(params, seed)

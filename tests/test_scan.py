@@ -34,7 +34,8 @@ for case_id in sys.argv[1:]:
     return corrupt(step, g) if corrupt else g
   for mode, n in (('single', 1), ('pmap', 2), ('sharded', 2)):
     runs = [checker.run_pair(opt_def, tx, cases.params_for(case_id),
-                             checker.PerDeviceGrads(fn, params_free=free), 6, n, mode)
+                             checker.PerDeviceGrads(fn, params_free=free), 6, n, mode,
+                             scan=True)
             for free in (True, False)]  # steps: 6 (the nonfinite step is 5)
     same = {}
     for who in ('legacy', 'tx'):
