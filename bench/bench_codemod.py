@@ -16,7 +16,11 @@ Contenders, each a fresh subprocess, alternated round by round:
   (LibCST's own no-op command; it parses and re-emits every file, with its
   default process pool of one job per core).
 
-Reported: median of per-round wall-time ratios ours / reference, with how many
+- parse floor: a fresh interpreter that walks the tree, applies the text
+  prefilter and only LibCST-parses the files that pass (no analysis, no output).
+
+Reported: median of per-round wall-time ratios ours / reference (and parse
+floor / reference), with how many
 of the tree's legacy files the text prefilter passes (all must) and how many
 look-alikes it parses, and the floor this design cannot go below: our CLI's
 start-up (a run on one file the prefilter skips) plus LibCST's parse and the
@@ -168,6 +172,23 @@ def _run_timed(cmd, cwd) -> tuple[float, float, int]:
   return seconds, usage.ru_maxrss / 1024, proc.returncode
 
 
+#: The parse floor: what any rewrite of this design pays on the tree before analysing
+#: anything. A fresh interpreter walks the tree as ``rewrite`` does, applies the text
+#: prefilter, and LibCST-parses the files that pass in a pool of one process per core.
+PARSE_ONLY = '''
+import concurrent.futures, os, pathlib, sys
+import libcst
+from codemod import engine, runner
+def parse(path):
+  libcst.parse_module(engine.read_source(pathlib.Path(path))[0])
+if __name__ == '__main__':
+  files = runner.iter_python_files(sys.argv[1:])
+  todo = [str(f) for f in files if engine.wanted(f.read_bytes().decode('latin-1'))]
+  with concurrent.futures.ProcessPoolExecutor(os.cpu_count() or 1) as pool:
+    list(pool.map(parse, todo, chunksize=4))
+'''
+
+
 def _noop_one(source: str) -> str:
   import libcst as cst
   from libcst.codemod import CodemodContext
@@ -203,17 +224,21 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
     ours_cmd = [sys.executable, '-m', 'codemod.cli', 'rewrite', '--check', str(tree)]
     noop_cmd = [sys.executable, '-m', 'libcst.tool', 'codemod', '--no-format',
                 '--hide-progress', 'noop.NOOPCommand', str(tree)]
-    ours_s, noop_s, ours_rss = [], [], []
+    parse_cmd = [sys.executable, '-c', PARSE_ONLY, str(tree)]
+    ours_s, noop_s, parse_s, ours_rss = [], [], [], []
     for r in range(rounds):
-      order = ('ours', 'noop') if r % 2 == 0 else ('noop', 'ours')
+      order = ('ours', 'noop', 'parse') if r % 2 == 0 else ('parse', 'noop', 'ours')
       for who in order:
         if who == 'ours':
           s, rss, status = _run_timed(ours_cmd, tmp)
           ours_s.append(s)
           ours_rss.append(rss)
-        else:
+        elif who == 'noop':
           noop_s.append(_run_timed(noop_cmd, tmp)[0])
+        else:
+          parse_s.append(_run_timed(parse_cmd, tmp)[0])
     rs = ratios(ours_s, noop_s)
+    ps = ratios(parse_s, noop_s)
     passed = {k: sum(engine.may_need_rewrite(p.read_text()) for p in ps) for k, ps in kinds.items()}
     startup = _run_timed([sys.executable, '-m', 'codemod.cli', 'rewrite', '--check',
                           str(kinds['plain'][0])], tmp)[0]
@@ -232,6 +257,13 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
                 f'{startup:.2f} s + LibCST parse and analysis metadata of the legacy files '
                 f'{floor_cpu:.2f} s CPU / {jobs} = {floor:.2f} s, ratio '
                 f'{floor / statistics.median(noop_s):.3f}'))
+
+    out.append(('codemod_parse_floor_vs_libcst_noop', summary(ps)[0],
+                f'a fresh interpreter that walks the tree, applies the prefilter and only '
+                f'LibCST-parses the {passed["legacy"] + passed["lookalike"]} files that pass '
+                f'(one process per core) / the no-op codemod, interleaved with the rows above; '
+                f'{fmt_range(ps)} rounds; {statistics.median(parse_s):.2f} s: what a LibCST '
+                f'rewrite with this prefilter pays before any analysis'))
 
     legacy = kinds['legacy']
     t0 = time.perf_counter()

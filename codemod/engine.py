@@ -46,6 +46,12 @@ def may_need_rewrite(text: str) -> bool:
           and _WORD_FLAX.search(text) is not None)
 
 
+def wanted(text: str, flow=None) -> bool:
+  """:func:`may_need_rewrite`, or ``text`` may call a factory of ``flow`` (another module's
+  optimizer, :class:`codemod.flow.Flow`): the files worth a parse."""
+  return may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
+
+
 @dataclasses.dataclass
 class FileResult:
   path: str
@@ -92,7 +98,7 @@ def rewrite_source(source: str, path: str = '<string>',
     the source does not parse or the rewrite failed.
   """
   result = FileResult(path, source)
-  if not may_need_rewrite(source) and not (flow is not None and flow.mentioned(source)):
+  if not wanted(source, flow):
     result.new = source
     return result
   try:

@@ -166,9 +166,7 @@ def _candidate(path: pathlib.Path, flow=None) -> int:
     data = path.read_bytes()
   except OSError:
     return 1
-  text = data.decode('latin-1')
-  wanted = engine.may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
-  return len(data) + 1 if wanted else 0
+  return len(data) + 1 if engine.wanted(data.decode('latin-1'), flow) else 0
 
 
 def _progress(total: int):

@@ -11,6 +11,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LINE = re.compile(r'^(?P<name>[\w\[\]/.\-]+): (?P<value>\S+) \((?P<details>.*)\)$')
 EXPECTED = ('shim_vs_optax_step[', 'shim_vs_legacy_step[', 'codemod_vs_libcst_noop',
+            'codemod_parse_floor_vs_libcst_noop',
             'equivalence_grid_seconds')
 
 
