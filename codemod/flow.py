@@ -121,10 +121,20 @@ def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path]) -> list[tupl
 
 
 def roots_of(paths: Iterable[str]) -> dict[str, list[pathlib.Path]]:
-  """``{path given: [roots]}``: a directory is its own root; a file's root is its directory."""
+  """``{path given: [roots]}``: a directory is its own root; a file's roots are the
+  working directory when the file lies under it (so ``rewrite models/opt.py train.py``,
+  as pre-commit runs it from the repository root, names modules as ``rewrite .``
+  does, namespace packages included), then the file's own directory."""
   out = {}
+  cwd = pathlib.Path.cwd()
   for p in map(pathlib.Path, paths):
-    out[str(p)] = [p] if p.is_dir() else [p.parent]
+    if p.is_dir():
+      out[str(p)] = [p]
+      continue
+    roots = [p.parent]
+    if cwd in p.absolute().parents and p.absolute().parent != cwd:
+      roots.insert(0, cwd)
+    out[str(p)] = roots
   return out
 
 

@@ -213,3 +213,23 @@ def test_a_factory_built_on_another_modules_factory(tmp_path):
   assert 'created by models/wrapped_lr.py:create_warm_lr, which keeps its legacy' in out
   assert 'return opt.apply_gradients(grads=g)' in (tree / 'wrapped.py').read_text()
   assert 'opt.apply_gradient(g, learning_rate=0.5)' in (tree / 'wrapped_lr.py').read_text()
+
+
+def test_files_named_one_by_one_get_the_flow_of_the_working_directory(tmp_path):
+  """pre-commit names each file from the repository root: a factory in a namespace package
+  (no __init__.py) still converts its users, as ``rewrite .`` does; from elsewhere the
+  flow is lost and the use stays flagged."""
+  (tmp_path / 'models').mkdir()
+  (tmp_path / 'models' / 'opt.py').write_text(
+      'from flax import optim\n\n\ndef create_optimizer(params):\n'
+      '  return optim.Adam(learning_rate=1e-3).create(params)\n')
+  (tmp_path / 'train.py').write_text(
+      'from models.opt import create_optimizer\n\n\ndef main(params, grads):\n'
+      '  opt = create_optimizer(params)\n  opt = opt.apply_gradient(grads)\n  return opt.target\n')
+  tree = _cli('rewrite', '--diff', '.', cwd=tmp_path)
+  named = _cli('rewrite', '--diff', 'models/opt.py', 'train.py', cwd=tmp_path)
+  assert tree.returncode == named.returncode == 1
+  assert '+  return opt.params' in tree.stdout and 'OM100' not in tree.stderr
+  assert named.stdout == tree.stdout and 'OM100' not in named.stderr
+  elsewhere = _cli('rewrite', '--diff', 'opt.py', '../train.py', cwd=tmp_path / 'models')
+  assert elsewhere.returncode == 1 and 'OM100' in elsewhere.stderr
