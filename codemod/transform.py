@@ -201,6 +201,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.escaping: dict[int, cst.CSTNode] = {}  # defs returned or passed to other code
     self._group_args: set[int] = set()
     self._function_stack: list[str] = []
+    self.attr_chains: set[str] = set()  # `self.optimizer`-like chains holding optimizers
+    self.attr_other: set[str] = set()   # chains also assigned something else
+    self._chain_copies: list = []       # (chain, replicated chain): `self.o = replicate(self.o)`
     self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
 
@@ -335,6 +338,17 @@ class _Analyzer(_Base, cst.CSTVisitor):
   def visit_Assign(self, node: cst.Assign) -> None:
     value = node.value
     targets = [t.target for t in node.targets]
+    for t in targets:
+      if (chain := attr_chain(t)) is not None:
+        inner = (attr_chain(value.args[0].value) if isinstance(value, cst.Call) and value.args
+                 and self.qnames(value.func) & REPLICATE_FNS else None)
+        if inner is not None:
+          self._chain_copies.append((chain, inner))  # settled in leave_Module
+        elif self._produces_optimizer(value) or (
+            isinstance(value, cst.Name) and self.binding(value) in self.opt_vars):
+          self.attr_chains.add(chain)
+        elif not m.matches(value, m.Name('None')):
+          self.attr_other.add(chain)  # `self.opt = Thing()`: never rewritten blindly
     if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
         and value.args and isinstance(value.args[0].value, cst.Name)
         and self.qnames(value.func) & CALL_WRAPPERS):
@@ -407,6 +421,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
       recv = func.value
       if isinstance(recv, cst.Name) and (b := self.binding(recv)):
         self.opt_vars.add(b)
+      elif (chain := attr_chain(recv)) is not None:
+        self.attr_chains.add(chain)
     if m.matches(func, m.Attribute(attr=m.Name('replicate') | m.Name('unreplicate'))):
       self.method_calls[id(node)] = node
       self.handled.add(id(func))
@@ -430,6 +446,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
       arg = value.args[0].value
       if isinstance(arg, cst.Name):
         return self.binding(arg) in self.opt_vars
+      if (chain := attr_chain(arg)) is not None:
+        return chain in self.attr_chains
       return self._produces_optimizer(arg)
     if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate'))):
       return self.binding(func.value) in self.opt_vars
@@ -460,6 +478,15 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._function_stack.pop()
 
   def leave_Module(self, node: cst.Module) -> None:
+    changed = True
+    while changed:  # `self.o = jax_utils.replicate(self.o)` wherever it stands in the file
+      changed = False
+      for chain, inner in self._chain_copies:
+        if inner in self.attr_chains and chain not in self.attr_chains:
+          self.attr_chains.add(chain)
+          changed = True
+    self.attr_other.update(chain for chain, inner in self._chain_copies
+                           if inner not in self.attr_chains)
     if self.uses_legacy:
       self._follow_parameters()
 
@@ -892,6 +919,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return self.a.flow_vars[b].converted
       # in a file without flax.optim only the flow proves anything
       return b in self.a.opt_vars and self.a.uses_legacy
+    if (chain := attr_chain(expr)) is not None:  # `self.optimizer`: apply_gradient'ed here
+      return (chain in self.a.attr_chains and chain not in self.a.attr_other
+              and self.a.uses_legacy)
     if isinstance(expr, cst.Call) and (factory := self.factory_of_call(expr)) is not None:
       return factory.converted
     if isinstance(expr, cst.Call) and self.qnames(expr.func) & REPLICATE_FNS and expr.args:
@@ -905,6 +935,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
       if method in ('replicate', 'unreplicate'):
         return self._is_optimizer(recv)
     return False
+
+  def _mixed_chain(self, expr) -> bool:
+    """``self.optimizer`` that gets ``.apply_gradient`` here but is also assigned
+    something else: maybe an optimizer (flagged, not converted)."""
+    chain = attr_chain(expr)
+    return chain is not None and chain in self.a.attr_chains and chain in self.a.attr_other
 
   def _mentions_optimizer(self, expr) -> bool:
     if self._is_optimizer(expr):
@@ -1192,7 +1228,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
     source = (f'optax.multi_transform({{{txs}, {FROZEN!r}: optax.set_to_zero()}}, '
               f'{self._labels([(g[1], g[0]) for g in groups])})')
     self.fixed(original, 'OM008', 'MultiOptimizer -> optax.multi_transform, labels from the '
-                                  'traversal filters, unselected leaves frozen (set_to_zero)')
+                                  'traversal filters, unselected leaves frozen (set_to_zero); a '
+                                  'leaf two filters select, which legacy refused at create '
+                                  '(ValueError), gets the later group here: keep the filters '
+                                  'disjoint')
     return cst.parse_expression(source)
 
   def _rewrite_create(self, original, updated):
@@ -1425,7 +1464,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return updated.with_changes(attr=cst.Name('params'))
       value = original.value
       if (self.a.uses_legacy or self.a.flow_used) and (
-          isinstance(value, cst.Subscript) or (isinstance(value, cst.Name) and (
+          isinstance(value, cst.Subscript) or self._mixed_chain(value)
+          or (isinstance(value, cst.Name) and (
               self.binding(value) in (self.a.params | self.a.loop_vars)
               or self.binding(value) in (self.a.rebound & self.a.opt_vars)))):
         # a parameter, loop variable or container item of unknown origin in a legacy file:
@@ -1437,8 +1477,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
         and original.value.attr.value == 'state'):
       if self._is_optimizer(original.value.value):
         self.fixed(original, 'OM004', '.state.step -> .step (TrainState.create starts it as the '
-                                      'Python int 0, legacy as an int32 array; a jitted step '
-                                      'returns an array)')
+                                      'Python int 0, legacy as an int32 array, and it stays an '
+                                      'int outside jit: a learning rate computed from it there is '
+                                      'float64 math (legacy: float32), measured 1 ulp on the '
+                                      'params; a jitted step returns an array)')
         if id(original) in self.a.step_array_uses:
           self.flag(original, 'OM100', '`.step` is a Python int on a TrainState fresh from '
                                        'TrainState.create or stepped outside jit (legacy: an int32 '
@@ -1446,7 +1488,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return updated.with_changes(value=updated.value.value)
       value = original.value.value
       if (self.a.uses_legacy or self.a.flow_used) and (
-          isinstance(value, cst.Subscript) or (isinstance(value, cst.Name) and (
+          isinstance(value, cst.Subscript) or self._mixed_chain(value)
+          or (isinstance(value, cst.Name) and (
               self.binding(value) in (self.a.params | self.a.loop_vars)))):
         self.flag(original, 'OM100', f'if `{self._code(value)}` is a flax.optim Optimizer, '
                                      '`.state.step` is `.step` on a TrainState'
@@ -1515,6 +1558,18 @@ class _Substitute(cst.CSTTransformer):
 
 #: Module names the rewrite may import and use.
 EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util'})
+
+
+def attr_chain(node) -> Optional[str]:
+  """``'self.optimizer'`` for an attribute chain on a name (``self.optimizer``,
+  ``state.train.opt``), else None (a name alone, a call, a subscript)."""
+  parts = []
+  while isinstance(node, cst.Attribute):
+    parts.append(node.attr.value)
+    node = node.value
+  if not parts or not isinstance(node, cst.Name):
+    return None
+  return '.'.join([node.value, *reversed(parts)])
 
 
 def target_names(target):
