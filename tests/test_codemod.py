@@ -764,3 +764,39 @@ def test_multi_group_hyper_params_with_an_apply_call_without_them_stays_legacy()
   result = engine.rewrite_source(source, 'm.py')
   assert 'optim.MultiOptimizer(' in result.new and 'optax' not in result.new
   assert {f.rule for f in result.manual} == {'OM102'} and not any(f.fixed for f in result.findings)
+
+
+@pytest.mark.parametrize('beta1', ['0.9', 'None'])
+def test_stock_adafactor_with_an_apply_time_learning_rate_runs(beta1):
+  """--prefer-stock-optax: inject_hyperparams(optax.adafactor) keeps dtype_momentum static
+  (its default, a dtype, is callable and was taken for a schedule: init raised)."""
+  import jax.numpy as jnp
+  source = ('from flax import optim\n\n\ndef main(params, g, lr):\n'
+            f'  opt = optim.Adafactor(beta1={beta1}).create(params)\n'
+            '  opt = opt.apply_gradient(g, learning_rate=lr)\n  return opt.target\n')
+  result = engine.rewrite_source(source, 'm.py', Options(prefer_stock_optax=True))
+  assert result.error is None and 'optax.inject_hyperparams(optax.adafactor' in result.new
+  assert "'dtype_momentum')" in result.new
+  ns = {}
+  exec(compile(result.new, 'm.py', 'exec'), ns)
+  params = {'w': jnp.ones((3, 4))}
+  out = ns['main'](params, params, 0.1)
+  assert out['w'].shape == (3, 4) and bool(jnp.all(out['w'] < 1.0))
+
+
+@pytest.mark.parametrize('base_lr', ['None', '0.05'])
+def test_def_learning_rate_from_a_name_that_may_hold_none(base_lr):
+  """Legacy allowed `Momentum(base_lr)` with base_lr None and the rate at apply time; the
+  injected transformation is seeded with 0.0 then (inject_hyperparams would not store None,
+  and setting the rate failed with KeyError), else with base_lr: the apply-time rate wins."""
+  import jax.numpy as jnp
+  source = (f'from flax import optim\nbase_lr = {base_lr}\n\n\ndef main(params, g, lr):\n'
+            '  opt = optim.Momentum(base_lr, beta=0.9).create(params)\n'
+            '  opt = opt.apply_gradient(g, learning_rate=lr)\n  return opt.target\n')
+  result = engine.rewrite_source(source, 'm.py')
+  assert result.error is None and not result.manual
+  assert 'learning_rate=(0.0 if base_lr is None else base_lr)' in result.new
+  ns = {}
+  exec(compile(result.new, 'm.py', 'exec'), ns)
+  params = {'w': jnp.ones(3)}
+  assert ns['main'](params, params, 0.1)['w'].tolist() == [jnp.float32(1) - jnp.float32(0.1)] * 3
