@@ -416,7 +416,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if m.matches(func, m.Attribute(attr=m.Name('create'))) and \
         self.is_def(func.value, self.def_vars):
       self.create_calls.append(node)
-    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and not self._subclass_depth:
+      # (inside a user OptimizerDef subclass it is the def's own method: kept on the shim)
       self.apply_calls.append(node)
       recv = func.value
       if isinstance(recv, cst.Name) and (b := self.binding(recv)):
@@ -830,8 +831,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
                 "group in order, for the file's single MultiOptimizer of table defs, on every "
                 'apply call; otherwise inject them by hand with optax.inject_hyperparams, per '
                 'group at opt_state.inner_states[label].inner_state.hyperparams')
-      return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
-              'with optax.inject_hyperparams')
+      if any(a.star for a in call.args):
+        return ('apply_gradient with *args / **kwargs: which overrides it passes cannot be '
+                'told; convert it by hand (learning_rate: optax.inject_hyperparams)')
+      if other:
+        return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
+                'with optax.inject_hyperparams')
+      return (f'apply_gradient with {len(positional)} positional arguments (a flax.optim '
+              'Optimizer takes the gradients only): convert it by hand')
     return None
 
   def _method_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
@@ -1086,7 +1093,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return updated
     if any(original is c for c in self.a.restores):
       return self._rewrite_restore(original, updated)
-    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and \
+        any(original is c for c in self.a.apply_calls):
       return self._rewrite_apply(original, updated)
     if m.matches(func, m.Attribute(attr=m.Name('replace'))) and self._is_optimizer(original.func.value):
       args = [a.with_changes(keyword=cst.Name('params'))
@@ -1330,8 +1338,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
     positional = [a for a in updated.args if a.keyword is None]
     other = sorted(set(kwargs) - {'learning_rate'})
     if len(positional) != 1 or other:
-      self.flag(original, 'OM102', f'apply_gradient overrides {other} have no Optax '
-                                   'equivalent here; inject them with optax.inject_hyperparams')
+      self.flag(original, 'OM102', self._apply_problem(original) or
+                f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
+                'with optax.inject_hyperparams')
       return updated
     recv = updated.func.value
     grads = positional[0].value
