@@ -206,6 +206,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._chain_copies: list = []       # (chain, replicated chain): `self.o = replicate(self.o)`
     self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
+    self._wrapped: list = []  # (assignment, call): `p_step = jax.pmap(step, ...)`
 
   # -- imports: only whether flax.optim is imported ----------------------
   def visit_Import(self, node: cst.Import) -> bool:
@@ -547,10 +548,6 @@ class _Analyzer(_Base, cst.CSTVisitor):
       if call.args and call.args[0].value is node and call.args[0].keyword is None:
         return assign.targets[0].target
     return None
-
-  @property
-  def _wrapped(self):
-    return self.__dict__.setdefault('_wrapped_list', [])
 
   def _argument(self, fn: cst.FunctionDef, param: cst.Param, call: cst.Call):
     """The expression ``call`` passes to ``param`` (None: a default, or cannot tell)."""
