@@ -941,10 +941,15 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return False
 
   def _mixed_chain(self, expr) -> bool:
-    """``self.optimizer`` that gets ``.apply_gradient`` here but is also assigned
-    something else: maybe an optimizer (flagged, not converted)."""
+    """Maybe an optimizer (flagged, not converted): ``self.optimizer`` that gets
+    ``.apply_gradient`` here but is also assigned something else, or another chain
+    ending in the same attribute (``trainer.optimizer`` beside ``self.optimizer``)."""
     chain = attr_chain(expr)
-    return chain is not None and chain in self.a.attr_chains and chain in self.a.attr_other
+    if chain is None:
+      return False
+    if chain in self.a.attr_chains:
+      return chain in self.a.attr_other
+    return chain.rsplit('.', 1)[1] in {c.rsplit('.', 1)[1] for c in self.a.attr_chains}
 
   def _mentions_optimizer(self, expr) -> bool:
     if self._is_optimizer(expr):
