@@ -152,7 +152,8 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
     result.new = source
     result.findings = [Finding(first.line, first.col, 'OM100',
                                f'this file needs fixes {", ".join(rules)}, which are not selected: '
-                               'left unchanged (a partial migration would not run)', False)]
+                               'left unchanged (a partial migration would not run)', False)
+                       ] if options.enabled('OM100') else []  # ignored like any OM100 item
     result.factories = dict.fromkeys(command.factories, False)
     return result
   converted = [f for f in command.findings if f.fixed and f.rule in _CONVERSIONS]

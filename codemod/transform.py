@@ -207,13 +207,24 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
     self._wrapped: list = []  # (assignment, call): `p_step = jax.pmap(step, ...)`
+    self._rebinds: set = set()  # bindings a loop, walrus, `with` or unpacking gives other values
+    self.module_refs = 0          # uses of the flax.optim module object itself
+    self.legacy_imports: list = []  # import statements of flax.optim
 
   # -- imports: only whether flax.optim is imported ----------------------
   def visit_Import(self, node: cst.Import) -> bool:
     for alias in node.names:
       if cst.Module(body=[]).code_for_node(alias.name).startswith(LEGACY):
         self.uses_legacy = True
+        self.legacy_imports.append(node)
     return False
+
+  @property
+  def only_imports(self) -> bool:
+    """flax.optim is imported and nothing in the module uses it: maybe a re-export
+    (``from flax import optim`` in a package's ``__init__.py``)."""
+    return bool(self.legacy_imports) and not (
+        self.refs or self.module_refs or self.apply_calls or self.legacy_attrs or self.flow_used)
 
   def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
     if node.module is None:
@@ -221,9 +232,11 @@ class _Analyzer(_Base, cst.CSTVisitor):
     module = cst.Module(body=[]).code_for_node(node.module)
     if module == LEGACY or module.startswith(LEGACY + '.'):
       self.uses_legacy = True
+      self.legacy_imports.append(node)
     elif module == 'flax' and not isinstance(node.names, cst.ImportStar) and any(
         isinstance(a.name, cst.Name) and a.name.value == 'optim' for a in node.names):
       self.uses_legacy = True
+      self.legacy_imports.append(node)
     return False
 
   # -- contexts ------------------------------------------------------------
@@ -265,6 +278,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     else:
       if any(q == LEGACY for q in qnames):
         self.uses_legacy = True
+        self.module_refs += 1  # the module object itself (`opt_lib = optim`)
       return
     if isinstance(node, cst.Attribute):
       self._inner.add(id(node.value))
@@ -304,7 +318,20 @@ class _Analyzer(_Base, cst.CSTVisitor):
         self.def_vars[b] = None  # a def of unknown kind: `.create` on it is still converted
 
   def visit_For(self, node: cst.For) -> None:
-    self.loop_vars.update(self._target_bindings(node.target))
+    bindings = set(self._target_bindings(node.target))
+    self.loop_vars.update(bindings)
+    self._rebinds.update(bindings)  # `for opt in batches:` rebinds a name an optimizer may hold
+
+  def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+    if isinstance(node.target, cst.Name) and (b := self.binding(node.target)):
+      if self._produces_optimizer(node.value):
+        self.opt_vars.add(b)
+      else:
+        self._rebinds.add(b)
+
+  def visit_WithItem(self, node: cst.WithItem) -> None:
+    if node.asname is not None:
+      self._rebinds.update(self._target_bindings(node.asname.name))
 
   def visit_CompFor(self, node: cst.CompFor) -> None:
     self.loop_vars.update(self._target_bindings(node.target))
@@ -340,9 +367,20 @@ class _Analyzer(_Base, cst.CSTVisitor):
     value = node.value
     targets = [t.target for t in node.targets]
     for t in targets:
+      if isinstance(t, (cst.Tuple, cst.List)):
+        self._unpacking(t, value)
+    if self._class_depth and not self._function_stack and self.legacy_def(value):
+      self.escaping[id(value)] = value  # `class Cfg: opt_def = Adam(...)`: used as Cfg.opt_def
+    if isinstance(value, cst.Name) and self.binding(value) in self.opt_vars and \
+        self.binding(value) not in self.rebound:
+      self.opt_vars.update(self.name_bindings(targets))  # `best = opt`: an alias
+    for t in targets:
       if (chain := attr_chain(t)) is not None:
         inner = (attr_chain(value.args[0].value) if isinstance(value, cst.Call) and value.args
                  and self.qnames(value.func) & REPLICATE_FNS else None)
+        if inner is None and isinstance(value, cst.Call) and any(
+            attr_chain(a.value) == chain for a in value.args):
+          inner = chain  # passed through: `self.opt = restore_checkpoint(d, self.opt)`
         if inner is not None:
           self._chain_copies.append((chain, inner))  # settled in leave_Module
         elif self._produces_optimizer(value) or (
@@ -365,6 +403,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
       self.opt_vars.update(self.name_bindings(targets))
     elif source is not None:
       pass  # another module's optimizer, kept legacy there: flagged where it is used
+    elif isinstance(value, cst.Name) and self.binding(value) in self.opt_vars:
+      pass  # an alias (above)
     elif not self._passes_name_through(value, targets):
       # `opt = Thing()`: this name also holds something else; never rewrite it blindly
       self.rebound.update(self.name_bindings(targets))
@@ -391,6 +431,30 @@ class _Analyzer(_Base, cst.CSTVisitor):
       self.handled.add(id(value.func))
       self.opt_vars.update(self.name_bindings([targets[0].elements[0].value]))
       self.rebound.difference_update(self.name_bindings([targets[0].elements[0].value]))
+
+  def _unpacking(self, target, value) -> None:
+    """``a, b = ...``: a name an optimizer may hold keeps it only when passed through
+    (``opt, metrics = train_step(opt, batch)``, ``opt, loss = opt.optimize(f)``) or
+    given an optimizer element-wise (``opt, n = Adam(...).create(p), 0``)."""
+    elements = [e.value for e in target.elements if isinstance(e, cst.Element)]
+    values = ([e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List))
+              and len(value.elements) == len(target.elements) else None)
+    for i, element in enumerate(elements):
+      for name in target_names(element):
+        b = self.binding(name)
+        if b is None:
+          continue
+        if values is not None and isinstance(element, cst.Name):
+          v = values[i]
+          if self._produces_optimizer(v) or (isinstance(v, cst.Name) and v.value == name.value):
+            continue
+          if isinstance(v, cst.Name) and self.binding(v) in self.opt_vars:
+            self.opt_vars.add(b)
+            continue
+        elif values is None and (self._passes_name_through(value, [name]) or (
+            i == 0 and m.matches(value, m.Call(func=m.Attribute(attr=m.Name('optimize')))))):
+          continue  # (`new, loss = opt.optimize(f)`: the first is an optimizer)
+        self._rebinds.add(b)
 
   def _passes_name_through(self, value, targets) -> bool:
     """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
@@ -480,6 +544,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._function_stack.pop()
 
   def leave_Module(self, node: cst.Module) -> None:
+    self.rebound.update(self._rebinds & self.opt_vars)
     changed = True
     while changed:  # `self.o = jax_utils.replicate(self.o)` wherever it stands in the file
       changed = False
@@ -597,6 +662,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
   # -- what blocks the file ------------------------------------------------
   def visit_Module(self, node: cst.Module) -> None:
     a = self.a
+    self._first_statement = node.body[0] if node.body else None
+    self._header_comments = {ll.comment.value for ll in node.header if ll.comment}
     self._find_group_applies()
     for ref_id, sym in a.refs.items():
       problem = self._ref_problem(ref_id, sym)
@@ -970,7 +1037,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self._pending.append([])
     if id(node) in self.a.escaping:
       self.flag(node, 'OM100', f'`{self._code(node)}` is an optimizer def handed to other code '
-                               '(returned or passed as an argument): as an Optax transformation '
+                               '(returned, passed as an argument or kept as a class attribute): as '
+                               'an Optax transformation '
                                'it has no .create(); convert it where it is used (this file keeps '
                                'its legacy optimizer code)')
     return super().on_visit(node)
@@ -981,6 +1049,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
       todos = self._pending.pop()
       if isinstance(result, cst.CSTNode):
         existing = {ll.comment.value for ll in result.leading_lines if ll.comment}
+        if original is self._first_statement:  # comments above it are the module's header
+          existing |= self._header_comments
         new = [t for t in todos if t not in existing]
         if new:
           lines = [cst.EmptyLine(comment=cst.Comment(t)) for t in new]
@@ -1011,10 +1081,20 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                'when convenient')
 
   def visit_Import(self, node) -> bool:
+    self._unused_import(node)
     return False
 
   def visit_ImportFrom(self, node) -> bool:
+    self._unused_import(node)
     return False
+
+  def _unused_import(self, node) -> None:
+    if self.a.only_imports and any(node is i for i in self.a.legacy_imports):
+      code = ' '.join(self._code(node).replace('(', ' ').replace(')', ' ').split())
+      self.flag(node, 'OM100', f'flax.optim is imported here (`{code}`) but not used in this '
+                               'module: drop it from the import; if other modules import it from '
+                               'here (a re-export), migrate them first (flax >= 0.6 has no '
+                               'flax.optim; `optim-migrate run` supplies the shim meanwhile)')
 
   def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
     """``DynamicScale`` / ``dynamic_scale`` from flax.optim -> flax.training (OM006)."""
@@ -1501,7 +1581,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
       if (self.a.uses_legacy or self.a.flow_used) and (
           isinstance(value, cst.Subscript) or self._mixed_chain(value)
           or (isinstance(value, cst.Name) and (
-              self.binding(value) in (self.a.params | self.a.loop_vars)))):
+              self.binding(value) in (self.a.params | self.a.loop_vars)
+              or self.binding(value) in (self.a.rebound & self.a.opt_vars)))):
         self.flag(original, 'OM100', f'if `{self._code(value)}` is a flax.optim Optimizer, '
                                      '`.state.step` is `.step` on a TrainState'
                                      + self._created_by())
@@ -1676,7 +1757,8 @@ class MigrateCommand(CodemodCommand):
     self.inject_lr = rewriter.inject_lr
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
     removals = [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
-                *_legacy_imports(tree)] if analysis.uses_legacy else []
+                *_legacy_imports(tree)] if analysis.uses_legacy and not analysis.only_imports \
+        else []  # an import nothing uses may be a re-export: kept, flagged
     return _fix_imports(self.context, result, removals)
 
 

@@ -800,3 +800,14 @@ def test_def_learning_rate_from_a_name_that_may_hold_none(base_lr):
   exec(compile(result.new, 'm.py', 'exec'), ns)
   params = {'w': jnp.ones(3)}
   assert ns['main'](params, params, 0.1)['w'].tolist() == [jnp.float32(1) - jnp.float32(0.1)] * 3
+
+
+def test_ignoring_every_rule_hides_the_kept_legacy_item(tmp_path):
+  """`--ignore OM` (every rule) leaves the file unchanged and says nothing, as ruff does;
+  `--ignore OM0` (every fix) still names the fixes the file needs."""
+  legacy = tmp_path / 'legacy.py'
+  legacy.write_text((FIXTURES / 'from_import_lr_at_apply' / 'before.py').read_text())
+  proc = _cli('rewrite', '--check', '--ignore', 'OM', str(legacy))
+  assert proc.returncode == 0 and 'OM100' not in proc.stderr and proc.stdout == ''
+  proc = _cli('rewrite', '--check', '--ignore', 'OM0', str(legacy))
+  assert proc.returncode == 1 and 'which are not selected' in proc.stderr
