@@ -209,6 +209,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._wrapped: list = []  # (assignment, call): `p_step = jax.pmap(step, ...)`
     self._rebinds: set = set()  # bindings a loop, walrus, `with` or unpacking gives other values
     self.module_refs = 0          # uses of the flax.optim module object itself
+    self.star_imports: list = []  # `from flax.optim import *`: its names cannot be resolved
     self.legacy_imports: list = []  # import statements of flax.optim
 
   # -- imports: only whether flax.optim is imported ----------------------
@@ -220,10 +221,10 @@ class _Analyzer(_Base, cst.CSTVisitor):
     return False
 
   @property
-  def only_imports(self) -> bool:
+  def only_imports(self) -> bool:  # (a star import's names are never seen as used)
     """flax.optim is imported and nothing in the module uses it: maybe a re-export
     (``from flax import optim`` in a package's ``__init__.py``)."""
-    return bool(self.legacy_imports) and not (
+    return bool(self.legacy_imports) and not self.star_imports and not (
         self.refs or self.module_refs or self.apply_calls or self.legacy_attrs or self.flow_used)
 
   def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
@@ -233,6 +234,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if module == LEGACY or module.startswith(LEGACY + '.'):
       self.uses_legacy = True
       self.legacy_imports.append(node)
+      if isinstance(node.names, cst.ImportStar):
+        self.star_imports.append(node)
     elif module == 'flax' and not isinstance(node.names, cst.ImportStar) and any(
         isinstance(a.name, cst.Name) and a.name.value == 'optim' for a in node.names):
       self.uses_legacy = True
@@ -692,7 +695,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                'module it imports: rename it, then rerun (this file keeps its '
                                'legacy optimizer code)')
     self.blocked = bool(
-        self.opts.keep_legacy or conflicts
+        self.opts.keep_legacy or conflicts or a.star_imports
         or self.mixed_lr or self._bad_refs or self._bad_hp
         or any(self._def_problem(c) for c in a.def_calls)
         or any(self._create_problem(c) for c in a.create_calls)
@@ -1089,6 +1092,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return False
 
   def _unused_import(self, node) -> None:
+    if any(node is i for i in self.a.star_imports):
+      self.flag(node, 'OM100', '`from flax.optim import *`: the names it brings cannot be told '
+                               'apart from others, so nothing here is converted; import them by '
+                               f'name, then rerun {KEEPS_LEGACY}')
     if self.a.only_imports and any(node is i for i in self.a.legacy_imports):
       code = ' '.join(self._code(node).replace('(', ' ').replace(')', ' ').split())
       self.flag(node, 'OM100', f'flax.optim is imported here (`{code}`) but not used in this '
