@@ -16,7 +16,7 @@ import pathlib
 import re
 import tempfile
 import tokenize
-from typing import Iterable, Optional
+from typing import Optional
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -251,20 +251,6 @@ def _reparse_problem(new_source: str, source: str) -> str | None:
   except cst.ParserSyntaxError as e:
     return e.message
   return None
-
-
-def iter_python_files(paths: Iterable[str]) -> list[pathlib.Path]:
-  """``.py`` files under ``paths`` (files taken as given), sorted, hidden dirs skipped."""
-  out = []
-  for p in map(pathlib.Path, paths):
-    if not p.exists():
-      continue  # reported by the caller
-    if p.is_dir():
-      out.extend(f for f in sorted(p.rglob('*.py'))
-                 if not any(part.startswith('.') for part in f.relative_to(p).parts))
-    else:
-      out.append(p)
-  return out
 
 
 def read_source(path: pathlib.Path) -> tuple[str, str]:

@@ -1010,6 +1010,18 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return self._is_optimizer(recv)
     return False
 
+  def _maybe_optimizer(self, value) -> bool:
+    """A value of unknown origin in a legacy (or flow-using) file that may hold an optimizer:
+    a parameter, loop variable or rebound name that held one, a container item, or an
+    attribute chain :meth:`_mixed_chain` names (its ``.target`` is flagged, not converted)."""
+    if not (self.a.uses_legacy or self.a.flow_used):
+      return False
+    if isinstance(value, cst.Subscript) or self._mixed_chain(value):
+      return True
+    return isinstance(value, cst.Name) and (
+        self.binding(value) in (self.a.params | self.a.loop_vars)
+        or self.binding(value) in (self.a.rebound & self.a.opt_vars))
+
   def _mixed_chain(self, expr) -> bool:
     """Maybe an optimizer (flagged, not converted): ``self.optimizer`` that gets
     ``.apply_gradient`` here but is also assigned something else, or another chain
@@ -1560,14 +1572,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       if self._is_optimizer(original.value):
         self.fixed(original, 'OM003', '.target -> .params')
         return updated.with_changes(attr=cst.Name('params'))
-      value = original.value
-      if (self.a.uses_legacy or self.a.flow_used) and (
-          isinstance(value, cst.Subscript) or self._mixed_chain(value)
-          or (isinstance(value, cst.Name) and (
-              self.binding(value) in (self.a.params | self.a.loop_vars)
-              or self.binding(value) in (self.a.rebound & self.a.opt_vars)))):
-        # a parameter, loop variable or container item of unknown origin in a legacy file:
-        # maybe an optimizer
+      if self._maybe_optimizer(original.value):
         self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim '
                                      'Optimizer, `.target` is `.params` on a TrainState'
                                      + self._created_by())
@@ -1585,11 +1590,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                        'array): use jnp.asarray(<state>.step, jnp.int32) here')
         return updated.with_changes(value=updated.value.value)
       value = original.value.value
-      if (self.a.uses_legacy or self.a.flow_used) and (
-          isinstance(value, cst.Subscript) or self._mixed_chain(value)
-          or (isinstance(value, cst.Name) and (
-              self.binding(value) in (self.a.params | self.a.loop_vars)
-              or self.binding(value) in (self.a.rebound & self.a.opt_vars)))):
+      if self._maybe_optimizer(value):
         self.flag(original, 'OM100', f'if `{self._code(value)}` is a flax.optim Optimizer, '
                                      '`.state.step` is `.step` on a TrainState'
                                      + self._created_by())
