@@ -1159,8 +1159,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                        '(this file keeps its legacy optimizer code)')
         elif not self.blocked:
           return self._rewrite_create(original, updated)
-    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and self.mixed_lr:
-      self.flag(original, 'OM102', 'some apply_gradient calls pass learning_rate and some do '
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient') | m.Name('optimize'))) \
+        and self.mixed_lr and (original.func.attr.value == 'apply_gradient'
+                               or any(original is c for c in self.a.optimize_calls)):
+      what = ('apply_gradient' if original.func.attr.value == 'apply_gradient'
+              else 'apply_gradient / optimize')
+      self.flag(original, 'OM102', f'some {what} calls pass learning_rate and some do '
                                    'not; legacy overrides last one call, Optax state persists '
                                    '(this file keeps its legacy optimizer code)')
       return updated
