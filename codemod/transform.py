@@ -37,6 +37,9 @@ LEGACY_ONLY_ATTRS = {
     'optimizer_def': 'OM100', 'state': 'OM103', 'replicate': 'OM100', 'unreplicate': 'OM100',
     'compute_gradient': 'OM100', 'compute_gradients': 'OM100', 'optimize': 'OM100',
     'state_dict': 'OM100', 'restore_state': 'OM100'}
+#: Optimizer attributes that fail on a ``TrainState`` (flagged where a converted
+#: factory's value may reach a file that keeps its legacy code).
+FLOW_FAILING_ATTRS = {'target', 'apply_gradient', *LEGACY_ONLY_ATTRS}
 #: Legacy submodules (``flax.optim.<module>.<Name>``), flax.optim 0.5.3.
 LEGACY_SUBMODULES = {'base', 'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'lamb',
                      'lars', 'momentum', 'rmsprop', 'sgd', 'weight_norm', 'dynamic_scale'}
@@ -203,6 +206,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._function_stack: list[str] = []
     self.attr_chains: set[str] = set()  # `self.optimizer`-like chains holding optimizers
     self.attr_other: set[str] = set()   # chains also assigned something else
+    self.attr_flow: dict = {}           # chain -> converted flow.Factory assigned to it
     self._chain_copies: list = []       # (chain, replicated chain): `self.o = replicate(self.o)`
     self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
@@ -389,6 +393,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
         elif self._produces_optimizer(value) or (
             isinstance(value, cst.Name) and self.binding(value) in self.opt_vars):
           self.attr_chains.add(chain)
+          if (factory := self.factory_of_call(value)) is not None and factory.converted:
+            self.attr_flow[chain] = factory  # `self.opt = create_optimizer(p)`, converted there
         elif not m.matches(value, m.Name('None')):
           self.attr_other.add(chain)  # `self.opt = Thing()`: never rewritten blindly
     if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
@@ -557,7 +563,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
           changed = True
     self.attr_other.update(chain for chain, inner in self._chain_copies
                            if inner not in self.attr_chains)
-    if self.uses_legacy:
+    if self.uses_legacy or self.flow_vars:
       self._follow_parameters()
 
   # -- parameters that receive optimizers ---------------------------------
@@ -582,10 +588,16 @@ class _Analyzer(_Base, cst.CSTVisitor):
       for fn, calls in sites.values():
         for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
           b = self.binding(param.name)
-          if b is None or b in self.opt_vars or b in self.rebound:
+          if b is None or b in self.rebound or b in self.flow_vars:
             continue
           args = [self._argument(fn, param, call) for call in calls]
-          if all(a is not None and self._holds_optimizer(a) for a in args):
+          sources = {self._flow_argument(a) for a in args}
+          if len(sources) == 1 and (factory := sources.pop()) is not None and factory.converted:
+            self.flow_vars[b] = factory  # `step(opt, g)` with `opt = create_optimizer(p)`
+            changed = True
+          elif b in self.opt_vars:
+            continue
+          elif self.uses_legacy and all(a is not None and self._holds_optimizer(a) for a in args):
             self.opt_vars.add(b)
             changed = True
 
@@ -631,6 +643,13 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if index is not None and index < len(given):
       return given[index].value
     return None
+
+  def _flow_argument(self, expr):
+    """The factory whose optimizer the argument ``expr`` (a name) holds, or None."""
+    if not isinstance(expr, cst.Name):
+      return None
+    b = self.binding(expr)
+    return None if b in self.rebound else self.flow_vars.get(b)
 
   def _holds_optimizer(self, expr) -> bool:
     if isinstance(expr, cst.Name):
@@ -831,6 +850,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if isinstance(expr, cst.Name):
       b = self.binding(expr)
       return None if b in self.a.rebound else self.a.flow_vars.get(b)
+    if (chain := attr_chain(expr)) is not None:
+      return self.a.attr_flow.get(chain)
     if isinstance(expr, cst.Call):
       found = self.factory_of_call(expr)
       if found is None and m.matches(expr.func, m.Attribute(attr=m.Name('apply_gradient'))):
@@ -878,6 +899,44 @@ class _Rewriter(_Base, cst.CSTTransformer):
               f'{KEEPS_LEGACY}')
     return ('this file never imports flax.optim: if this is a flax.optim Optimizer, migrate it '
             'where it is created')
+
+  def _flow_failure(self, attr: cst.Attribute) -> Optional[str]:
+    """In a file that keeps its legacy code: a legacy use (``.target``, ``.state``,
+    ``.apply_gradient``, ...) on a value that holds, or may hold, what another module's
+    converted factory now returns (a ``TrainState``, on which the use fails at run time)."""
+    converted = [f for f in self.a.flow_used.values() if f.converted]
+    if not converted:
+      return None
+    recv = attr.value
+    if (attr.attr.value == 'apply_gradient' and id(attr) in self.a.call_funcs
+        and not self.a.defines_apply_gradient and not self._is_optimizer(recv)
+        and (not self.a.uses_legacy or self._unconverted(recv) is not None)):
+      return None  # leave_Call's "nothing proves" flag names the factory already
+    if any(c.func is attr and self._flow_lr_problem(c) is not None
+           for c in [*self.a.apply_calls, *self.a.optimize_calls]):
+      return None  # flagged OM102, naming the factory
+    factory = self.factory_of(recv)
+    if factory is not None:
+      if not factory.converted:
+        return None
+      lead = f'`{self._code(recv)}` holds what {factory.where} returns'
+    elif self._maybe_optimizer(recv) or (not self.a.uses_legacy and self._holds_local(recv)):
+      lead = (f'`{self._code(recv)}` may hold what '
+              f'{", ".join(sorted(f.where for f in converted))} returns')
+    else:
+      return None
+    return (f'{lead}, now a TrainState, on which the flax.optim Optimizer uses here fail: '
+            'convert them by hand (`.target` is `.params`, `.state.step` is `.step`, '
+            '`.apply_gradient(g)` is `.apply_gradients(grads=g)`) ' + KEEPS_LEGACY)
+
+  def _holds_local(self, expr) -> bool:
+    """In a file without flax.optim: a name or attribute chain the file treats as an
+    optimizer (assigned an ``apply_gradient`` result, or ``.apply_gradient``'ed here)."""
+    if isinstance(expr, cst.Name):
+      b = self.binding(expr)
+      return b in self.a.opt_vars or b in self.a.rebound
+    chain = attr_chain(expr)
+    return chain is not None and chain in self.a.attr_chains
 
   def _created_by(self) -> str:
     converted = [f.where for f in self.a.flow_used.values() if f.converted]
@@ -995,7 +1054,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return b in self.a.opt_vars and self.a.uses_legacy
     if (chain := attr_chain(expr)) is not None:  # `self.optimizer`: apply_gradient'ed here
       return (chain in self.a.attr_chains and chain not in self.a.attr_other
-              and self.a.uses_legacy)
+              and (self.a.uses_legacy or chain in self.a.attr_flow))
     if isinstance(expr, cst.Call) and (factory := self.factory_of_call(expr)) is not None:
       return factory.converted
     if isinstance(expr, cst.Call) and self.qnames(expr.func) & REPLICATE_FNS and expr.args:
@@ -1564,6 +1623,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self.flag(original, 'OM100', self._unproven_message(original.value,
                                                           f'`.{original.attr.value}`'))
       return updated
+    if self.blocked and original.attr.value in FLOW_FAILING_ATTRS:
+      message = self._flow_failure(original)
+      if message is not None:
+        self.flag(original, 'OM100', message)
     if self.blocked or self.unproven:
       return updated
     if id(original) in self._hp_values:
