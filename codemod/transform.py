@@ -40,6 +40,11 @@ LEGACY_ONLY_ATTRS = {
 #: Optimizer attributes that fail on a ``TrainState`` (flagged where a converted
 #: factory's value may reach a file that keeps its legacy code).
 FLOW_FAILING_ATTRS = {'target', 'apply_gradient', *LEGACY_ONLY_ATTRS}
+#: Reflection on an optimizer's fields by name (flagged on converted optimizers).
+REFLECTION_FNS = {'builtins.getattr', 'builtins.hasattr', 'builtins.setattr', 'builtins.delattr',
+                  'dataclasses.replace'}
+#: The fields of a legacy ``flax.optim.Optimizer`` (a ``flax.struct`` dataclass).
+OPTIMIZER_FIELDS = {'optimizer_def', 'state', 'target'}
 #: Legacy submodules (``flax.optim.<module>.<Name>``), flax.optim 0.5.3.
 LEGACY_SUBMODULES = {'base', 'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'lamb',
                      'lars', 'momentum', 'rmsprop', 'sgd', 'weight_norm', 'dynamic_scale'}
@@ -207,6 +212,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.attr_chains: set[str] = set()  # `self.optimizer`-like chains holding optimizers
     self.attr_other: set[str] = set()   # chains also assigned something else
     self.attr_flow: dict = {}           # chain -> converted flow.Factory assigned to it
+    self.assignments: list = []         # (targets, value) of every `=` statement
     self._chain_copies: list = []       # (chain, replicated chain): `self.o = replicate(self.o)`
     self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
@@ -364,7 +370,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
       return found
     func = value.func
     if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('apply_gradient') | m.Name('replicate')
-                                   | m.Name('unreplicate'))):
+                                   | m.Name('unreplicate') | m.Name('replace'))):
       return self.flow_vars.get(self.binding(func.value))
     if self.qnames(func) & REPLICATE_FNS and value.args and isinstance(value.args[0].value, cst.Name):
       return self.flow_vars.get(self.binding(value.args[0].value))
@@ -401,6 +407,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
         and value.args and isinstance(value.args[0].value, cst.Name)
         and self.qnames(value.func) & CALL_WRAPPERS):
       self._wrapped.append((node, value))
+    self.assignments.append((targets, value))
     source = self.flow_source(value) if self.flow is not None else None
     if source is not None:
       self.flow_vars.update(dict.fromkeys(self.name_bindings(targets), source))
@@ -524,8 +531,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
       if (chain := attr_chain(arg)) is not None:
         return chain in self.attr_chains
       return self._produces_optimizer(arg)
-    if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate'))):
-      return self.binding(func.value) in self.opt_vars
+    if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate')
+                                   | m.Name('replace'))):
+      return self.binding(func.value) in self.opt_vars  # `opt.replace(target=p)` too
     if isinstance(func, cst.Name) and func.value in self.opt_factories:
       return True  # a function of this module that returns `Def(...).create(...)`
     factory = self.factory_of_call(value)
@@ -707,6 +715,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       recv, _, via_opt = a.hp_reads[attr_id]
     # `opt.optimizer_def` consumed by a converted hyper_params read
     self._hp_owner_ids = {id(self._hp_owner(i)) for i in self._hp_values}
+    self.maybe_vars = self._derived_names()
     conflicts = sorted(self.bound_names & EMITTED_NAMES) if (a.uses_legacy or a.flow_used) else []
     if conflicts and (a.def_calls or a.create_calls or a.apply_calls):
       self.flag(node, 'OM100', f'{", ".join(f"`{n}`" for n in conflicts)} is bound to something '
@@ -728,6 +737,21 @@ class _Rewriter(_Base, cst.CSTTransformer):
     # a file that never references flax.optim: nothing proves `.apply_gradient` is ours, unless
     # a name holds what another module's converted factory returned (codemod.flow)
     self.unproven = not a.uses_legacy and not any(f.converted for f in a.flow_used.values())
+
+  def _derived_names(self) -> set:
+    """Bindings of names assigned a value computed from an optimizer that nothing proves
+    to be one (``new, m = step(opt, g)``, ``o = jitted(opt, g)``, ``o = fori_loop(..., opt)``):
+    their ``.target`` / ``.state.step`` is flagged, not converted and not left silent."""
+    if not (self.a.uses_legacy or self.a.flow_used):
+      return set()
+    found = set()
+    for targets, value in self.a.assignments:
+      if not self._mentions_optimizer(value):
+        continue
+      for name in _target_names(targets):
+        if not self._is_optimizer(name) and (b := self.binding(name)) is not None:
+          found.add(b)
+    return found
 
   def _user_def_create(self, call) -> bool:
     recv = call.func.value
@@ -938,6 +962,38 @@ class _Rewriter(_Base, cst.CSTTransformer):
     chain = attr_chain(expr)
     return chain is not None and chain in self.a.attr_chains
 
+  def _reflection_problem(self, call: cst.Call) -> Optional[str]:
+    """``getattr`` / ``hasattr`` / ``setattr`` / ``delattr`` / ``dataclasses.replace`` naming a
+    legacy Optimizer field on a converted optimizer: no rule rewrites them, and on a
+    ``TrainState`` ``hasattr(x, 'target')`` is silently False."""
+    fn = self.qnames(call.func) & REFLECTION_FNS
+    if not fn or not call.args or call.args[0].keyword is not None:
+      return None
+    recv = call.args[0].value
+    if not (self._is_optimizer(recv) or self._maybe_optimizer(recv)):
+      return None
+    code = self._code(call)
+    if fn == {'dataclasses.replace'}:
+      fields = sorted(a.keyword.value for a in call.args[1:]
+                      if a.keyword is not None and a.keyword.value in OPTIMIZER_FIELDS)
+      if not fields:
+        return None
+      return (f'`{code}`: a TrainState has no field {", ".join(f"`{f}`" for f in fields)} '
+              '(`target` is `params`, `state.step` is `step`, the optimizer state is '
+              '`opt_state`): convert it by hand')
+    if len(call.args) < 2:
+      return None
+    attr = call.args[1].value
+    if isinstance(attr, cst.SimpleString):
+      if attr.evaluated_value not in FLOW_FAILING_ATTRS:
+        return None
+      what = f"no attribute '{attr.evaluated_value}'"
+    else:
+      what = 'other attributes than a flax.optim Optimizer (the name is computed here)'
+    effect = 'this is silently False' if fn == {'builtins.hasattr'} else 'this fails'
+    return (f'`{code}`: a TrainState has {what}, so {effect} (`target` is `params`, '
+            '`state.step` is `step`): convert it by hand')
+
   def _created_by(self) -> str:
     converted = [f.where for f in self.a.flow_used.values() if f.converted]
     return f' (created by {", ".join(converted)}, this file uses it)' if converted else ''
@@ -1078,7 +1134,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if isinstance(value, cst.Subscript) or self._mixed_chain(value):
       return True
     return isinstance(value, cst.Name) and (
-        self.binding(value) in (self.a.params | self.a.loop_vars)
+        self.binding(value) in (self.a.params | self.a.loop_vars | self.maybe_vars)
         or self.binding(value) in (self.a.rebound & self.a.opt_vars))
 
   def _mixed_chain(self, expr) -> bool:
@@ -1206,6 +1262,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
     name = self.legacy_def(original)
     if name is not None:
       return self._rewrite_def(original, updated, name)
+    if not (self.blocked or self.unproven) and (problem := self._reflection_problem(original)):
+      self.flag(original, 'OM100', problem)
+      return updated
     func = updated.func
     if m.matches(func, m.Attribute(attr=m.Name('create'))):
       if self.is_def(original.func.value, self.a.def_vars):
@@ -1567,11 +1626,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                 updated: cst.SimpleStatementLine):
     """``new, loss[, aux] = opt.optimize(f[, learning_rate=lr])`` -> value_and_grad, then
     apply_gradients: two statements (OM011)."""
-    if (len(original.body) != 1 or id(original.body[0]) not in self.a.optimize_assigns
-        or self.blocked or self.unproven
-        or not self._is_optimizer(original.body[0].value.func.value)):
+    at = next((i for i, small in enumerate(original.body)
+               if id(small) in self.a.optimize_assigns), None)
+    if (at is None or self.blocked or self.unproven
+        or not self._is_optimizer(original.body[at].value.func.value)):
       return updated
-    assign = updated.body[0]
+    assign = updated.body[at]
     call = assign.value
     recv, fn = call.func.value, call.args[0].value
     names = [e.value for e in assign.targets[0].target.elements]
@@ -1592,9 +1652,16 @@ class _Rewriter(_Base, cst.CSTTransformer):
       second = 'A = R.apply_gradients(grads=grads_from_optimize)'
     self.fixed(original, 'OM011', 'optimize(f) -> jax.value_and_grad(f)(opt.params), then '
                                   'apply_gradients (two statements)')
-    line1 = updated.with_changes(body=[cst.parse_statement(first).body[0].visit(_Substitute(subs))])
-    line2 = cst.parse_statement(second).visit(_Substitute(subs))
-    return cst.FlattenSentinel([line1, line2.with_changes(leading_lines=[])])
+    first_small = cst.parse_statement(first).body[0].visit(_Substitute(subs))
+    second_small = cst.parse_statement(second).body[0].visit(_Substitute(subs))
+    if len(updated.body) > 1:  # `x = 1; new, loss = opt.optimize(f)`: both on this line
+      body = list(updated.body)
+      body[at:at + 1] = [first_small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT),
+                         second_small.with_changes(semicolon=assign.semicolon)]
+      return updated.with_changes(body=body)
+    line1 = updated.with_changes(body=[first_small])
+    line2 = cst.SimpleStatementLine(body=[second_small])
+    return cst.FlattenSentinel([line1, line2])
 
   def leave_Name(self, original: cst.Name, updated: cst.Name):
     return self._rewrite_reference(original, updated)
@@ -1691,6 +1758,17 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self._add_import('flax', 'traverse_util')
       return cst.parse_expression('traverse_util.ModelParamTraversal')
     return updated
+
+def _target_names(targets):
+  """The plain names among assignment targets, inside tuples and lists too."""
+  for t in targets:
+    if isinstance(t, cst.Name):
+      yield t
+    elif isinstance(t, (cst.Tuple, cst.List)):
+      yield from _target_names([e.value for e in t.elements])
+    elif isinstance(t, cst.StarredElement):
+      yield from _target_names([t.value])
+
 
 def _legacy_imports(tree: cst.Module):
   """``(module, obj, asname)`` of top-level ``import flax.optim[ as X]`` /
