@@ -14,6 +14,7 @@ import io
 import os
 import pathlib
 import re
+import stat
 import tempfile
 import tokenize
 from typing import Optional
@@ -275,18 +276,41 @@ def decode_source(data: bytes) -> tuple[str, str]:
 def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None:
   """Replace ``path`` with ``text`` via a temporary file and ``os.replace``.
 
-  A symlink is written through (its target is replaced; the link stays).
+  A symlink is written through (its target is replaced; the link stays). A
+  file with other hard links is rewritten in place instead (a rename would
+  detach this name from the others); if that write fails, its old bytes are
+  put back before the error is raised.
 
   ``encoding`` is the file's own (``utf-8-sig`` keeps a BOM); newlines are
   written as they are in ``text``.
+
+  Raises:
+    PermissionError: the file is read-only (its owner's write bit is clear, or
+      this user may not write it): nothing is written, though a rename in a
+      writable directory could replace it.
+    OSError: the temporary file or the write failed (``path`` is unchanged).
   """
   path = path.resolve()
-  mode = path.stat().st_mode
+  st = path.stat()
+  if not st.st_mode & stat.S_IWUSR or not os.access(path, os.W_OK):
+    raise PermissionError(f'{path} is read-only; make it writable to rewrite it')
+  data = text.encode(encoding)
+  if st.st_nlink > 1:
+    old = path.read_bytes()
+    try:
+      with open(path, 'r+b') as f:
+        f.write(data)
+        f.truncate()
+    except BaseException:
+      with open(path, 'wb') as f:
+        f.write(old)
+      raise
+    return
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
   try:
-    with os.fdopen(fd, 'w', encoding=encoding, newline='') as f:
-      f.write(text)
-    os.chmod(tmp, mode)
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+    os.chmod(tmp, st.st_mode)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):

@@ -189,6 +189,25 @@ def test_write_goes_through_a_symlink_and_missing_paths_count_once(tmp_path):
   assert '1 error(s)' in proc.stderr
 
 
+def test_write_keeps_hard_links_and_leaves_read_only_files_alone(tmp_path):
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  after = (FIXTURES / 'bare_flax_import' / 'after.py').read_text()
+  linked, other = tmp_path / 'a.py', tmp_path / 'b.py'
+  linked.write_text(before)
+  os.link(linked, other)
+  proc = _cli('rewrite', '--write', str(linked))
+  assert proc.returncode == 1, proc.stderr
+  assert linked.read_text() == other.read_text() == after  # still one file, two names
+  assert os.stat(linked).st_ino == os.stat(other).st_ino
+  locked = tmp_path / 'locked.py'
+  locked.write_text(before)
+  locked.chmod(0o444)
+  proc = _cli('rewrite', '--write', str(locked))
+  assert proc.returncode == 2
+  assert f'{locked}: cannot write' in proc.stderr and 'read-only' in proc.stderr
+  assert locked.read_text() == before and (locked.stat().st_mode & 0o777) == 0o444
+
+
 def test_unwritable_report_or_report_naming_an_input_writes_nothing(tmp_path):
   before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
   pkg = tmp_path / 'pkg'
