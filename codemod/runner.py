@@ -45,7 +45,12 @@ class ConfigError(ValueError):
 
 
 def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
-  """The nearest ``pyproject.toml`` at or above ``start`` that has ``[tool.optim-migrate]``."""
+  """The nearest ``pyproject.toml`` at or above ``start`` that has ``[tool.optim-migrate]``.
+
+  Raises:
+    ConfigError: a ``pyproject.toml`` on the way up cannot be read, is not valid TOML, or
+      has a ``tool`` or ``tool.optim-migrate`` that is not a table (names the file).
+  """
   start = start.resolve()
   for d in [start, *start.parents] if start.is_dir() else [start.parent, *start.parent.parents]:
     candidate = d / 'pyproject.toml'
@@ -57,6 +62,11 @@ def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
 
 
 def _read_table(path: pathlib.Path) -> Optional[dict]:
+  """``[tool.optim-migrate]`` of ``path``, or None when it has none.
+
+  Raises:
+    ConfigError: unreadable, not TOML, or ``tool`` / ``tool.optim-migrate`` is not a table.
+  """
   try:
     import tomllib
   except ModuleNotFoundError:  # Python 3.10
@@ -65,14 +75,22 @@ def _read_table(path: pathlib.Path) -> Optional[dict]:
     data = tomllib.loads(path.read_text(encoding='utf-8'))
   except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
     raise ConfigError(f'{path}: cannot read: {e}') from e
-  return data.get('tool', {}).get('optim-migrate')
+  tool = data.get('tool', {})
+  if not isinstance(tool, dict):
+    raise ConfigError(f'{path}: tool must be a table ([tool]), got {tool!r}')
+  table = tool.get('optim-migrate')
+  if table is not None and not isinstance(table, dict):
+    raise ConfigError(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
+                      f'got {table!r}')
+  return table
 
 
 def load_config(path: Optional[pathlib.Path]) -> dict:
   """``[tool.optim-migrate]`` of ``path`` as a checked dict (``{}`` when None).
 
   Raises:
-    ConfigError: unknown key or wrong value type (names the file and key).
+    ConfigError: the file cannot be read or is not TOML, ``tool`` or ``tool.optim-migrate``
+      is not a table, or a key is unknown or has a wrong value type (names the file and key).
   """
   if path is None:
     return {}

@@ -3,6 +3,7 @@ import pathlib
 import subprocess
 import sys
 
+import io
 import json
 import os
 
@@ -411,6 +412,29 @@ def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
   proc = _cli('rewrite', str(tmp_path), cwd=tmp_path)
   assert proc.returncode == 2 and 'pyproject.toml' in proc.stderr and 'jobs' in proc.stderr
 
+
+
+@pytest.mark.parametrize('text, message', [
+    ('[tool]\noptim-migrate = 3\n',
+     'tool.optim-migrate must be a table ([tool.optim-migrate]), got 3'),
+    ('tool = 3\n', 'tool must be a table ([tool]), got 3'),
+    ('[tool.optim-migrate]\nselect = [\n', 'cannot read: '),
+])
+def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
+                                                     message):
+  from codemod import cli
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  (tmp_path / 'm.py').write_text(before)
+  config = tmp_path / 'pyproject.toml'
+  config.write_text(text)
+  monkeypatch.chdir(tmp_path)
+  for args in (['--write', 'm.py'], ['-']):
+    monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(before.encode())))
+    assert cli.main(['rewrite', *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f'rewrite: {config}: {message}') and err.count('\n') == 1, err
+    assert out == ''
+  assert (tmp_path / 'm.py').read_text() == before
 
 @pytest.mark.parametrize('case_id', ['adagrad_large', 'lamb_params', 'lars_wd',
                                      'adafactor_momentum'])
