@@ -327,7 +327,7 @@ def _unwritable(path: pathlib.Path) -> Optional[str]:
 def cmd_rewrite(args) -> int:
   """Run ``rewrite`` (see the module docstring). Returns the exit status.
 
-  A ``--report`` that cannot be written, or that names a file the run reads, is
+  A ``--report`` that is empty, cannot be written, or names a file the run reads, is
   refused (exit 2) before anything is written.
   """
   if args.write and args.check:
@@ -346,6 +346,9 @@ def cmd_rewrite(args) -> int:
       config.get('jobs') or os.cpu_count() or 1)
   if jobs < 1:
     print('rewrite: --jobs must be >= 1', file=sys.stderr)
+    return EXIT_ERROR
+  if args.report == '':
+    print("rewrite: --report '': empty path; name the JSON file to write", file=sys.stderr)
     return EXIT_ERROR
   problem = args.report and _unwritable(pathlib.Path(args.report))
   if problem:

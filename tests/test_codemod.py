@@ -190,6 +190,21 @@ def test_write_goes_through_a_symlink_and_missing_paths_count_once(tmp_path):
   assert '1 error(s)' in proc.stderr
 
 
+
+def test_empty_report_path_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+  from codemod import cli
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  (tmp_path / 'm.py').write_text(before)
+  monkeypatch.chdir(tmp_path)
+  for args in (['--write', 'm.py'], ['--check', '.'], ['-']):
+    monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(before.encode())))
+    assert cli.main(['rewrite', '--report', '', *args]) == 2, args
+    out, err = capsys.readouterr()
+    assert err == "rewrite: --report '': empty path; name the JSON file to write\n"
+    assert out == ''
+  assert (tmp_path / 'm.py').read_text() == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['m.py']
+
 def test_unwritable_report_or_report_naming_an_input_writes_nothing(tmp_path):
   before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
   pkg = tmp_path / 'pkg'
