@@ -5,9 +5,10 @@
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``-`` reads a module from
-stdin and writes the rewritten module to stdout. Exit status: 0 nothing to do,
-1 changes or manual items remain (or were just written), 2 a file could not be
-read, parsed or processed (bad options too).
+stdin (Python source; notebook JSON is refused) and writes the rewritten module
+to stdout. Exit status: 0 nothing to do, 1 changes or manual items remain (or
+were just written), 2 a file could not be read, parsed or processed (bad
+options too).
 
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
@@ -404,12 +405,33 @@ def cmd_rewrite(args) -> int:
   return EXIT_CLEAN
 
 
+def _looks_like_notebook(source: str) -> bool:
+  """Whether ``source`` is notebook JSON (an object with a ``cells`` list or ``nbformat``)."""
+  if not source.lstrip().startswith('{'):
+    return False
+  try:
+    data = json.loads(source)
+  except ValueError:
+    return False
+  return isinstance(data, dict) and (isinstance(data.get('cells'), list) or 'nbformat' in data)
+
+
 def _rewrite_stdin(args, options: Options) -> int:
+  """``rewrite -``: a Python module from stdin, the result on stdout. Returns the exit status.
+
+  Input that cannot be decoded, does not parse, or is notebook JSON (``-`` reads Python
+  source only) is an error (exit 2): stdout gets the input unchanged, stderr the reason.
+  """
   data = sys.stdin.buffer.read()
   try:
     source, encoding = engine.decode_source(data)  # the coding cookie, as for files
   except (UnicodeDecodeError, SyntaxError) as e:
     print(f'<stdin>: cannot read: {e}', file=sys.stderr)
+    sys.stdout.buffer.write(data)
+    return EXIT_ERROR
+  if _looks_like_notebook(source):
+    print('<stdin>: this is notebook (.ipynb) JSON, but `-` reads Python source only; give '
+          'the notebook as a file (optim-migrate rewrite NOTEBOOK.ipynb)', file=sys.stderr)
     sys.stdout.buffer.write(data)
     return EXIT_ERROR
   out = lambda text: (sys.stdout.flush(), sys.stdout.buffer.write(text.encode(encoding)))

@@ -726,6 +726,25 @@ def test_stdin_honours_the_coding_cookie_and_rejects_undecodable_bytes():
   assert bad.returncode == 2 and b'<stdin>: cannot read' in bad.stderr
 
 
+
+@pytest.mark.parametrize('args', [[], ['--diff'], ['--check']])
+def test_stdin_refuses_notebook_json_and_echoes_it_unchanged(args, tmp_path, capsysbinary,
+                                                              monkeypatch):
+  """``-`` reads Python source: notebook JSON there is an error (exit 2), never a no-op."""
+  from codemod import cli
+  data = (ROOT / 'tests' / 'fixtures' / 'notebooks' / 'legacy.ipynb').read_bytes()
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(data)))
+  assert cli.main(['rewrite', *args, '--report', 'r.json', '-']) == 2
+  out, err = capsysbinary.readouterr()
+  assert out == data
+  assert err == (b'<stdin>: this is notebook (.ipynb) JSON, but `-` reads Python source only; '
+                 b'give the notebook as a file (optim-migrate rewrite NOTEBOOK.ipynb)\n')
+  assert list(tmp_path.iterdir()) == []  # no report
+  # a Python module that merely starts with a dict display is still Python
+  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(b'{"cells": []}\nx = 1\n')))
+  assert cli.main(['rewrite', *args, '-']) == 0
+
 def test_multi_group_hyper_params_converted_code_matches_real_flax_optim_golden():
   """MultiOptimizer with per-group learning rates at apply time (``hyper_params=[...]``), the
   golden case ``multi_group_hyper_params`` recorded from real flax.optim 0.5.3: the converted
