@@ -191,6 +191,37 @@ def test_write_goes_through_a_symlink_and_missing_paths_count_once(tmp_path):
 
 
 
+
+def test_version_comes_from_installed_metadata(tmp_path, capsys, monkeypatch):
+  """``--version`` prints the version of the installed distribution (pyproject's name)."""
+  from codemod import cli
+  info = tmp_path / 'flax_optim_migrate-9.8.7.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: flax-optim-migrate\n'
+                                 'Version: 9.8.7\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['--version'])
+  assert exit_.value.code == 0
+  assert capsys.readouterr() == ('optim-migrate 9.8.7\n', '')
+  try:
+    import tomllib
+  except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+  project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
+  assert cli.DIST_NAME == project['name']
+  # no metadata (a source tree on PYTHONPATH): says so, still exit 0
+  import importlib.metadata
+
+  def missing(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+  monkeypatch.setattr(importlib.metadata, 'version', missing)
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['--version'])
+  assert exit_.value.code == 0
+  assert capsys.readouterr().out == ('optim-migrate: version unknown: the flax-optim-migrate '
+                                     'package is not installed (run from a source tree?)\n')
+
 def test_empty_report_path_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
   from codemod import cli
   before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
