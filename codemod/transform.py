@@ -925,6 +925,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
 
   def _hp_value(self, recv, name, via_opt) -> tuple[Optional[str], Optional[str]]:
     """Source text of the def's ``name`` (a literal) or a problem message."""
+    if name == 'replace':  # the hyper-parameters dataclass's replace, not a hyper-parameter
+      return None, ('hyper_params.replace(...) is a dataclass replace of the def\'s '
+                    'hyper-parameters (new values for apply_gradient(hyper_params=...)), and an '
+                    'Optax transformation takes no hyper-parameters when it is applied: migrate '
+                    'it by hand: wrap the transformation in optax.inject_hyperparams and set the '
+                    f'new value in opt_state.hyperparams {KEEPS_LEGACY}')
     calls = [c for c in self.a.def_calls if self.legacy_def(c) in spec_lib.SPECS]
     if not via_opt:
       calls = [self.a.def_vars[self.binding(recv)]]
