@@ -686,8 +686,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
           self.a.handled.add(id(a.ref_nodes.get(attr_id, recv)))
     for attr_id in self._hp_values:
       recv, _, via_opt = a.hp_reads[attr_id]
-    # `opt.optimizer_def` consumed by a converted hyper_params read
-    self._hp_owner_ids = {id(self._hp_owner(i)) for i in self._hp_values}
+    # `opt.optimizer_def` consumed by a hyper_params read: converted, or flagged with its own
+    # message (a second, generic flag on `.optimizer_def` would say nothing more)
+    self._hp_owner_ids = {id(self._hp_owner(i)) for i in [*self._hp_values, *self._bad_hp]}
     conflicts = sorted(self.bound_names & EMITTED_NAMES) if (a.uses_legacy or a.flow_used) else []
     if conflicts and (a.def_calls or a.create_calls or a.apply_calls):
       self.flag(node, 'OM100', f'{", ".join(f"`{n}`" for n in conflicts)} is bound to something '
