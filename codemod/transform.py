@@ -893,6 +893,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
     positional = [a for a in call.args if a.keyword is None]
     other = sorted(set(kwargs) - {'learning_rate'})
     if len(positional) != 1 or other or any(a.star for a in call.args):
+      if 'hyper_params' in other and not any(self.legacy_def(c) == MULTI
+                                             for c in self.a.def_calls):
+        return ('apply_gradient(hyper_params=...) overrides the def\'s hyper-parameters for '
+                'this call, and an Optax transformation takes no hyper-parameters when it is '
+                'applied: migrate it by hand: wrap the transformation in '
+                'optax.inject_hyperparams and set the values in opt_state.hyperparams')
       if 'hyper_params' in other:
         return ('apply_gradient(hyper_params=[...]): per-group learning rates convert only as '
                 '`[opt.optimizer_def.hyper_params[i].replace(learning_rate=x), ...]`, one per '
