@@ -4,6 +4,7 @@
         [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
     optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
+    optim-migrate --version                   # the installed package's version
 """
 from __future__ import annotations
 
@@ -13,10 +14,38 @@ import runpy
 import sys
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+#: The distribution name (``[project] name`` in pyproject.toml) whose metadata gives ``--version``.
+DIST_NAME = 'flax-optim-migrate'
 
 #: Modules that add subcommands: each has ``register(subparsers)``, which adds
 #: its parsers with ``set_defaults(func=...)`` (``func(args) -> exit status``).
 EXTRA_COMMANDS: tuple[str, ...] = ('codemod.convert_checkpoint', 'equivalence_tests.cli')
+
+
+def version_text() -> str:
+  """``--version``'s line: ``optim-migrate X.Y.Z`` from the installed package's metadata.
+
+  Without installed metadata (run from a source tree on ``PYTHONPATH``) the line says the
+  version is unknown and why; nothing is raised.
+  """
+  import importlib.metadata
+  try:
+    return f'optim-migrate {importlib.metadata.version(DIST_NAME)}'
+  except importlib.metadata.PackageNotFoundError:
+    return (f'optim-migrate: version unknown: the {DIST_NAME} package is not installed '
+            '(run from a source tree?)')
+
+
+class _VersionAction(argparse.Action):
+  """``--version``: print :func:`version_text` and exit 0 (looked up only when asked)."""
+
+  def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+               help='print the installed version and exit'):
+    super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    print(version_text())
+    parser.exit(0)
 
 
 def cmd_rewrite(args) -> int:
@@ -58,6 +87,7 @@ def cmd_demo(args) -> int:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog='optim-migrate', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('--version', action=_VersionAction)
   sub = parser.add_subparsers(dest='command', required=True)
   p = sub.add_parser('rewrite', help='rewrite legacy flax.optim code to Optax + TrainState')
   from codemod import runner

@@ -5,9 +5,10 @@
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``-`` reads a module from
-stdin and writes the rewritten module to stdout. Exit status: 0 nothing to do,
-1 changes or manual items remain (or were just written), 2 a file could not be
-read, parsed or processed (bad options too).
+stdin (Python source; notebook JSON is refused) and writes the rewritten module
+to stdout. Exit status: 0 nothing to do, 1 changes or manual items remain (or
+were just written), 2 a file could not be read, parsed or processed (bad
+options too).
 
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
@@ -45,7 +46,12 @@ class ConfigError(ValueError):
 
 
 def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
-  """The nearest ``pyproject.toml`` at or above ``start`` that has ``[tool.optim-migrate]``."""
+  """The nearest ``pyproject.toml`` at or above ``start`` that has ``[tool.optim-migrate]``.
+
+  Raises:
+    ConfigError: a ``pyproject.toml`` on the way up cannot be read, is not valid TOML, or
+      has a ``tool`` or ``tool.optim-migrate`` that is not a table (names the file).
+  """
   start = start.resolve()
   for d in [start, *start.parents] if start.is_dir() else [start.parent, *start.parent.parents]:
     candidate = d / 'pyproject.toml'
@@ -57,6 +63,11 @@ def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
 
 
 def _read_table(path: pathlib.Path) -> Optional[dict]:
+  """``[tool.optim-migrate]`` of ``path``, or None when it has none.
+
+  Raises:
+    ConfigError: unreadable, not TOML, or ``tool`` / ``tool.optim-migrate`` is not a table.
+  """
   try:
     import tomllib
   except ModuleNotFoundError:  # Python 3.10
@@ -65,14 +76,22 @@ def _read_table(path: pathlib.Path) -> Optional[dict]:
     data = tomllib.loads(path.read_text(encoding='utf-8'))
   except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
     raise ConfigError(f'{path}: cannot read: {e}') from e
-  return data.get('tool', {}).get('optim-migrate')
+  tool = data.get('tool', {})
+  if not isinstance(tool, dict):
+    raise ConfigError(f'{path}: tool must be a table ([tool]), got {tool!r}')
+  table = tool.get('optim-migrate')
+  if table is not None and not isinstance(table, dict):
+    raise ConfigError(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
+                      f'got {table!r}')
+  return table
 
 
 def load_config(path: Optional[pathlib.Path]) -> dict:
   """``[tool.optim-migrate]`` of ``path`` as a checked dict (``{}`` when None).
 
   Raises:
-    ConfigError: unknown key or wrong value type (names the file and key).
+    ConfigError: the file cannot be read or is not TOML, ``tool`` or ``tool.optim-migrate``
+      is not a table, or a key is unknown or has a wrong value type (names the file and key).
   """
   if path is None:
     return {}
@@ -309,7 +328,7 @@ def _unwritable(path: pathlib.Path) -> Optional[str]:
 def cmd_rewrite(args) -> int:
   """Run ``rewrite`` (see the module docstring). Returns the exit status.
 
-  A ``--report`` that cannot be written, or that names a file the run reads, is
+  A ``--report`` that is empty, cannot be written, or names a file the run reads, is
   refused (exit 2) before anything is written.
   """
   if args.write and args.check:
@@ -328,6 +347,9 @@ def cmd_rewrite(args) -> int:
       config.get('jobs') or os.cpu_count() or 1)
   if jobs < 1:
     print('rewrite: --jobs must be >= 1', file=sys.stderr)
+    return EXIT_ERROR
+  if args.report == '':
+    print("rewrite: --report '': empty path; name the JSON file to write", file=sys.stderr)
     return EXIT_ERROR
   problem = args.report and _unwritable(pathlib.Path(args.report))
   if problem:
@@ -383,12 +405,33 @@ def cmd_rewrite(args) -> int:
   return EXIT_CLEAN
 
 
+def _looks_like_notebook(source: str) -> bool:
+  """Whether ``source`` is notebook JSON (an object with a ``cells`` list or ``nbformat``)."""
+  if not source.lstrip().startswith('{'):
+    return False
+  try:
+    data = json.loads(source)
+  except ValueError:
+    return False
+  return isinstance(data, dict) and (isinstance(data.get('cells'), list) or 'nbformat' in data)
+
+
 def _rewrite_stdin(args, options: Options) -> int:
+  """``rewrite -``: a Python module from stdin, the result on stdout. Returns the exit status.
+
+  Input that cannot be decoded, does not parse, or is notebook JSON (``-`` reads Python
+  source only) is an error (exit 2): stdout gets the input unchanged, stderr the reason.
+  """
   data = sys.stdin.buffer.read()
   try:
     source, encoding = engine.decode_source(data)  # the coding cookie, as for files
   except (UnicodeDecodeError, SyntaxError) as e:
     print(f'<stdin>: cannot read: {e}', file=sys.stderr)
+    sys.stdout.buffer.write(data)
+    return EXIT_ERROR
+  if _looks_like_notebook(source):
+    print('<stdin>: this is notebook (.ipynb) JSON, but `-` reads Python source only; give '
+          'the notebook as a file (optim-migrate rewrite NOTEBOOK.ipynb)', file=sys.stderr)
     sys.stdout.buffer.write(data)
     return EXIT_ERROR
   out = lambda text: (sys.stdout.flush(), sys.stdout.buffer.write(text.encode(encoding)))

@@ -713,8 +713,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
           self.a.handled.add(id(a.ref_nodes.get(attr_id, recv)))
     for attr_id in self._hp_values:
       recv, _, via_opt = a.hp_reads[attr_id]
-    # `opt.optimizer_def` consumed by a converted hyper_params read
-    self._hp_owner_ids = {id(self._hp_owner(i)) for i in self._hp_values}
+    # `opt.optimizer_def` consumed by a hyper_params read: converted, or flagged with its own
+    # message (a second, generic flag on `.optimizer_def` would say nothing more)
+    self._hp_owner_ids = {id(self._hp_owner(i)) for i in [*self._hp_values, *self._bad_hp]}
     self.maybe_vars = self._derived_names()
     conflicts = sorted(self.bound_names & EMITTED_NAMES) if (a.uses_legacy or a.flow_used) else []
     if conflicts and (a.def_calls or a.create_calls or a.apply_calls):
@@ -1007,6 +1008,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
     positional = [a for a in call.args if a.keyword is None]
     other = sorted(set(kwargs) - {'learning_rate'})
     if len(positional) != 1 or other or any(a.star for a in call.args):
+      if 'hyper_params' in other and not any(self.legacy_def(c) == MULTI
+                                             for c in self.a.def_calls):
+        return ('apply_gradient(hyper_params=...) overrides the def\'s hyper-parameters for '
+                'this call, and an Optax transformation takes no hyper-parameters when it is '
+                'applied: migrate it by hand: wrap the transformation in '
+                'optax.inject_hyperparams and set the values in opt_state.hyperparams')
       if 'hyper_params' in other:
         return ('apply_gradient(hyper_params=[...]): per-group learning rates convert only as '
                 '`[opt.optimizer_def.hyper_params[i].replace(learning_rate=x), ...]`, one per '
@@ -1040,6 +1047,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
 
   def _hp_value(self, recv, name, via_opt) -> tuple[Optional[str], Optional[str]]:
     """Source text of the def's ``name`` (a literal) or a problem message."""
+    if name == 'replace':  # the hyper-parameters dataclass's replace, not a hyper-parameter
+      return None, ('hyper_params.replace(...) is a dataclass replace of the def\'s '
+                    'hyper-parameters (new values for apply_gradient(hyper_params=...)), and an '
+                    'Optax transformation takes no hyper-parameters when it is applied: migrate '
+                    'it by hand: wrap the transformation in optax.inject_hyperparams and set the '
+                    f'new value in opt_state.hyperparams {KEEPS_LEGACY}')
     calls = [c for c in self.a.def_calls if self.legacy_def(c) in spec_lib.SPECS]
     if not via_opt:
       calls = [self.a.def_vars[self.binding(recv)]]

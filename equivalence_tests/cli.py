@@ -338,7 +338,35 @@ def _check_against(args) -> int:
   return EXIT_OK if report.ok else EXIT_DIFFERS
 
 
+#: ``[[tool.optim-migrate.check]]`` keys: what each value must be, as a predicate and in words.
+ENTRY_KEYS = {
+    'name': (lambda v: isinstance(v, str), 'a string'),
+    'legacy': (lambda v: isinstance(v, str), 'a string (a legacy def expression)'),
+    'tx': (lambda v: isinstance(v, str), 'a string (an Optax expression)'),
+    'params': (lambda v: isinstance(v, str), 'a string (module:attribute, file.npz or '
+                                             'shapes.json)'),
+    'devices': (lambda v: isinstance(v, str) or _is_int(v)
+                or (isinstance(v, list) and all(_is_int(x) for x in v)),
+                'a string ("1,2,4"), an integer or an array of integers'),
+    'mode': (lambda v: v in ('single', 'pmap', 'sharded'), 'one of "single", "pmap", "sharded"'),
+    'steps': (lambda v: _is_int(v), 'an integer'),
+    'seed': (lambda v: _is_int(v), 'an integer'),
+    'max-ulp': (lambda v: _is_int(v) or isinstance(v, float), 'a number'),
+}
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _config_entries(path: str) -> list[dict]:
+  """The ``[[tool.optim-migrate.check]]`` entries of the TOML file ``path``, checked.
+
+  Raises:
+    BadInput: the file is missing, unreadable or not TOML; ``tool``, ``tool.optim-migrate``
+      or an entry is not a table; there are no entries; an entry has an unknown key or a
+      value of the wrong type (the message names the file, the entry and the key).
+  """
   try:
     import tomllib
   except ImportError:  # Python 3.10
@@ -347,20 +375,35 @@ def _config_entries(path: str) -> list[dict]:
   if not file.is_file():
     raise BadInput(f'no --legacy/--tx given and no {path} with [[tool.optim-migrate.check]]')
   try:
-    config = tomllib.loads(file.read_text())
-  except (OSError, ValueError) as e:
-    raise BadInput(f'{path}: {e}') from None
-  entries = config.get('tool', {}).get('optim-migrate', {}).get('check', [])
+    config = tomllib.loads(file.read_text(encoding='utf-8'))
+  except (OSError, ValueError) as e:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+    raise BadInput(f'{path}: cannot read: {e}') from None
+  tool = config.get('tool', {})
+  if not isinstance(tool, dict):
+    raise BadInput(f'{path}: tool must be a table ([tool]), got {tool!r}')
+  table = tool.get('optim-migrate', {})
+  if not isinstance(table, dict):
+    raise BadInput(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
+                   f'got {table!r}')
+  entries = table.get('check', [])
   if isinstance(entries, dict):
     entries = [entries]
+  if not isinstance(entries, list):
+    raise BadInput(f'{path}: tool.optim-migrate.check must be an array of tables '
+                   f'([[tool.optim-migrate.check]]), got {entries!r}')
   if not entries:
     raise BadInput(f'{path} has no [[tool.optim-migrate.check]] entries')
-  known = {'name', 'legacy', 'tx', 'params', 'devices', 'mode', 'steps', 'seed', 'max-ulp'}
   for i, entry in enumerate(entries):
-    unknown = set(entry) - known
+    where = f'{path}: [[tool.optim-migrate.check]] entry {i}'
+    if not isinstance(entry, dict):
+      raise BadInput(f'{where}: must be a table, got {entry!r}')
+    unknown = set(entry) - set(ENTRY_KEYS)
     if unknown:
-      raise BadInput(f'{path}: [[tool.optim-migrate.check]] entry {i}: unknown key(s) '
-                     f'{sorted(unknown)}; valid: {sorted(known)}')
+      raise BadInput(f'{where}: unknown key(s) {sorted(unknown)}; valid: {sorted(ENTRY_KEYS)}')
+    for key, value in entry.items():
+      ok, expected = ENTRY_KEYS[key]
+      if not ok(value):
+        raise BadInput(f'{where}: {key} must be {expected}, got {value!r}')
   return entries
 
 
@@ -375,7 +418,7 @@ def cmd_check(args) -> int:
     for i, e in enumerate(_config_entries(args.config)):
       status = max(status, _run_check(
           e.get('legacy'), e.get('tx'), e.get('params'), e.get('devices', '1'),
-          e.get('mode', 'pmap'), int(e.get('steps', 20)), int(e.get('seed', 0)),
+          e.get('mode', 'pmap'), e.get('steps', 20), e.get('seed', 0),
           float(e.get('max-ulp', 4)), label=f'[{e.get("name", i)}] '))
     return status
   except BadInput as e:

@@ -272,6 +272,42 @@ def test_cli_reads_pyproject_entries(tmp_path, capsys):
   assert "unknown key(s) ['txx']" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize('text, message', [
+    ('[tool]\noptim-migrate = 3\n',
+     'tool.optim-migrate must be a table ([tool.optim-migrate]), got 3'),
+    ('tool = "x"\n', "tool must be a table ([tool]), got 'x'"),
+    ('[tool.optim-migrate]\ncheck = 5\n',
+     'tool.optim-migrate.check must be an array of tables ([[tool.optim-migrate.check]]), got 5'),
+    ('[tool.optim-migrate]\ncheck = [5]\n',
+     '[[tool.optim-migrate.check]] entry 0: must be a table, got 5'),
+    ('[[tool.optim-migrate.check]]\nlegacy = "Adam(1e-3)"\nmax-ulp = "x"\n',
+     "[[tool.optim-migrate.check]] entry 0: max-ulp must be a number, got 'x'"),
+    ('[[tool.optim-migrate.check]]\nlegacy = "Adam(1e-3)"\n\n'
+     '[[tool.optim-migrate.check]]\nsteps = 2.5\n',
+     '[[tool.optim-migrate.check]] entry 1: steps must be an integer, got 2.5'),
+    ('[[tool.optim-migrate.check]]\nseed = true\n',
+     'entry 0: seed must be an integer, got True'),
+    ('[[tool.optim-migrate.check]]\nparams = 3\n', 'entry 0: params must be a string'),
+    ('[[tool.optim-migrate.check]]\nmode = "pmapp"\n',
+     'entry 0: mode must be one of "single", "pmap", "sharded"'),
+    ('[[tool.optim-migrate.check]]\ndevices = ["1"]\n',
+     'entry 0: devices must be a string ("1,2,4"), an integer or an array of integers'),
+    ('[tool.optim-migrate\n', 'cannot read: Expected'),
+])
+def test_cli_malformed_pyproject_exits_2_naming_file_and_key(tmp_path, capsys, monkeypatch,
+                                                              text, message):
+  """A malformed ``[tool.optim-migrate]`` / check entry is bad input, never a traceback."""
+  calls = []
+  monkeypatch.setattr(checker, 'check', lambda *a, **k: calls.append(a))
+  config = tmp_path / 'pyproject.toml'
+  config.write_text(text)
+  assert cli.main(['check', '--config', str(config)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f'optim-migrate check: {config}: ') and message in err, err
+  assert 'Traceback' not in err and calls == []
+
+
 def test_record_in_the_old_stack_and_verify_on_the_new(legacy_python, tmp_path, capsys):
   shapes = _shapes_file(tmp_path)
   traj = tmp_path / 'traj.npz'

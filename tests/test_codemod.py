@@ -3,6 +3,7 @@ import pathlib
 import subprocess
 import sys
 
+import io
 import json
 import os
 
@@ -206,6 +207,51 @@ def test_write_keeps_hard_links_and_leaves_read_only_files_alone(tmp_path):
   assert proc.returncode == 2
   assert f'{locked}: cannot write' in proc.stderr and 'read-only' in proc.stderr
   assert locked.read_text() == before and (locked.stat().st_mode & 0o777) == 0o444
+
+def test_version_comes_from_installed_metadata(tmp_path, capsys, monkeypatch):
+  """``--version`` prints the version of the installed distribution (pyproject's name)."""
+  from codemod import cli
+  info = tmp_path / 'flax_optim_migrate-9.8.7.dist-info'
+  info.mkdir()
+  (info / 'METADATA').write_text('Metadata-Version: 2.1\nName: flax-optim-migrate\n'
+                                 'Version: 9.8.7\n')
+  monkeypatch.syspath_prepend(str(tmp_path))
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['--version'])
+  assert exit_.value.code == 0
+  assert capsys.readouterr() == ('optim-migrate 9.8.7\n', '')
+  try:
+    import tomllib
+  except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+  project = tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']
+  assert cli.DIST_NAME == project['name']
+  # no metadata (a source tree on PYTHONPATH): says so, still exit 0
+  import importlib.metadata
+
+  def missing(name):
+    raise importlib.metadata.PackageNotFoundError(name)
+  monkeypatch.setattr(importlib.metadata, 'version', missing)
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['--version'])
+  assert exit_.value.code == 0
+  assert capsys.readouterr().out == ('optim-migrate: version unknown: the flax-optim-migrate '
+                                     'package is not installed (run from a source tree?)\n')
+
+
+def test_empty_report_path_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+  from codemod import cli
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  (tmp_path / 'm.py').write_text(before)
+  monkeypatch.chdir(tmp_path)
+  for args in (['--write', 'm.py'], ['--check', '.'], ['-']):
+    monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(before.encode())))
+    assert cli.main(['rewrite', '--report', '', *args]) == 2, args
+    out, err = capsys.readouterr()
+    assert err == "rewrite: --report '': empty path; name the JSON file to write\n"
+    assert out == ''
+  assert (tmp_path / 'm.py').read_text() == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['m.py']
 
 
 def test_unwritable_report_or_report_naming_an_input_writes_nothing(tmp_path):
@@ -430,6 +476,29 @@ def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
   proc = _cli('rewrite', str(tmp_path), cwd=tmp_path)
   assert proc.returncode == 2 and 'pyproject.toml' in proc.stderr and 'jobs' in proc.stderr
 
+
+
+@pytest.mark.parametrize('text, message', [
+    ('[tool]\noptim-migrate = 3\n',
+     'tool.optim-migrate must be a table ([tool.optim-migrate]), got 3'),
+    ('tool = 3\n', 'tool must be a table ([tool]), got 3'),
+    ('[tool.optim-migrate]\nselect = [\n', 'cannot read: '),
+])
+def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
+                                                     message):
+  from codemod import cli
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  (tmp_path / 'm.py').write_text(before)
+  config = tmp_path / 'pyproject.toml'
+  config.write_text(text)
+  monkeypatch.chdir(tmp_path)
+  for args in (['--write', 'm.py'], ['-']):
+    monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(before.encode())))
+    assert cli.main(['rewrite', *args]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f'rewrite: {config}: {message}') and err.count('\n') == 1, err
+    assert out == ''
+  assert (tmp_path / 'm.py').read_text() == before
 
 @pytest.mark.parametrize('case_id', ['adagrad_large', 'lamb_params', 'lars_wd',
                                      'adafactor_momentum'])
@@ -705,6 +774,25 @@ def test_stdin_honours_the_coding_cookie_and_rejects_undecodable_bytes():
   bad = run(b'x = "\xe9"\nfrom flax import optim\n')  # no cookie: must be UTF-8
   assert bad.returncode == 2 and b'<stdin>: cannot read' in bad.stderr
 
+
+
+@pytest.mark.parametrize('args', [[], ['--diff'], ['--check']])
+def test_stdin_refuses_notebook_json_and_echoes_it_unchanged(args, tmp_path, capsysbinary,
+                                                              monkeypatch):
+  """``-`` reads Python source: notebook JSON there is an error (exit 2), never a no-op."""
+  from codemod import cli
+  data = (ROOT / 'tests' / 'fixtures' / 'notebooks' / 'legacy.ipynb').read_bytes()
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(data)))
+  assert cli.main(['rewrite', *args, '--report', 'r.json', '-']) == 2
+  out, err = capsysbinary.readouterr()
+  assert out == data
+  assert err == (b'<stdin>: this is notebook (.ipynb) JSON, but `-` reads Python source only; '
+                 b'give the notebook as a file (optim-migrate rewrite NOTEBOOK.ipynb)\n')
+  assert list(tmp_path.iterdir()) == []  # no report
+  # a Python module that merely starts with a dict display is still Python
+  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(b'{"cells": []}\nx = 1\n')))
+  assert cli.main(['rewrite', *args, '-']) == 0
 
 def test_multi_group_hyper_params_converted_code_matches_real_flax_optim_golden():
   """MultiOptimizer with per-group learning rates at apply time (``hyper_params=[...]``), the
