@@ -300,7 +300,7 @@ def build_options(args, config: dict) -> Options:
 
 
 def _summary(results, n_missing, verb) -> str:
-  changed = sum(r.changed for r in results)
+  changed = sum(r.changed and not r.error for r in results)  # a failed write is only failed
   flagged = sum(bool(r.manual) for r in results)
   failed = sum(bool(r.error) for r in results) + n_missing
   rules = collections.Counter(f.rule for r in results for f in r.findings)

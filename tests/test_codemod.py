@@ -206,6 +206,7 @@ def test_write_keeps_hard_links_and_leaves_read_only_files_alone(tmp_path):
   proc = _cli('rewrite', '--write', str(locked))
   assert proc.returncode == 2
   assert f'{locked}: cannot write' in proc.stderr and 'read-only' in proc.stderr
+  assert '0 rewritten' in proc.stderr and '1 failed' in proc.stderr
   assert locked.read_text() == before and (locked.stat().st_mode & 0o777) == 0o444
 
 def test_version_comes_from_installed_metadata(tmp_path, capsys, monkeypatch):
