@@ -386,22 +386,36 @@ def _sharded_program(step, state, n: int):
   return mesh, state_shardings, share_shardings, sstep
 
 
-def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str):
+def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str, keys=None):
   """:func:`_trajectory` with every step's gradients drawn up front (``core.plan_steps``).
 
   The steps that change the state's types run one compiled step each (e.g. a
   weak-typed step counter that the first step makes strong); one
   compiled ``lax.scan`` runs the rest.
+
+  ``keys``: the runner's state and params are dicts of independent members
+  (:func:`run_batch`); then ``{key: (traj, replicas_bitwise, final_state)}``,
+  each member's replicas checked on its own.
   """
   init, step, params_of = runner
   state = init(params)
+  parts = list(keys) if keys is not None else [None]
+  pick = (lambda tree, k: tree) if keys is None else (lambda tree, k: tree[k])
+  ok = dict.fromkeys(parts, True)
+
+  def check(tree, test):
+    for k in parts:
+      ok[k] = ok[k] and test(pick(tree, k))
   if mode == 'pmap':
     draw = lambda t, like: (core.stack([grads_fn(t, like, d, n) for d in range(n)]),)
     first = lambda args: jax.tree_util.tree_map(lambda x: x[0], args)
     head, tail = core.plan_steps(step, state, draw, steps, params_of, first)
     state, history = core.pmap_steps(step, state, head, tail, n, params_of)
-    ok = core.replicas_bitwise(history) and core.replicas_bitwise(state)
-    return {t + 1: flat(jax.tree_util.tree_map(_replica0, h)) for t, h in enumerate(history)}, ok
+    for k in parts:
+      ok[k] = (core.replicas_bitwise([pick(h, k) for h in history])
+               and core.replicas_bitwise(pick(state, k)))
+    return _per_key(history, parts, pick, ok, lambda h: jax.tree_util.tree_map(_replica0, h), keys,
+                    state)
   if mode == 'single':
     one_step, put, jit_kw, scan_kw = step, (lambda tree, lead: tree), {}, {}
     draw = lambda t, like: (grads_fn(t, like),)
@@ -417,6 +431,7 @@ def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str)
         lambda x: NamedSharding(mesh, PartitionSpec(None, *_leaf_spec(x, model))), params_of(state))
     jit_kw = {'out_shardings': state_shardings}
     scan_kw = {'out_shardings': (state_shardings, history_shardings)}
+  sharded = mode == 'sharded'
   head, tail = core.plan_steps(one_step, state, draw, steps, params_of)
   history = []
   if head:
@@ -424,7 +439,9 @@ def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str)
     for (grads,) in head:
       state = fn(state, put(grads, 1))
       history.append(params_of(state))
-  ok = mode == 'single' or all(_replicas_equal_sharded(h) for h in history)
+  if sharded:
+    for h in history:
+      check(h, _replicas_equal_sharded)
   history = [jax.tree_util.tree_map(core.host, h) for h in history]
   if tail is not None:
     def body(s, g):
@@ -432,12 +449,70 @@ def _scanned_trajectory(runner, params, grads_fn, steps: int, n: int, mode: str)
       return s, params_of(s)
     fn = jax.jit(lambda s, gs: jax.lax.scan(body, s, gs), **scan_kw)
     state, stacked = fn(state, put(tail[0], 2))
-    ok = ok and (mode == 'single' or _replicas_equal_sharded(stacked))
+    if sharded:
+      check(stacked, _replicas_equal_sharded)
     stacked = jax.tree_util.tree_map(core.host, stacked)
     history += [jax.tree_util.tree_map(lambda x: x[t], stacked)
                 for t in range(steps - len(history))]
-  ok = ok and (mode == 'single' or _replicas_equal_sharded(state))
-  return {t + 1: flat(h) for t, h in enumerate(history)}, ok
+  if sharded:
+    check(state, _replicas_equal_sharded)
+  return _per_key(history, parts, pick, ok, lambda h: h, keys, state)
+
+
+def _per_key(history, parts, pick, ok, view, keys, state):
+  """``{t: flat params}, ok`` (``keys`` None), else ``(traj, ok, final state)`` per key."""
+  if keys is None:
+    return {t + 1: flat(view(h)) for t, h in enumerate(history)}, ok[None]
+  return {k: ({t + 1: flat(view(pick(h, k))) for t, h in enumerate(history)}, ok[k],
+              pick(state, k)) for k in parts}
+
+
+def run_batch(members: dict, steps: int, n: int, mode: str, seed: int = 0) -> dict:
+  """Several independent trajectories as one compiled program per ``(mode, n)``.
+
+  ``members``: ``{key: (opt, params, grads)}``, ``opt`` a legacy def or an Optax
+  ``GradientTransformation``, ``grads`` a :class:`PerDeviceGrads` with
+  ``params_free=True`` (or ``'random'``). Every member runs as in
+  ``run_pair(..., scan=True)``: its gradients drawn up front, its steps in the
+  shared ``lax.scan`` (the first steps that change any member's types run as
+  separate programs). XLA compiles one program for the batch instead of one
+  per member, whose per-program cost dominates the project's grid; the
+  members share no array, so each gets its own numbers (checked bitwise
+  against :func:`run_pair` in ``tests/test_scan.py``).
+
+  Returns ``{key: (traj, replicas_bitwise, final_state)}`` with ``traj`` as
+  :func:`run_pair`'s (the state on the devices; under ``pmap`` each leaf has a
+  leading device axis).
+
+  Raises:
+    ValueError: a member's gradients depend on the params' values.
+  """
+  runners, params, draws = {}, {}, {}
+  for key, (opt, p, grads) in members.items():
+    p = materialize(p, seed)
+    if grads in (None, 'random'):
+      grads = _random_grads(seed)
+    if not getattr(grads, 'params_free', False):
+      raise ValueError(f'{key}: run_batch needs gradients drawn from shapes only '
+                       '(PerDeviceGrads(..., params_free=True) or "random")')
+    runners[key] = (_tx_runner(opt, jax.tree_util.tree_structure(p)) if _is_optax(opt)
+                    else _legacy_runner(opt))
+    params[key], draws[key] = p, grads
+
+  def init(ps):
+    return {k: r[0](ps[k]) for k, r in runners.items()}
+
+  def step(s, g):
+    return {k: r[1](s[k], g[k]) for k, r in runners.items()}
+
+  def params_of(s):
+    return {k: r[2](s[k]) for k, r in runners.items()}
+
+  def grads_fn(t, like, device=None, n_devices=1):
+    return {k: draws[k](t, like[k], device, n_devices) for k in runners}
+  grads_fn.params_free = True
+  return _scanned_trajectory((init, step, params_of), params, grads_fn, steps, n, mode,
+                             keys=list(runners))
 
 
 def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int = 0,

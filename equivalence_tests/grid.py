@@ -22,11 +22,14 @@ exactly, in the params' dtype (``core.reference_grads``), so with XLA's backend 
 off (it contracts multiply-adds differently per program) every device count
 must give the numbers of the smallest one (``shim_vs_fewest_devices``).
 
-Each ``(case, mode, n)`` and optimizer is one compiled program for all 20
-steps (``lax.scan``; the gradient shares are drawn up front), which gives the
-per-step programs' numbers bitwise (checked for every case). :func:`run`
-starts the subprocesses for you, one per usable core, the cases dealt between
-them.
+For each ``(mode, n)``, :data:`BATCH` cases (shim and emitted chain each) are
+one compiled program for all 20 steps (``checker.run_batch``: one ``lax.scan``;
+the gradient shares are drawn up front, once per case for both optimizers and
+all modes), which gives the per-step programs' numbers bitwise (``cases.PER_STEP``
+says where that was checked; the Adadelta cases run one call per step). Batched
+and one case per program, the whole grid's JSON is identical (42 cases,
+2026-11-30). :func:`run` starts the subprocesses for you, one per usable core,
+the cases dealt between them.
 """
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ REPRESENTATIVE = ('sgd_default', 'momentum_wd_nesterov', 'adam_wd', 'adam_bf16',
                   'lars_wd', 'adafactor_momentum', 'multi_lars_lamb', 'weightnorm_adam',
                   'user_global_clip_sgd')
 MODES = ('pmap', 'sharded')
+#: Cases per compiled program (``checker.run_batch``); XLA's compile time grows
+#: faster than linearly with a program's size, so not all at once (see ``--batch``).
+BATCH = 4
 NO_BACKEND_OPT = '--xla_backend_optimization_level=0'
 
 
@@ -75,13 +81,15 @@ def eligible(case) -> bool:
   return 'focus' not in kwargs and 'apply' not in kwargs
 
 
-def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800, workers=None) -> dict:
+def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800, workers=None,
+        batch: int = BATCH) -> dict:
   """Run the grid in ``workers`` subprocesses (default: one per usable core, see
   ``workers.default_workers``) with ``max(devices)`` CPU devices each, the cases
   dealt between them; the merged JSON (``_seconds``: wall time of them all).
 
   ``case_ids``: ids to run (default :data:`REPRESENTATIVE`; ``'all'``: every
-  eligible case).
+  eligible case). ``batch``: cases compiled as one program per mode and device
+  count (:data:`BATCH`).
 
   Raises:
     RuntimeError: a subprocess failed (its stderr is in the message).
@@ -91,7 +99,8 @@ def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800, workers=None)
   if case_ids is None:
     case_ids = REPRESENTATIVE
   ids = [c[0] for c in cases.CASES if eligible(c) and (case_ids == 'all' or c[0] in case_ids)]
-  args = ['--devices', ','.join(map(str, devices)), '--modes', ','.join(modes), '--cases']
+  args = ['--devices', ','.join(map(str, devices)), '--modes', ','.join(modes),
+          '--batch', str(batch), '--cases']
   start = time.perf_counter()
   parts = _workers.run_json('equivalence_tests.grid',
                             [args + share for share in
@@ -105,7 +114,7 @@ def run(devices=DEVICES, modes=MODES, case_ids=None, timeout=1800, workers=None)
   return out
 
 
-def _steps_as_golden(traj: dict) -> dict:
+def steps_as_golden(traj: dict) -> dict:
   """checker paths (``['a']['b']``) -> golden paths (``a/b``)."""
   return {step: {path.replace("']['", '/').strip("[]'"): v for path, v in leaves.items()}
           for step, leaves in traj.items()}
@@ -117,6 +126,9 @@ def main(argv=None) -> int:
   parser.add_argument('--modes', default=','.join(MODES))
   parser.add_argument('--cases', nargs='+', default=list(REPRESENTATIVE),
                       help='case ids, or "all" (default: REPRESENTATIVE)')
+  parser.add_argument('--batch', type=int, default=BATCH,
+                      help=f'cases compiled as one program per mode and device count '
+                           f'(default {BATCH})')
   args = parser.parse_args(argv)
   if args.cases == ['all']:
     args.cases = None
@@ -128,37 +140,55 @@ def main(argv=None) -> int:
   modes = args.modes.split(',')
   import jax
   if jax.local_device_count() < max(devices):  # started by hand: the workers get the flags
-    json.dump(run(devices, modes, args.cases or 'all'), sys.stdout)
+    json.dump(run(devices, modes, args.cases or 'all', batch=args.batch), sys.stdout)
     return 0
   start = time.perf_counter()
   out: dict = {}
+  prepared = {}
   for case in cases.CASES:
     case_id, def_name, kwargs = case
-    if args.cases and case_id not in args.cases:
-      continue
-    if not eligible(case):
-      # focus= and per-call overrides run in the shim's pmap grid (tests/test_pmap.py)
-      continue
+    if (args.cases and case_id not in args.cases) or not eligible(case):
+      continue  # focus= and per-call overrides run in the shim's pmap grid (tests/test_pmap.py)
     with warnings.catch_warnings():
       warnings.simplefilter('ignore', DeprecationWarning)
       opt_def, _ = cases.build(shim, def_name, kwargs)
-    tx = emitted_tx(case) if converted(case) else None
-    golden, _ = record_golden.load(case_id)
-    grads = cases.GRADS.get(kwargs.get('grads'))
-    dtype = cases.DTYPES.get(case_id)
-    for mode in modes:
-      single = None
-      for n in sorted(devices):
-        r = checker.run_pair(opt_def, tx, cases.params_for(case_id), _grads(grads),
-                             cases.STEPS, n, mode, cases.SEED,
-                             scan=case_id not in cases.PER_STEP)
-        shim_traj = _steps_as_golden(r['legacy'])
-        single = single or shim_traj
+    prepared[case_id] = (opt_def, emitted_tx(case) if converted(case) else None,
+                         reference_shares(cases.GRADS.get(kwargs.get('grads'))))
+  scanned = [i for i in prepared if i not in cases.PER_STEP]
+  batches = [scanned[i:i + args.batch] for i in range(0, len(scanned), args.batch)]
+  for mode in modes:
+    single: dict = {}
+    for n in sorted(devices):
+      runs = {}
+      for batch in batches:
+        members = {}
+        for case_id in batch:
+          opt_def, tx, grads = prepared[case_id]
+          members[f'{case_id}/legacy'] = (opt_def, cases.params_for(case_id), grads)
+          if tx is not None:
+            members[f'{case_id}/tx'] = (tx, cases.params_for(case_id), grads)
+        got = checker.run_batch(members, cases.STEPS, n, mode, cases.SEED)
+        for case_id in batch:
+          runs[case_id] = {who: got[f'{case_id}/{who}'][0] for who in ('legacy', 'tx')
+                           if f'{case_id}/{who}' in got}
+          runs[case_id]['replicas'] = {who: got[f'{case_id}/{who}'][1]
+                                       for who in ('legacy', 'tx') if f'{case_id}/{who}' in got}
+      for case_id in prepared:
+        if case_id in cases.PER_STEP:  # one compiled call per step (see cases.PER_STEP)
+          opt_def, tx, grads = prepared[case_id]
+          runs[case_id] = checker.run_pair(opt_def, tx, cases.params_for(case_id), grads,
+                                           cases.STEPS, n, mode, cases.SEED, scan=False)
+      for case_id in prepared:
+        r = runs[case_id]
+        golden, _ = record_golden.load(case_id)
+        dtype = cases.DTYPES.get(case_id)
+        shim_traj = steps_as_golden(r['legacy'])
+        single.setdefault(case_id, shim_traj)
         vs_golden, _ = core.compare({s: shim_traj[s] for s in golden}, golden, dtype)
-        vs_single, _ = core.compare(shim_traj, single, dtype)
+        vs_single, _ = core.compare(shim_traj, single[case_id], dtype)
         vs_shim = None
-        if tx is not None:
-          vs_shim, _ = core.compare(_steps_as_golden(r['tx']), shim_traj, dtype)
+        if 'tx' in r:
+          vs_shim, _ = core.compare(steps_as_golden(r['tx']), shim_traj, dtype)
         out.setdefault(case_id, {})[f'{mode}/{n}'] = {
             'shim_vs_golden': vs_golden, 'shim_vs_fewest_devices': vs_single,
             'tx_vs_shim': vs_shim, 'replicas': r['replicas']}
@@ -167,13 +197,26 @@ def main(argv=None) -> int:
   return 0
 
 
-def _grads(corrupt):
-  """Reference gradient shares (as ``checker``'s random grads), optionally corrupted."""
+def reference_shares(corrupt):
+  """Reference gradient shares (as ``checker``'s random grads), optionally corrupted by
+  ``corrupt(step, grads)``: a ``PerDeviceGrads(params_free=True)`` that draws each
+  ``(step, device, device count, shapes and dtypes)`` once (the shim and the Optax
+  chain of a case, and every mode, get the same arrays)."""
+  import jax
+  import numpy as np
+
   from equivalence_tests import cases, checker, core
 
+  drawn = {}  # the shim and the Optax chain of a case get the same arrays, drawn once
+
   def fn(step, params, device=None, n_devices=1):
-    g = core.reference_grads(params, step, cases.SEED, device, n_devices)
-    return corrupt(step, g) if corrupt else g
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    key = (step, device, n_devices, tree,
+           tuple((np.shape(x), str(np.asarray(x).dtype)) for x in leaves))
+    if key not in drawn:
+      g = core.reference_grads(params, step, cases.SEED, device, n_devices)
+      drawn[key] = corrupt(step, g) if corrupt else g
+    return drawn[key]
   return checker.PerDeviceGrads(fn, params_free=True)
 
 

@@ -1,4 +1,5 @@
-"""The grids' one-program-per-run scan gives the per-step programs' numbers bitwise."""
+"""The grids' one-program-per-run scan, and several cases' runs compiled as one program
+(``checker.run_batch``), give the per-step programs' numbers bitwise."""
 import json
 import os
 import pathlib
@@ -21,7 +22,13 @@ import numpy as np
 import optim_compat as shim
 from equivalence_tests import cases, checker, core, grid
 
-out = {}
+def equal(a, b):
+  return sorted(a) == sorted(b) == list(range(1, 7)) and all(
+      a[s].keys() == b[s].keys() and all(
+          a[s][k].dtype == b[s][k].dtype and np.array_equal(a[s][k], b[s][k], equal_nan=True)
+          for k in a[s]) for s in a)
+
+out, per_step, members = {}, {}, {}
 for case_id in sys.argv[1:]:
   case = cases.CASE_BY_ID[case_id]
   with warnings.catch_warnings():
@@ -37,16 +44,21 @@ for case_id in sys.argv[1:]:
                              checker.PerDeviceGrads(fn, params_free=free), 6, n, mode,
                              scan=True)
             for free in (True, False)]  # steps: 6 (the nonfinite step is 5)
-    same = {}
-    for who in ('legacy', 'tx'):
-      if who not in runs[0]:
-        continue
-      a, b = runs[0][who], runs[1][who]
-      same[who] = (sorted(a) == sorted(b) == list(range(1, 7)) and all(
-          a[s].keys() == b[s].keys() and all(
-              a[s][k].dtype == b[s][k].dtype and np.array_equal(a[s][k], b[s][k], equal_nan=True)
-              for k in a[s]) for s in a))
+    same = {who: equal(runs[0][who], runs[1][who]) for who in ('legacy', 'tx') if who in runs[0]}
     out[f'{case_id} {mode}/{n}'] = {'same': same, 'replicas': runs[0]['replicas']}
+    per_step[(case_id, mode)] = runs[1]
+  grads = checker.PerDeviceGrads(fn, params_free=True)
+  members[f'{case_id}/legacy'] = (opt_def, cases.params_for(case_id), grads)
+  if tx is not None:
+    members[f'{case_id}/tx'] = (tx, cases.params_for(case_id), grads)
+# all cases as one program per mode (the grid's checker.run_batch)
+for mode, n in (('single', 1), ('pmap', 2), ('sharded', 2)):
+  got = checker.run_batch(members, 6, n, mode)
+  for key, (traj, replicas, _) in got.items():
+    case_id, who = key.split('/')
+    r = out[f'{case_id} {mode}/{n}']
+    r.setdefault('batch_same', {})[who] = equal(traj, per_step[(case_id, mode)][who])
+    r.setdefault('batch_replicas', {})[who] = replicas
 json.dump(out, sys.stdout)
 '''
 
@@ -62,10 +74,11 @@ def test_scan_equals_per_step_programs_bitwise():
   result = json.loads(proc.stdout)
   assert len(result) == 3 * len(ids)
   for key, r in result.items():
-    assert r['same'].get('legacy') is True, key
-    if not key.startswith('weightnorm'):  # WeightNorm has no emitted chain
-      assert r['same'].get('tx') is True, key
-    assert all(r['replicas'].values()), key
+    for same in ('same', 'batch_same'):  # scan, and all cases in one scan: per-step numbers
+      assert r[same].get('legacy') is True, (key, same)
+      if not key.startswith('weightnorm'):  # WeightNorm has no emitted chain
+        assert r[same].get('tx') is True, (key, same)
+    assert all(r['replicas'].values()) and all(r['batch_replicas'].values()), key
 
 
 def test_workers_split_and_setting(monkeypatch):
