@@ -1772,6 +1772,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return cst.parse_expression('traverse_util.ModelParamTraversal')
     return updated
 
+
 def _target_names(targets):
   """The plain names among assignment targets, inside tuples and lists too."""
   for t in targets:

@@ -130,6 +130,8 @@ def main(argv=None) -> int:
                       help=f'cases compiled as one program per mode and device count '
                            f'(default {BATCH})')
   args = parser.parse_args(argv)
+  if args.batch < 1:
+    parser.error(f'--batch must be >= 1, got {args.batch}')
   if args.cases == ['all']:
     args.cases = None
   import warnings

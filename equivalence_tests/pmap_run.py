@@ -75,6 +75,8 @@ def main(argv=None) -> int:
   parser.add_argument('--batch', type=int, default=BATCH,
                       help=f'cases compiled as one program per device count (default {BATCH})')
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  if args.batch < 1:
+    parser.error(f'--batch must be >= 1, got {args.batch}')
   counts = [int(n) for n in args.counts.split(',')]
   import warnings
 
