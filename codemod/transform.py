@@ -218,7 +218,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
     self._wrapped: list = []  # (assignment, call): `p_step = jax.pmap(step, ...)`
     self._rebinds: set = set()  # bindings a loop, walrus, `with` or unpacking gives other values
-    self.module_refs = 0          # uses of the flax.optim module object itself
+    self.module_refs: list = []   # uses of the flax.optim module object itself
     self.star_imports: list = []  # `from flax.optim import *`: its names cannot be resolved
     self.legacy_imports: list = []  # import statements of flax.optim
 
@@ -291,7 +291,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     else:
       if any(q == LEGACY for q in qnames):
         self.uses_legacy = True
-        self.module_refs += 1  # the module object itself (`opt_lib = optim`)
+        self.module_refs.append(node)  # the module object itself (`opt_lib = optim`)
       return
     if isinstance(node, cst.Attribute):
       self._inner.add(id(node.value))
@@ -732,7 +732,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
         or any(self._flow_lr_problem(c) for c in a.optimize_calls
                if self._is_optimizer(c.func.value))
         or any(self._method_problem(c) for c in a.method_calls.values())
-        or self._legacy_only_uses() or self._def_only_uses()
+        or self._legacy_only_uses() or self._def_only_uses() or a.module_refs
         or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls))
         or bool(a.escaping))
     # a file that never references flax.optim: nothing proves `.apply_gradient` is ours, unless
@@ -1178,6 +1178,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def on_visit(self, node) -> bool:
     if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
       self._pending.append([])
+    if any(node is ref for ref in self.a.module_refs):
+      self.flag(node, 'OM100', f'`{self._code(node)}`, the flax.optim module itself, is used as a '
+                               'value (an alias, a None check, an argument): the codemod cannot '
+                               'follow it, and Flax >= 0.6 has no flax.optim; convert its uses '
+                               'by hand (this file keeps its legacy optimizer code)')
     if id(node) in self.a.escaping:
       self.flag(node, 'OM100', f'`{self._code(node)}` is an optimizer def handed to other code '
                                '(returned, passed as an argument or kept as a class attribute): as '
