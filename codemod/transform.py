@@ -42,7 +42,7 @@ LEGACY_ONLY_ATTRS = {
 FLOW_FAILING_ATTRS = {'target', 'apply_gradient', *LEGACY_ONLY_ATTRS}
 #: Reflection on an optimizer's fields by name (flagged on converted optimizers).
 REFLECTION_FNS = {'builtins.getattr', 'builtins.hasattr', 'builtins.setattr', 'builtins.delattr',
-                  'dataclasses.replace'}
+                  'dataclasses.replace', 'flax.serialization.to_state_dict'}
 #: The fields of a legacy ``flax.optim.Optimizer`` (a ``flax.struct`` dataclass).
 OPTIMIZER_FIELDS = {'optimizer_def', 'state', 'target'}
 #: Legacy submodules (``flax.optim.<module>.<Name>``), flax.optim 0.5.3.
@@ -534,6 +534,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate')
                                    | m.Name('replace'))):
       return self.binding(func.value) in self.opt_vars  # `opt.replace(target=p)` too
+    if m.matches(func, m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name('unreplicate')
+                                   | m.Name('replace'))):
+      return self._produces_optimizer(func.value)  # `Adam(...).create(p).replicate()`
     if isinstance(func, cst.Name) and func.value in self.opt_factories:
       return True  # a function of this module that returns `Def(...).create(...)`
     factory = self.factory_of_call(value)
@@ -745,14 +748,25 @@ class _Rewriter(_Base, cst.CSTTransformer):
     their ``.target`` / ``.state.step`` is flagged, not converted and not left silent."""
     if not (self.a.uses_legacy or self.a.flow_used):
       return set()
-    found = set()
-    for targets, value in self.a.assignments:
-      if not self._mentions_optimizer(value):
-        continue
-      for name in _target_names(targets):
-        if not self._is_optimizer(name) and (b := self.binding(name)) is not None:
-          found.add(b)
+    found: set = set()
+    changed = True
+    while changed:  # `opts = [...create(p)...]; first, second = opts`: derived from derived
+      changed = False
+      for targets, value in self.a.assignments:
+        if not (self._mentions_optimizer(value) or self._mentions_name(value, found)):
+          continue
+        for name in _target_names(targets):
+          b = self.binding(name)
+          if b is not None and b not in found and not self._is_optimizer(name):
+            found.add(b)
+            changed = True
     return found
+
+  def _mentions_name(self, expr, bindings) -> bool:
+    if isinstance(expr, cst.Name):
+      return self.binding(expr) in bindings
+    return any(self._mentions_name(c, bindings) for c in expr.children
+               if isinstance(c, (cst.BaseExpression, cst.Element, cst.Arg, cst.DictElement)))
 
   def _user_def_create(self, call) -> bool:
     recv = call.func.value
@@ -974,6 +988,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if not (self._is_optimizer(recv) or self._maybe_optimizer(recv)):
       return None
     code = self._code(call)
+    if fn == {'flax.serialization.to_state_dict'}:
+      return (f'`{code}`: a TrainState\'s state dict has the keys `step`, `params`, `opt_state` '
+              '(a flax.optim Optimizer\'s: `target`, `state` with `step` and `param_states`): '
+              'code that reads it by key, and checkpoints written from it, change layout '
+              '(old checkpoints: optim-migrate convert-checkpoint or restore_legacy)')
     if fn == {'dataclasses.replace'}:
       fields = sorted(a.keyword.value for a in call.args[1:]
                       if a.keyword is not None and a.keyword.value in OPTIMIZER_FIELDS)
@@ -1005,9 +1024,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if (problem := self._flow_lr_problem(call)) is not None:
       return problem
     kwargs = self._kwargs(call)
-    positional = [a for a in call.args if a.keyword is None]
-    other = sorted(set(kwargs) - {'learning_rate'})
-    if len(positional) != 1 or other or any(a.star for a in call.args):
+    other = sorted(set(kwargs) - {'learning_rate', 'target_grad'})
+    if _apply_grads(call) is None or other or any(a.star for a in call.args):
       if 'hyper_params' in other and not any(self.legacy_def(c) == MULTI
                                              for c in self.a.def_calls):
         return ('apply_gradient(hyper_params=...) overrides the def\'s hyper-parameters for '
@@ -1026,8 +1044,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
       if other:
         return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
                 'with optax.inject_hyperparams')
-      return (f'apply_gradient with {len(positional)} positional arguments (a flax.optim '
-              'Optimizer takes the gradients only): convert it by hand')
+      given = sum(a.keyword is None or a.keyword.value == 'target_grad' for a in call.args)
+      return (f'apply_gradient with {given} gradient arguments (a flax.optim Optimizer takes '
+              'the gradients only, positional or target_grad=): convert it by hand')
     return None
 
   def _method_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
@@ -1074,13 +1093,17 @@ class _Rewriter(_Base, cst.CSTTransformer):
                     'def is built (this file keeps its legacy optimizer code)')
     return src, None
 
-  @staticmethod
-  def _create_problem(call: cst.Call) -> Optional[str]:
+  def _create_problem(self, call: cst.Call) -> Optional[str]:
     kw = {a.keyword.value: a for a in call.args if a.keyword is not None}
     positional = [a for a in call.args if a.keyword is None]
     if any(a.star for a in call.args) or set(kw) - {'target', 'focus'} or \
         len(positional) + len(kw) not in (1, 2) or len(positional) > 2:
       return 'create(...) with these arguments is not converted (this file keeps its legacy optimizer code)'
+    focus = _create_focus(call)
+    if focus is not None and not m.matches(focus, m.Name('None')) and not self.is_traversal(focus):
+      return (f'create(..., focus={self._code(focus)}): not a ModelParamTraversal built in this '
+              'file (it may be None, which legacy read as "all params"), so its labels cannot '
+              'be derived: convert by hand (this file keeps its legacy optimizer code)')
     return None
 
   # -- helpers -------------------------------------------------------------
@@ -1487,8 +1510,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
     positional = [a for a in updated.args if a.keyword is None]
     kw = self._kwargs(updated)
     target = (positional[0] if positional else kw['target']).value
-    focus = positional[1].value if len(positional) == 2 else (
-        kw['focus'].value if 'focus' in kw else None)
+    focus = _create_focus(updated)
+    if focus is not None and m.matches(focus, m.Name('None')):
+      focus = None  # legacy: every param
     tx = self._code(updated.func.value)
     o_recv = original.func.value
     if self.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and
@@ -1576,15 +1600,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if id(original) in self._group_applies:
       return self._rewrite_group_apply(original, updated)
     kwargs = self._kwargs(updated)
-    positional = [a for a in updated.args if a.keyword is None]
-    other = sorted(set(kwargs) - {'learning_rate'})
-    if len(positional) != 1 or other:
+    other = sorted(set(kwargs) - {'learning_rate', 'target_grad'})
+    grads = _apply_grads(updated)
+    if grads is None or other:
       self.flag(original, 'OM102', self._apply_problem(original) or
                 f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
                 'with optax.inject_hyperparams')
       return updated
     recv = updated.func.value
-    grads = positional[0].value
     if 'learning_rate' in kwargs:
       lr = kwargs['learning_rate'].value
       template = 'R.replace(opt_state=optax.tree_utils.tree_set(R.opt_state, learning_rate=L))' \
@@ -1701,6 +1724,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
         and id(original) not in self._hp_owner_ids and self._is_optimizer(original.value):
       self.flag(original, rule, f'`.{original.attr.value}` of a flax.optim Optimizer has no '
                                 'TrainState equivalent yet (this file keeps its legacy optimizer code)')
+    elif (rule and original.attr.value != 'state' and id(original) in self._legacy_attr_ids
+          and not (self.blocked or self.unproven) and not self._is_optimizer(original.value)
+          and self._maybe_optimizer(original.value)):
+      # `res = opt.optimize(f); opt = res[0]`: `opt` is rebound, its create still converts
+      self.flag(original, 'OM100', f'if `{self._code(original.value)}` is a flax.optim Optimizer '
+                                   f'(a TrainState after this rewrite), `.{original.attr.value}` '
+                                   'has no TrainState equivalent: convert it by hand'
+                                   + self._created_by())
     if original.attr.value in DEF_ONLY_ATTRS and any(original is a for a in self._def_only_uses()):
       self.flag(original, 'OM100', f'`.{original.attr.value}` of a flax.optim def has no Optax '
                                    'equivalent (this file keeps its legacy optimizer code)')
@@ -1776,6 +1807,23 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self._add_import('flax', 'traverse_util')
       return cst.parse_expression('traverse_util.ModelParamTraversal')
     return updated
+
+
+def _apply_grads(call: cst.Call):
+  """The gradient of ``opt.apply_gradient(g)`` / ``apply_gradient(target_grad=g)`` (legacy's
+  parameter name), or None when the call does not pass exactly one."""
+  positional = [a.value for a in call.args if a.keyword is None]
+  named = [a.value for a in call.args if a.keyword is not None and a.keyword.value == 'target_grad']
+  return (positional + named)[0] if len(positional) + len(named) == 1 else None
+
+
+def _create_focus(call: cst.Call):
+  """The ``focus`` argument of ``Def(...).create(target, focus)``, or None."""
+  positional = [a for a in call.args if a.keyword is None]
+  if len(positional) == 2:
+    return positional[1].value
+  return next((a.value for a in call.args if a.keyword is not None
+               and a.keyword.value == 'focus'), None)
 
 
 def _target_names(targets):
