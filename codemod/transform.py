@@ -369,11 +369,13 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if found is not None or not isinstance(value, cst.Call):
       return found
     func = value.func
+    if self.qnames(func) & REPLICATE_FNS:  # before `x.unreplicate(...)`: `jax_utils` is no optimizer
+      if value.args and isinstance(value.args[0].value, cst.Name):
+        return self.flow_vars.get(self.binding(value.args[0].value))
+      return None
     if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('apply_gradient') | m.Name('replicate')
                                    | m.Name('unreplicate') | m.Name('replace'))):
       return self.flow_vars.get(self.binding(func.value))
-    if self.qnames(func) & REPLICATE_FNS and value.args and isinstance(value.args[0].value, cst.Name):
-      return self.flow_vars.get(self.binding(value.args[0].value))
     return None
 
   def visit_Assign(self, node: cst.Assign) -> None:
@@ -908,7 +910,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if factory is None or not factory.converted:
       return None
     given = 'learning_rate' in self._kwargs(call)
-    if factory.inject_lr is None:
+    if factory.inject_lr is None and given:  # without one: the tx's own rate, either way
       return (f'the optimizer is created by {factory.where}, which returns a TrainState whose tx '
               'is built elsewhere: whether its learning rate is injected cannot be told, so this '
               'call is not converted; convert it by hand')
