@@ -91,7 +91,8 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
 
   Raises:
     ConfigError: the file cannot be read or is not TOML, ``tool`` or ``tool.optim-migrate``
-      is not a table, or a key is unknown or has a wrong value type (names the file and key).
+      is not a table, a key is unknown or has a wrong value type, ``select`` is empty, or
+      ``select`` / ``ignore`` holds an id that names no rule (names the file and key).
   """
   if path is None:
     return {}
@@ -104,6 +105,14 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
     if key in table and not (isinstance(table[key], list) and
                              all(isinstance(x, str) for x in table[key])):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be a list of strings')
+  if table.get('select') == []:
+    raise ConfigError(f'{path}: [tool.optim-migrate] select is empty: it would apply no rule '
+                      '(name rule ids, e.g. OM001, OM002)')
+  for key in ('select', 'ignore'):
+    bad = check_rule_ids(table.get(key, ()))
+    if bad:
+      raise ConfigError(f'{path}: [tool.optim-migrate] {key}: unknown rule id(s) {bad}; '
+                        f'valid: {sorted(RULES)}')
   for key in ('prefer-stock-optax', 'unsafe-fixes'):
     if key in table and not isinstance(table[key], bool):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be true or false')
@@ -281,19 +290,22 @@ def _split(values) -> Optional[tuple[str, ...]]:
 
 
 def build_options(args, config: dict) -> Options:
-  """Flags over ``[tool.optim-migrate]``.
+  """Flags over ``[tool.optim-migrate]`` (``config`` as checked by :func:`load_config`).
 
   Raises:
-    ConfigError: an id in select/ignore that names no rule.
+    ConfigError: ``--select`` is empty, or an id in ``--select`` / ``--ignore`` names no
+      rule (names the option).
   """
   select = _split(args.select) if args.select is not None else (
       tuple(config['select']) if 'select' in config else None)
-  if select == ():
-    raise ConfigError('select is empty: it would apply no rule (name rule ids, e.g. OM001,OM002)')
+  if args.select is not None and select == ():
+    raise ConfigError('--select is empty: it would apply no rule (name rule ids, e.g. '
+                      'OM001,OM002)')
   ignore = _split(args.ignore) if args.ignore is not None else tuple(config.get('ignore', ()))
-  bad = check_rule_ids([*(select or ()), *ignore])
-  if bad:
-    raise ConfigError(f'unknown rule id(s) {bad}; valid: {sorted(RULES)}')
+  for flag, given in (('--select', args.select), ('--ignore', args.ignore)):
+    bad = check_rule_ids(_split(given) or ())
+    if bad:
+      raise ConfigError(f'{flag}: unknown rule id(s) {bad}; valid: {sorted(RULES)}')
   return Options(select=select, ignore=ignore,
                  unsafe_fixes=args.unsafe_fixes or config.get('unsafe-fixes', False),
                  prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False))

@@ -412,9 +412,11 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
   assert proc.returncode == 1 and 'TODO' not in proc.stdout
   assert {r['rule'] for r in json.loads(report.read_text())} == {'OM001', 'OM002', 'OM004', 'OM005'}
   proc = _cli('rewrite', '--select', 'OM999', str(legacy))
-  assert proc.returncode == 2 and "unknown rule id(s) ['OM999']" in proc.stderr
+  assert proc.returncode == 2 and "rewrite: --select: unknown rule id(s) ['OM999']" in proc.stderr
+  proc = _cli('rewrite', '--ignore', 'OM1,OM7', str(legacy))
+  assert proc.returncode == 2 and "rewrite: --ignore: unknown rule id(s) ['OM7']" in proc.stderr
   proc = _cli('rewrite', '--select', '', str(legacy))
-  assert proc.returncode == 2 and 'select is empty' in proc.stderr
+  assert proc.returncode == 2 and 'rewrite: --select is empty' in proc.stderr
   proc = _cli('rewrite', '--jobs', '0', str(legacy))
   assert proc.returncode == 2 and '--jobs must be >= 1' in proc.stderr
   # a file named twice, and again inside its folder, is rewritten and counted once
@@ -484,6 +486,12 @@ def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
      'tool.optim-migrate must be a table ([tool.optim-migrate]), got 3'),
     ('tool = 3\n', 'tool must be a table ([tool]), got 3'),
     ('[tool.optim-migrate]\nselect = [\n', 'cannot read: '),
+    ('[tool.optim-migrate]\nselect = ["OM9"]\n',
+     "[tool.optim-migrate] select: unknown rule id(s) ['OM9']; valid: ['OM001', "),
+    ('[tool.optim-migrate]\nselect = ["OM0"]\nignore = ["OM1", "X"]\n',
+     "[tool.optim-migrate] ignore: unknown rule id(s) ['X']; valid: ['OM001', "),
+    ('[tool.optim-migrate]\nselect = []\n',
+     '[tool.optim-migrate] select is empty: it would apply no rule'),
 ])
 def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
                                                      message):
