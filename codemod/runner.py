@@ -4,9 +4,11 @@
         [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
-nothing and prints the files and items that remain. ``-`` reads a module from
-stdin (Python source; notebook JSON is refused) and writes the rewritten module
-to stdout. Exit status: 0 nothing to do, 1 changes or manual items remain (or
+nothing and prints the files and items that remain. ``--diff`` with ``--write``
+also prints the diff of what was written, with ``--check`` the diff after each
+``would rewrite`` line (all on stdout). ``-`` reads a module from stdin (Python
+source; notebook JSON is refused) and writes the rewritten module to stdout
+(the diff with ``--diff``). Exit status: 0 nothing to do, 1 changes or manual items remain (or
 were just written), 2 a file could not be read, parsed or processed (bad
 options too).
 
@@ -395,8 +397,13 @@ def cmd_rewrite(args) -> int:
         except OSError as e:
           result.error = f'{result.path}: cannot write: {e}'
           print(result.error, file=sys.stderr)
+        else:
+          if args.diff:  # what was written
+            sys.stdout.write(result.diff())
       elif args.check:
         print(f'would rewrite {result.path}', file=sys.stdout)
+        if args.diff:
+          sys.stdout.write(result.diff())
       else:
         sys.stdout.write(result.diff())
   if args.report:
@@ -454,11 +461,13 @@ def _rewrite_stdin(args, options: Options) -> int:
     return EXIT_ERROR
   for finding in result.manual:
     print(finding.format('<stdin>'), file=sys.stderr)
-  if args.diff:
-    out(result.diff())
-  elif args.check:
-    if result.changed:  # as for files: the verdict, never the text
+  if args.check:
+    if result.changed:  # as for files: the verdict, and the text only with --diff
       print('would rewrite <stdin>', flush=True)
+      if args.diff:
+        out(result.diff())
+  elif args.diff:
+    out(result.diff())
   else:
     out(result.new)
   if args.report:
@@ -473,7 +482,10 @@ def add_arguments(p) -> None:
   mode.add_argument('--write', action='store_true', help='apply the changes in place')
   mode.add_argument('--check', action='store_true',
                     help='write nothing; list what would change (exit 1 if anything would)')
-  p.add_argument('--diff', action='store_true', help='print a unified diff (the default)')
+  p.add_argument('--diff', action='store_true',
+                 help='print a unified diff (the default); with --write, also print the diff '
+                      'of what was written; with --check, also print the diff after each '
+                      '"would rewrite" line')
   p.add_argument('--select', action='append', default=None, metavar='RULES',
                  help='only these rules (ids or prefixes, comma-separated)')
   p.add_argument('--ignore', action='append', default=None, metavar='RULES',

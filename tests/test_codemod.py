@@ -441,6 +441,41 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
   assert '<stdin>:18:' in proc.stderr
 
 
+def test_diff_with_write_or_check_also_prints_the_diff(tmp_path, capsys, monkeypatch):
+  """``--diff`` is not dropped next to ``--write`` (the diff of what was written) or
+  ``--check`` (the "would rewrite" line, then the diff); both on stdout, as ruff does."""
+  import difflib
+  from codemod import cli
+  before = (FIXTURES / 'from_import_lr_at_apply' / 'before.py').read_text()
+  after = (FIXTURES / 'from_import_lr_at_apply' / 'after.py').read_text()
+  legacy = tmp_path / 'legacy.py'
+  name = str(legacy).lstrip('/')
+  diff = ''.join(difflib.unified_diff(before.splitlines(keepends=True),
+                                      after.splitlines(keepends=True),
+                                      fromfile=f'a/{name}', tofile=f'b/{name}'))
+  assert diff.startswith(f'--- a/{name}') and '+' in diff
+  monkeypatch.chdir(tmp_path)
+  legacy.write_text(before)
+  assert cli.main(['rewrite', '--check', '--diff', str(legacy)]) == 1
+  out, err = capsys.readouterr()
+  assert out == f'would rewrite {legacy}\n' + diff
+  assert legacy.read_text() == before and '1 would be rewritten' in err
+  assert cli.main(['rewrite', '--check', str(legacy)]) == 1  # without --diff: the verdict only
+  assert capsys.readouterr()[0] == f'would rewrite {legacy}\n'
+  assert cli.main(['rewrite', '--write', '--diff', str(legacy)]) == 1
+  out, err = capsys.readouterr()
+  assert out == diff and legacy.read_text() == after and '1 rewritten' in err
+  assert cli.main(['rewrite', '--write', '--diff', str(legacy)]) == 0  # nothing left to write
+  assert capsys.readouterr()[0] == ''
+  # `-`: --check --diff gives the verdict and the diff, as for files
+  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(before.encode())))
+  assert cli.main(['rewrite', '--check', '--diff', '-']) == 1
+  out, _ = capsys.readouterr()
+  assert out == 'would rewrite <stdin>\n' + ''.join(difflib.unified_diff(
+      before.splitlines(keepends=True), after.splitlines(keepends=True),
+      fromfile='a/<stdin>', tofile='b/<stdin>'))
+
+
 def test_unapplied_safe_fix_keeps_the_file_legacy():
   """Ignoring a fix the migration needs never half-migrates: the file is left as it was."""
   before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
