@@ -1,7 +1,7 @@
 """``optim-migrate``: the toolkit's command line.
 
-    optim-migrate rewrite PATH... [--write|--check] [--select/--ignore RULES] [--unsafe-fixes]
-        [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
+    optim-migrate rewrite PATH... [--write|--check] [--diff] [--select/--ignore RULES]
+        [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
     optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
     optim-migrate --version                   # the installed package's version

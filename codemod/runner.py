@@ -4,9 +4,11 @@
         [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
-nothing and prints the files and items that remain. ``-`` reads a module from
-stdin (Python source; notebook JSON is refused) and writes the rewritten module
-to stdout. Exit status: 0 nothing to do, 1 changes or manual items remain (or
+nothing and prints the files and items that remain. ``--diff`` with ``--write``
+also prints the diff of what was written, with ``--check`` the diff after each
+``would rewrite`` line (all on stdout). ``-`` reads a module from stdin (Python
+source; notebook JSON is refused) and writes the rewritten module to stdout
+(the diff with ``--diff``). Exit status: 0 nothing to do, 1 changes or manual items remain (or
 were just written), 2 a file could not be read, parsed or processed (bad
 options too).
 
@@ -91,7 +93,8 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
 
   Raises:
     ConfigError: the file cannot be read or is not TOML, ``tool`` or ``tool.optim-migrate``
-      is not a table, or a key is unknown or has a wrong value type (names the file and key).
+      is not a table, a key is unknown or has a wrong value type, ``select`` is empty, or
+      ``select`` / ``ignore`` holds an id that names no rule (names the file and key).
   """
   if path is None:
     return {}
@@ -104,6 +107,14 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
     if key in table and not (isinstance(table[key], list) and
                              all(isinstance(x, str) for x in table[key])):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be a list of strings')
+  if table.get('select') == []:
+    raise ConfigError(f'{path}: [tool.optim-migrate] select is empty: it would apply no rule '
+                      '(name rule ids, e.g. OM001, OM002)')
+  for key in ('select', 'ignore'):
+    bad = check_rule_ids(table.get(key, ()))
+    if bad:
+      raise ConfigError(f'{path}: [tool.optim-migrate] {key}: unknown rule id(s) {bad}; '
+                        f'valid: {sorted(RULES)}')
   for key in ('prefer-stock-optax', 'unsafe-fixes'):
     if key in table and not isinstance(table[key], bool):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be true or false')
@@ -281,19 +292,22 @@ def _split(values) -> Optional[tuple[str, ...]]:
 
 
 def build_options(args, config: dict) -> Options:
-  """Flags over ``[tool.optim-migrate]``.
+  """Flags over ``[tool.optim-migrate]`` (``config`` as checked by :func:`load_config`).
 
   Raises:
-    ConfigError: an id in select/ignore that names no rule.
+    ConfigError: ``--select`` is empty, or an id in ``--select`` / ``--ignore`` names no
+      rule (names the option).
   """
   select = _split(args.select) if args.select is not None else (
       tuple(config['select']) if 'select' in config else None)
-  if select == ():
-    raise ConfigError('select is empty: it would apply no rule (name rule ids, e.g. OM001,OM002)')
+  if args.select is not None and select == ():
+    raise ConfigError('--select is empty: it would apply no rule (name rule ids, e.g. '
+                      'OM001,OM002)')
   ignore = _split(args.ignore) if args.ignore is not None else tuple(config.get('ignore', ()))
-  bad = check_rule_ids([*(select or ()), *ignore])
-  if bad:
-    raise ConfigError(f'unknown rule id(s) {bad}; valid: {sorted(RULES)}')
+  for flag, given in (('--select', args.select), ('--ignore', args.ignore)):
+    bad = check_rule_ids(_split(given) or ())
+    if bad:
+      raise ConfigError(f'{flag}: unknown rule id(s) {bad}; valid: {sorted(RULES)}')
   return Options(select=select, ignore=ignore,
                  unsafe_fixes=args.unsafe_fixes or config.get('unsafe-fixes', False),
                  prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False))
@@ -383,8 +397,13 @@ def cmd_rewrite(args) -> int:
         except OSError as e:
           result.error = f'{result.path}: cannot write: {e}'
           print(result.error, file=sys.stderr)
+        else:
+          if args.diff:  # what was written
+            sys.stdout.write(result.diff())
       elif args.check:
         print(f'would rewrite {result.path}', file=sys.stdout)
+        if args.diff:
+          sys.stdout.write(result.diff())
       else:
         sys.stdout.write(result.diff())
   if args.report:
@@ -442,11 +461,13 @@ def _rewrite_stdin(args, options: Options) -> int:
     return EXIT_ERROR
   for finding in result.manual:
     print(finding.format('<stdin>'), file=sys.stderr)
-  if args.diff:
-    out(result.diff())
-  elif args.check:
-    if result.changed:  # as for files: the verdict, never the text
+  if args.check:
+    if result.changed:  # as for files: the verdict, and the text only with --diff
       print('would rewrite <stdin>', flush=True)
+      if args.diff:
+        out(result.diff())
+  elif args.diff:
+    out(result.diff())
   else:
     out(result.new)
   if args.report:
@@ -461,7 +482,10 @@ def add_arguments(p) -> None:
   mode.add_argument('--write', action='store_true', help='apply the changes in place')
   mode.add_argument('--check', action='store_true',
                     help='write nothing; list what would change (exit 1 if anything would)')
-  p.add_argument('--diff', action='store_true', help='print a unified diff (the default)')
+  p.add_argument('--diff', action='store_true',
+                 help='print a unified diff (the default); with --write, also print the diff '
+                      'of what was written; with --check, also print the diff after each '
+                      '"would rewrite" line')
   p.add_argument('--select', action='append', default=None, metavar='RULES',
                  help='only these rules (ids or prefixes, comma-separated)')
   p.add_argument('--ignore', action='append', default=None, metavar='RULES',

@@ -10,8 +10,8 @@
 Exit status: 0 all checks pass, 1 a check differs (its table is printed),
 2 bad input (the message names it). ``--legacy`` is evaluated with the names
 of real ``flax.optim`` where it exists (Flax <= 0.5.3), else of
-``optim_compat``; ``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and
-``optim_compat``.
+``optim_compat`` (``record`` then notes on stderr that it records the shim);
+``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and ``optim_compat``.
 
 ``--params``: ``module:attribute`` (an importable pytree, or a function
 returning one; the current directory is importable), ``file.npz`` (keys
@@ -68,12 +68,24 @@ def _common(p) -> None:
 # inputs
 
 
-def legacy_namespace() -> dict:
-  """Names for ``--legacy``: real ``flax.optim`` if it exists, else the shim."""
+def legacy_module():
+  """The module ``--legacy`` is evaluated in: real ``flax.optim`` if it exists, else the shim."""
   import flax
   mod = getattr(flax, 'optim', None)  # after optim_compat.install() it is the shim already
   if mod is None:
     import optim_compat as mod
+  return mod
+
+
+def legacy_is_shim() -> bool:
+  """Whether ``--legacy`` defs come from ``optim_compat`` (no real ``flax.optim`` here)."""
+  import optim_compat
+  return legacy_module() is optim_compat
+
+
+def legacy_namespace() -> dict:
+  """Names for ``--legacy``: real ``flax.optim`` if it exists, else the shim."""
+  mod = legacy_module()
   return {name: getattr(mod, name) for name in dir(mod) if not name.startswith('__')}
 
 
@@ -457,6 +469,11 @@ def cmd_record(args) -> int:
     legacy = legacy_def(args.legacy)
     params = load_params(args.params)
     devices = parse_devices(args.devices)
+    if legacy_is_shim():  # a trajectory of the shim proves nothing about the old code
+      print(f'optim-migrate record: note: flax.optim is not importable here (flax '
+            f'{flax.__version__}): recording optim_compat\'s {type(legacy).__name__} (the shim), '
+            'not real flax.optim; run record in the old stack (jax 0.4.13, flax 0.5.3) to prove '
+            'against what you ran before', file=sys.stderr)
     try:
       params = checker.materialize(params, args.seed)
       results = checker.collect(legacy, None, params, grads='random', steps=args.steps,

@@ -243,6 +243,27 @@ def test_record_refuses_an_unwritable_output_before_computing(tmp_path, capsys, 
     assert list((tmp_path / 'ro').iterdir()) == [] and calls == []
 
 
+def test_record_on_the_new_stack_says_it_records_the_shim(tmp_path, capsys, monkeypatch):
+  """No real flax.optim here: record evaluates --legacy in optim_compat, and says so (stderr),
+  since such a trajectory proves nothing about the code the user ran before."""
+  import flax
+  from equivalence_tests import cli as eq_cli
+  assert getattr(flax, 'optim', None) is None  # the modern stack
+  monkeypatch.chdir(tmp_path)
+  shapes = str(_shapes_file(tmp_path))
+  assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '1',
+                   '--mode', 'single', '-o', 't.npz']) == 0
+  out, err = capsys.readouterr()
+  assert err == (f'optim-migrate record: note: flax.optim is not importable here (flax '
+                 f'{flax.__version__}): recording optim_compat\'s Adam (the shim), not real '
+                 'flax.optim; run record in the old stack (jax 0.4.13, flax 0.5.3) to prove '
+                 'against what you ran before\n')
+  assert out.startswith('wrote t.npz: Adam(1e-3), 1 steps') and (tmp_path / 't.npz').is_file()
+  # flax.optim aliased to the shim by optim_compat.install() is still the shim
+  monkeypatch.setattr(flax, 'optim', optim, raising=False)
+  assert eq_cli.legacy_is_shim()
+
+
 def test_cli_reads_pyproject_entries(tmp_path, capsys):
   shapes = _shapes_file(tmp_path)
   config = tmp_path / 'pyproject.toml'
@@ -319,6 +340,7 @@ def test_record_in_the_old_stack_and_verify_on_the_new(legacy_python, tmp_path, 
       capture_output=True, text=True, cwd=tmp_path, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'jax 0.4.13, flax 0.5.3' in proc.stdout  # recorded by real flax.optim
+  assert 'the shim' not in proc.stderr and 'note:' not in proc.stderr
   bad_out = subprocess.run(
       [legacy_python, '-W', 'ignore', '-m', 'codemod.cli', 'record', '--legacy', 'Adam(1e-3)',
        '--params', str(shapes), '--steps', '1', '-o', str(tmp_path / 'missing' / 't.npz')],

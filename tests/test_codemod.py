@@ -412,9 +412,11 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
   assert proc.returncode == 1 and 'TODO' not in proc.stdout
   assert {r['rule'] for r in json.loads(report.read_text())} == {'OM001', 'OM002', 'OM004', 'OM005'}
   proc = _cli('rewrite', '--select', 'OM999', str(legacy))
-  assert proc.returncode == 2 and "unknown rule id(s) ['OM999']" in proc.stderr
+  assert proc.returncode == 2 and "rewrite: --select: unknown rule id(s) ['OM999']" in proc.stderr
+  proc = _cli('rewrite', '--ignore', 'OM1,OM7', str(legacy))
+  assert proc.returncode == 2 and "rewrite: --ignore: unknown rule id(s) ['OM7']" in proc.stderr
   proc = _cli('rewrite', '--select', '', str(legacy))
-  assert proc.returncode == 2 and 'select is empty' in proc.stderr
+  assert proc.returncode == 2 and 'rewrite: --select is empty' in proc.stderr
   proc = _cli('rewrite', '--jobs', '0', str(legacy))
   assert proc.returncode == 2 and '--jobs must be >= 1' in proc.stderr
   # a file named twice, and again inside its folder, is rewritten and counted once
@@ -437,6 +439,41 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
                         input=before, capture_output=True, text=True, cwd=ROOT)
   assert proc.returncode == 1 and proc.stdout == 'would rewrite <stdin>\n'
   assert '<stdin>:18:' in proc.stderr
+
+
+def test_diff_with_write_or_check_also_prints_the_diff(tmp_path, capsys, monkeypatch):
+  """``--diff`` is not dropped next to ``--write`` (the diff of what was written) or
+  ``--check`` (the "would rewrite" line, then the diff); both on stdout, as ruff does."""
+  import difflib
+  from codemod import cli
+  before = (FIXTURES / 'from_import_lr_at_apply' / 'before.py').read_text()
+  after = (FIXTURES / 'from_import_lr_at_apply' / 'after.py').read_text()
+  legacy = tmp_path / 'legacy.py'
+  name = str(legacy).lstrip('/')
+  diff = ''.join(difflib.unified_diff(before.splitlines(keepends=True),
+                                      after.splitlines(keepends=True),
+                                      fromfile=f'a/{name}', tofile=f'b/{name}'))
+  assert diff.startswith(f'--- a/{name}') and '+' in diff
+  monkeypatch.chdir(tmp_path)
+  legacy.write_text(before)
+  assert cli.main(['rewrite', '--check', '--diff', str(legacy)]) == 1
+  out, err = capsys.readouterr()
+  assert out == f'would rewrite {legacy}\n' + diff
+  assert legacy.read_text() == before and '1 would be rewritten' in err
+  assert cli.main(['rewrite', '--check', str(legacy)]) == 1  # without --diff: the verdict only
+  assert capsys.readouterr()[0] == f'would rewrite {legacy}\n'
+  assert cli.main(['rewrite', '--write', '--diff', str(legacy)]) == 1
+  out, err = capsys.readouterr()
+  assert out == diff and legacy.read_text() == after and '1 rewritten' in err
+  assert cli.main(['rewrite', '--write', '--diff', str(legacy)]) == 0  # nothing left to write
+  assert capsys.readouterr()[0] == ''
+  # `-`: --check --diff gives the verdict and the diff, as for files
+  monkeypatch.setattr(sys, 'stdin', io.TextIOWrapper(io.BytesIO(before.encode())))
+  assert cli.main(['rewrite', '--check', '--diff', '-']) == 1
+  out, _ = capsys.readouterr()
+  assert out == 'would rewrite <stdin>\n' + ''.join(difflib.unified_diff(
+      before.splitlines(keepends=True), after.splitlines(keepends=True),
+      fromfile='a/<stdin>', tofile='b/<stdin>'))
 
 
 def test_unapplied_safe_fix_keeps_the_file_legacy():
@@ -484,6 +521,12 @@ def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
      'tool.optim-migrate must be a table ([tool.optim-migrate]), got 3'),
     ('tool = 3\n', 'tool must be a table ([tool]), got 3'),
     ('[tool.optim-migrate]\nselect = [\n', 'cannot read: '),
+    ('[tool.optim-migrate]\nselect = ["OM9"]\n',
+     "[tool.optim-migrate] select: unknown rule id(s) ['OM9']; valid: ['OM001', "),
+    ('[tool.optim-migrate]\nselect = ["OM0"]\nignore = ["OM1", "X"]\n',
+     "[tool.optim-migrate] ignore: unknown rule id(s) ['X']; valid: ['OM001', "),
+    ('[tool.optim-migrate]\nselect = []\n',
+     '[tool.optim-migrate] select is empty: it would apply no rule'),
 ])
 def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
                                                      message):
