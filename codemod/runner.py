@@ -196,7 +196,8 @@ def _candidate(path: pathlib.Path, flow=None) -> int:
     data = path.read_bytes()
   except OSError:
     return 1
-  return len(data) + 1 if engine.wanted(data.decode('latin-1'), flow) else 0
+  text = data.decode('latin-1')
+  return len(data) + 1 if engine.wanted(text, flow) or engine.has_todos(text) else 0
 
 
 def _progress(total: int):
