@@ -723,11 +723,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self._hp_owner_ids = {id(self._hp_owner(i)) for i in [*self._hp_values, *self._bad_hp]}
     self.maybe_vars = self._derived_names()
     conflicts = sorted(self.bound_names & EMITTED_NAMES) if (a.uses_legacy or a.flow_used) else []
+    self._module_flags = []  # written above the module's first statement (on_visit)
     if conflicts and (a.def_calls or a.create_calls or a.apply_calls):
-      self.flag(node, 'OM100', f'{", ".join(f"`{n}`" for n in conflicts)} is bound to something '
-                               'else in this file, and the rewrite would use that name for the '
-                               'module it imports: rename it, then rerun (this file keeps its '
-                               'legacy optimizer code)')
+      self._module_flags.append(
+          ('OM100', f'{", ".join(f"`{n}`" for n in conflicts)} is bound to something else in '
+                    'this file, and the rewrite would use that name for the module it imports: '
+                    'rename it, then rerun (this file keeps its legacy optimizer code)'))
     self.blocked = bool(
         self.opts.keep_legacy or conflicts or a.star_imports
         or self.mixed_lr or self._bad_refs or self._bad_hp
@@ -1203,6 +1204,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def on_visit(self, node) -> bool:
     if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
       self._pending.append([])
+      if node is self._first_statement:
+        for rule, message in self._module_flags:
+          self.flag(node, rule, message)
     if any(node is ref for ref in self.a.module_refs):
       self.flag(node, 'OM100', f'`{self._code(node)}`, the flax.optim module itself, is used as a '
                                'value (an alias, a None check, an argument): the codemod cannot '

@@ -827,6 +827,10 @@ def test_method_reference_and_name_conflicts_keep_the_file_legacy():
   assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'optax' not in result.new
   assert [f.rule for f in result.manual] == ['OM100']
   assert '`train_state` is bound to something else' in result.manual[0].message
+  # the TODO stands in the file, above its first statement, once
+  assert result.new.startswith('# TODO(optim-migrate): OM100: `train_state` is bound to')
+  assert result.manual[0].line == 1 and result.new[result.new.index('\n') + 1:] == shadowed
+  assert engine.rewrite_source(result.new, 's.py').new == result.new
 
 
 def test_stdin_honours_the_coding_cookie_and_rejects_undecodable_bytes():
