@@ -177,6 +177,25 @@ def _random_grads(seed):
   return grads
 
 
+#: ``grads='tiny'``: the random draws times this power of two (exact, so shares still
+#: average exactly), where epsilons of 1e-8 to 1e-6 dominate the update (float16: 2**-12,
+#: which keeps the draws above its smallest subnormal).
+TINY_SCALE = {'float16': 2.0 ** -12}
+TINY_SCALE_DEFAULT = 2.0 ** -24
+GRADS = ('random', 'tiny')
+
+
+def _tiny_grads(seed):
+  def grads(step, params, device=None, n_devices=1):
+    def scale(g):
+      dtype = np.asarray(g).dtype
+      return (g * np.asarray(TINY_SCALE.get(dtype.name, TINY_SCALE_DEFAULT), dtype)).astype(dtype)
+    return jax.tree_util.tree_map(scale, core.reference_grads(params, step, seed, device,
+                                                              n_devices))
+  grads.params_free = True
+  return grads
+
+
 def _user_grads(fn):
   def grads(step, params, device=None, n_devices=1):
     g = fn(step, params)
@@ -530,6 +549,8 @@ def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int
     grads_fn = grads
   elif grads in (None, 'random'):
     grads_fn = _random_grads(seed)
+  elif grads == 'tiny':
+    grads_fn = _tiny_grads(seed)
   else:
     grads_fn = _user_grads(grads)
   out: dict = {'replicas': {}}
@@ -601,9 +622,13 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     steps: jitted steps per run.
     devices: device counts to run (``'single'`` mode: only 1).
     mode: ``'single'``, ``'pmap'`` or ``'sharded'`` (see the module docstring).
-    grads: ``'random'`` (deterministic, from ``seed``) or ``(step, params) ->
-      grads`` evaluated at each optimizer's own current params (e.g. the
-      gradient of your loss); every device gets the same share.
+    grads: ``'random'`` (deterministic, from ``seed``: multiples of 2**-12 in
+      (-8, 8)), ``'tiny'`` (the same draws times 2**-24, float16 2**-12: the
+      regime where an epsilon's placement or size decides the update; a
+      migration that gets one wrong differs by millions of ulp there and may
+      pass with ``'random'``), or ``(step, params) -> grads`` evaluated at each
+      optimizer's own current params (e.g. the gradient of your loss); every
+      device gets the same share.
     seed: seeds the params (for ``ShapeDtypeStruct`` leaves) and the gradients.
     max_ulp: bound on every leaf's distance, in ulps of that leaf's largest
       magnitude over the run (0: bitwise).
@@ -612,7 +637,7 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     A :class:`Report`; ``report.ok`` is the verdict and ``str(report)`` the table.
 
   Raises:
-    ValueError: unknown mode, a device count < 1, ``'single'`` with more than
+    ValueError: unknown mode or ``grads`` name, a device count < 1, ``'single'`` with more than
       one device, ``'sharded'`` with an odd count > 1, a negative ``max_ulp``,
       ``params`` without leaves, a non-float leaf, a ``TrainState`` whose
       params tree differs from ``params``, a ``tx`` callable that raises (names
@@ -635,6 +660,8 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     raise ValueError(f'steps must be >= 1, got {steps}')
   if not max_ulp >= 0:
     raise ValueError(f'max_ulp must be >= 0, got {max_ulp}')
+  if isinstance(grads, str) and grads not in GRADS:
+    raise ValueError(f'grads must be one of {GRADS} or a callable, got {grads!r}')
   if not jax.tree_util.tree_leaves(params):
     raise ValueError('params has no leaves: nothing to check')
   validate_tx(tx, materialize(params, seed))  # the leaves and tx, before any subprocess starts

@@ -44,6 +44,9 @@ def register(subparsers) -> None:
   p.add_argument('--tx', help='Optax expression, e.g. "optax.adamw(1e-3, weight_decay=1e-4)"')
   p.add_argument('--against', metavar='TRAJ.npz', help='a trajectory file from `record`')
   p.add_argument('--max-ulp', type=float, default=4.0)
+  p.add_argument('--grads', choices=('random', 'tiny'), default='random',
+                 help='gradients both sides get: random draws, or the same times 2**-24 '
+                      '(tiny: where epsilons decide the update; run both)')
   p.add_argument('--config', default='pyproject.toml',
                  help='read [[tool.optim-migrate.check]] entries from this file when '
                       '--tx is not given (default: ./pyproject.toml)')
@@ -297,7 +300,7 @@ def load_trajectory(path: str):
 
 
 def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, max_ulp,
-               label='') -> int:
+               label='', grads='random') -> int:
   from equivalence_tests import checker
   if not legacy_expr or not tx_expr:
     raise BadInput('check needs --legacy and --tx (or --against with --tx, or '
@@ -307,7 +310,7 @@ def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, ma
   tx = tx_def(tx_expr, params, seed)
   try:
     report = checker.check(legacy, tx, params, steps=steps, devices=parse_devices(devices),
-                           mode=mode, seed=seed, max_ulp=max_ulp)
+                           mode=mode, seed=seed, max_ulp=max_ulp, grads=grads)
   except (ValueError, TypeError) as e:
     raise BadInput(str(e)) from None
   print(f'{label}{report}')
@@ -319,6 +322,9 @@ def _check_against(args) -> int:
   from equivalence_tests import checker
   if not args.tx:
     raise BadInput('--against needs --tx')
+  if args.grads != 'random':
+    raise BadInput(f'--grads {args.grads} with --against: a recorded trajectory was driven by '
+                   'the random gradients (record has no --grads)')
   index, arrays = load_trajectory(args.against)
   meta = index['meta']
   if index['tree'] is not None and not args.params:
@@ -425,7 +431,7 @@ def cmd_check(args) -> int:
       return _check_against(args)
     if args.tx or args.legacy:
       return _run_check(args.legacy, args.tx, args.params, args.devices, args.mode,
-                        args.steps, args.seed, args.max_ulp)
+                        args.steps, args.seed, args.max_ulp, grads=args.grads)
     status = EXIT_OK
     for i, e in enumerate(_config_entries(args.config)):
       status = max(status, _run_check(

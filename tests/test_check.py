@@ -184,6 +184,31 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
                    '--params', 'my_model:PARAMS', '--mode', 'single', '--max-ulp', '0']) == 0
 
 
+def test_tiny_gradients_expose_epsilon_mistakes_random_ones_can_hide(tmp_path, capsys):
+  """Found by review: RMSProp against optax.rmsprop (eps outside the sqrt) passed with the
+  random draws on random params; the same draws times 2**-24 put the epsilon in charge."""
+  shapes = str(_shapes_file(tmp_path))
+  base = ['check', '--params', shapes, '--mode', 'single', '--steps', '5']
+  wrong = base + ['--legacy', 'RMSProp(learning_rate=1e-3)', '--tx', 'optax.rmsprop(1e-3)']
+  right = base + ['--legacy', 'RMSProp(learning_rate=1e-3)',
+                  '--tx', 'optax.rmsprop(1e-3, eps_in_sqrt=False)']
+  assert cli.main(wrong + ['--grads', 'tiny']) == 1
+  out = capsys.readouterr().out
+  assert 'DIFFERS' in out
+  assert cli.main(right + ['--grads', 'tiny']) == 0
+  assert 'OK' in capsys.readouterr().out
+  report = checker.check(optim.Adam(learning_rate=1e-3), optax.adam(1e-3, eps=1e-6),
+                         jax.ShapeDtypeStruct((16, 8), np.float32), steps=5, mode='single',
+                         grads='tiny')
+  assert not report.ok and report.max_ulp > 1e5
+  with pytest.raises(ValueError, match="grads must be one of"):
+    checker.check(optim.Adam(1e-3), optax.adam(1e-3), {"w": np.ones(3, np.float32)},
+                  grads='small')
+  assert cli.main(['check', '--against', 'x.npz', '--tx', 'optax.adam(1e-3)',
+                   '--grads', 'tiny']) == 2
+  assert 'a recorded trajectory was driven by the random gradients' in capsys.readouterr().err
+
+
 def test_cli_bad_tx_and_devices_exit_2_naming_them(tmp_path, capsys, monkeypatch):
   monkeypatch.chdir(tmp_path)
   base = ['check', '--legacy', 'Adam(learning_rate=1e-3)', '--params', str(_shapes_file(tmp_path)),
