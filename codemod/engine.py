@@ -126,14 +126,25 @@ def _open_todos(result: FileResult, options: Options | None) -> FileResult:
     return result
   options = options or Options()
   raised = {(f.rule, f.message) for f in result.findings if not f.fixed}
-  for match in _TODO_LINE.finditer(result.original):
-    rule, message = match.group(2), match.group(3)
+  for line, col, rule, message in _todo_comments(result.original):
     if (rule, message) in raised or not options.enabled(rule):
       continue
-    line = result.original.count('\n', 0, match.start()) + 1
-    result.findings.append(Finding(line, len(match.group(1)) + 1, rule,
+    result.findings.append(Finding(line, col, rule,
                                    f'still to do, from an earlier run: {message}', False))
   return result
+
+
+def _todo_comments(source: str):
+  """``(line, column, rule, message)`` of the comments (not string contents) that are a
+  TODO this codemod wrote; none when the source does not tokenize."""
+  try:
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+  except (tokenize.TokenError, SyntaxError):
+    return
+  for tok in tokens:
+    if tok.type == tokenize.COMMENT and (found := _TODO_LINE.match(tok.line.rstrip('\r\n'))):
+      if tok.start[1] == len(found.group(1)):  # the whole line is the comment
+        yield tok.start[0], tok.start[1] + 1, found.group(2), found.group(3)
 
 
 def _transform(command: MigrateCommand, module: cst.Module) -> cst.Module:

@@ -693,6 +693,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self._bad_refs: dict[int, tuple[str, str]] = {}
     self._hp_values: dict[int, str] = {}
     self._bad_hp: dict[int, str] = {}
+    self._state_of_step: set[int] = set()
 
   # -- what blocks the file ------------------------------------------------
   def visit_Module(self, node: cst.Module) -> None:
@@ -1027,7 +1028,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if (problem := self._flow_lr_problem(call)) is not None:
       return problem
     kwargs = self._kwargs(call)
-    other = sorted(set(kwargs) - {'learning_rate', 'target_grad'})
+    other = sorted(set(kwargs) - {'learning_rate', 'grads'})
     if _apply_grads(call) is None or other or any(a.star for a in call.args):
       if 'hyper_params' in other and not any(self.legacy_def(c) == MULTI
                                              for c in self.a.def_calls):
@@ -1047,9 +1048,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
       if other:
         return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
                 'with optax.inject_hyperparams')
-      given = sum(a.keyword is None or a.keyword.value == 'target_grad' for a in call.args)
+      given = sum(a.keyword is None or a.keyword.value == 'grads' for a in call.args)
       return (f'apply_gradient with {given} gradient arguments (a flax.optim Optimizer takes '
-              'the gradients only, positional or target_grad=): convert it by hand')
+              'the gradients only, positional or grads=): convert it by hand')
     return None
 
   def _method_problem(self, call: cst.Call) -> Optional[tuple[str, str]]:
@@ -1240,6 +1241,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
 
   def visit_Attribute(self, node: cst.Attribute) -> None:
     self._flag_reference(node)
+    if node.attr.value == 'step' and m.matches(node.value, m.Attribute(attr=m.Name('state'))):
+      self._state_of_step.add(id(node.value))  # `.state.step` is flagged once, at `.step`
 
   def _flag_reference(self, node) -> None:
     if id(node) in self._bad_refs:
@@ -1373,6 +1376,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
       if args != list(updated.args):
         self.fixed(original, 'OM003', 'replace(target=...) -> replace(params=...)')
         return updated.with_changes(args=args)
+    elif (m.matches(func, m.Attribute(attr=m.Name('replace')))
+          and any(a.keyword is not None and a.keyword.value in OPTIMIZER_FIELDS
+                  for a in original.args)
+          and self._maybe_optimizer(original.func.value)):
+      self.flag(original, 'OM100', f'if `{self._code(original.func.value)}` is a flax.optim '
+                                   'Optimizer, `.replace(target=...)` is `.replace(params=...)` '
+                                   'on a TrainState (`state=` has no counterpart)'
+                                   + self._created_by())
     return updated
 
   def _def_args(self, call: cst.Call, spec) -> dict[str, str]:
@@ -1606,7 +1617,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if id(original) in self._group_applies:
       return self._rewrite_group_apply(original, updated)
     kwargs = self._kwargs(updated)
-    other = sorted(set(kwargs) - {'learning_rate', 'target_grad'})
+    other = sorted(set(kwargs) - {'learning_rate', 'grads'})
     grads = _apply_grads(updated)
     if grads is None or other:
       self.flag(original, 'OM102', self._apply_problem(original) or
@@ -1730,7 +1741,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
         and id(original) not in self._hp_owner_ids and self._is_optimizer(original.value):
       self.flag(original, rule, f'`.{original.attr.value}` of a flax.optim Optimizer has no '
                                 'TrainState equivalent yet (this file keeps its legacy optimizer code)')
-    elif (rule and original.attr.value != 'state' and id(original) in self._legacy_attr_ids
+    elif (rule and id(original) not in self._state_of_step and id(original) in self._legacy_attr_ids
           and not (self.blocked or self.unproven) and not self._is_optimizer(original.value)
           and self._maybe_optimizer(original.value)):
       # `res = opt.optimize(f); opt = res[0]`: `opt` is rebound, its create still converts
@@ -1816,10 +1827,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
 
 
 def _apply_grads(call: cst.Call):
-  """The gradient of ``opt.apply_gradient(g)`` / ``apply_gradient(target_grad=g)`` (legacy's
-  parameter name), or None when the call does not pass exactly one."""
+  """The gradient of ``opt.apply_gradient(g)`` / ``apply_gradient(grads=g)`` (legacy
+  0.5.3: ``apply_gradient(self, grads, **hyper_param_overrides)``), or None when the call
+  does not pass exactly one."""
   positional = [a.value for a in call.args if a.keyword is None]
-  named = [a.value for a in call.args if a.keyword is not None and a.keyword.value == 'target_grad']
+  named = [a.value for a in call.args if a.keyword is not None and a.keyword.value == 'grads']
   return (positional + named)[0] if len(positional) + len(named) == 1 else None
 
 

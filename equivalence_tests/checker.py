@@ -178,10 +178,9 @@ def _random_grads(seed):
 
 
 #: ``grads='tiny'``: the random draws times this power of two (exact, so shares still
-#: average exactly), where epsilons of 1e-8 to 1e-6 dominate the update (float16: 2**-12,
-#: which keeps the draws above its smallest subnormal).
-TINY_SCALE = {'float16': 2.0 ** -12}
-TINY_SCALE_DEFAULT = 2.0 ** -24
+#: average exactly), where epsilons of 1e-8 to 1e-6 dominate the update. Not for float16
+#: leaves: such epsilons and the squared gradients underflow there.
+TINY_SCALE = 2.0 ** -24
 GRADS = ('random', 'tiny')
 
 
@@ -189,7 +188,7 @@ def _tiny_grads(seed):
   def grads(step, params, device=None, n_devices=1):
     def scale(g):
       dtype = np.asarray(g).dtype
-      return (g * np.asarray(TINY_SCALE.get(dtype.name, TINY_SCALE_DEFAULT), dtype)).astype(dtype)
+      return (g * np.asarray(TINY_SCALE, dtype)).astype(dtype)
     return jax.tree_util.tree_map(scale, core.reference_grads(params, step, seed, device,
                                                               n_devices))
   grads.params_free = True
@@ -623,7 +622,7 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     devices: device counts to run (``'single'`` mode: only 1).
     mode: ``'single'``, ``'pmap'`` or ``'sharded'`` (see the module docstring).
     grads: ``'random'`` (deterministic, from ``seed``: multiples of 2**-12 in
-      (-8, 8)), ``'tiny'`` (the same draws times 2**-24, float16 2**-12: the
+      (-8, 8)), ``'tiny'`` (the same draws times 2**-24, not for float16 leaves: the
       regime where an epsilon's placement or size decides the update; a
       migration that gets one wrong differs by millions of ulp there and may
       pass with ``'random'``), or ``(step, params) -> grads`` evaluated at each
@@ -637,7 +636,8 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     A :class:`Report`; ``report.ok`` is the verdict and ``str(report)`` the table.
 
   Raises:
-    ValueError: unknown mode or ``grads`` name, a device count < 1, ``'single'`` with more than
+    ValueError: unknown mode or ``grads`` name (``'tiny'`` with float16 leaves), a device
+      count < 1, ``'single'`` with more than
       one device, ``'sharded'`` with an odd count > 1, a negative ``max_ulp``,
       ``params`` without leaves, a non-float leaf, a ``TrainState`` whose
       params tree differs from ``params``, a ``tx`` callable that raises (names
@@ -662,6 +662,9 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     raise ValueError(f'max_ulp must be >= 0, got {max_ulp}')
   if isinstance(grads, str) and grads not in GRADS:
     raise ValueError(f'grads must be one of {GRADS} or a callable, got {grads!r}')
+  if grads == 'tiny' and 'float16' in dtype_names(materialize(params, seed)).values():
+    raise ValueError("grads='tiny' with float16 leaves: an epsilon of 1e-8 and the squared "
+                     "gradients underflow in float16, so both sides divide by zero; use 'random'")
   if not jax.tree_util.tree_leaves(params):
     raise ValueError('params has no leaves: nothing to check')
   validate_tx(tx, materialize(params, seed))  # the leaves and tx, before any subprocess starts

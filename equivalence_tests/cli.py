@@ -370,6 +370,7 @@ ENTRY_KEYS = {
     'steps': (lambda v: _is_int(v), 'an integer'),
     'seed': (lambda v: _is_int(v), 'an integer'),
     'max-ulp': (lambda v: _is_int(v) or isinstance(v, float), 'a number'),
+    'grads': (lambda v: v in ('random', 'tiny'), 'one of "random", "tiny"'),
 }
 
 
@@ -437,7 +438,8 @@ def cmd_check(args) -> int:
       status = max(status, _run_check(
           e.get('legacy'), e.get('tx'), e.get('params'), e.get('devices', '1'),
           e.get('mode', 'pmap'), e.get('steps', 20), e.get('seed', 0),
-          float(e.get('max-ulp', 4)), label=f'[{e.get("name", i)}] '))
+          float(e.get('max-ulp', 4)), label=f'[{e.get("name", i)}] ',
+          grads=e.get('grads', args.grads)))  # --grads applies to entries without their own
     return status
   except BadInput as e:
     print(f'optim-migrate check: {e}', file=sys.stderr)

@@ -201,9 +201,23 @@ def test_tiny_gradients_expose_epsilon_mistakes_random_ones_can_hide(tmp_path, c
                          jax.ShapeDtypeStruct((16, 8), np.float32), steps=5, mode='single',
                          grads='tiny')
   assert not report.ok and report.max_ulp > 1e5
+  with pytest.raises(ValueError, match="grads='tiny' with float16 leaves"):
+    checker.check(optim.Adam(1e-3), optax.adam(1e-3), {"w": np.ones(3, np.float16)},
+                  grads='tiny')
   with pytest.raises(ValueError, match="grads must be one of"):
     checker.check(optim.Adam(1e-3), optax.adam(1e-3), {"w": np.ones(3, np.float32)},
                   grads='small')
+  # pyproject entries: --grads applies to them, and an entry may say its own
+  (tmp_path / 'pyproject.toml').write_text(
+      '[[tool.optim-migrate.check]]\nname = "rms"\nlegacy = "RMSProp(learning_rate=1e-3)"\n'
+      f'tx = "optax.rmsprop(1e-3)"\nparams = "{shapes}"\nmode = "single"\nsteps = 5\n')
+  config = ['check', '--config', str(tmp_path / 'pyproject.toml')]
+  assert cli.main(config + ['--grads', 'tiny']) == 1
+  assert '[rms]' in capsys.readouterr().out
+  (tmp_path / 'pyproject.toml').write_text(
+      (tmp_path / 'pyproject.toml').read_text() + 'grads = "tiny"\n')
+  assert cli.main(config) == 1
+  capsys.readouterr()
   assert cli.main(['check', '--against', 'x.npz', '--tx', 'optax.adam(1e-3)',
                    '--grads', 'tiny']) == 2
   assert 'a recorded trajectory was driven by the random gradients' in capsys.readouterr().err
