@@ -126,9 +126,12 @@ def _open_todos(result: FileResult, options: Options | None) -> FileResult:
     return result
   options = options or Options()
   raised = {(f.rule, f.message) for f in result.findings if not f.fixed}
+  new = result.new if result.new is not None else result.original
   for line, col, rule, message in _todo_comments(result.original):
     if (rule, message) in raised or not options.enabled(rule):
       continue
+    if f'{TODO_PREFIX}{rule}: {message}' not in new:
+      continue  # this run removed it (a stale "keeps its legacy code" TODO)
     result.findings.append(Finding(line, col, rule,
                                    f'still to do, from an earlier run: {message}', False))
   return result

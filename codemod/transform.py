@@ -1225,6 +1225,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
     result = super().on_leave(original, updated)
     if isinstance(original, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
       todos = self._pending.pop()
+      if isinstance(result, cst.CSTNode) and not (self.blocked or self.unproven):
+        # this run converts the file: an earlier run's "keeps its legacy code" TODO is stale
+        kept_lines = [ll for ll in result.leading_lines if not _stale_todo(ll)]
+        if len(kept_lines) != len(result.leading_lines):
+          result = result.with_changes(leading_lines=kept_lines)
       if isinstance(result, cst.CSTNode):
         existing = {ll.comment.value for ll in result.leading_lines if ll.comment}
         if original is self._first_statement:  # comments above it are the module's header
@@ -1824,6 +1829,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self._add_import('flax', 'traverse_util')
       return cst.parse_expression('traverse_util.ModelParamTraversal')
     return updated
+
+
+def _stale_todo(line: cst.EmptyLine) -> bool:
+  """A TODO this codemod wrote saying the file keeps its legacy code."""
+  text = line.comment.value if line.comment else ''
+  return text.startswith(TODO_PREFIX) and text.endswith(KEEPS_LEGACY)
 
 
 def _apply_grads(call: cst.Call):

@@ -465,6 +465,23 @@ def test_check_keeps_failing_until_an_earlier_runs_todo_is_deleted(tmp_path):
   assert proc.returncode == 0 and '0 flagged' in proc.stderr
 
 
+def test_rerun_that_converts_drops_the_stale_keeps_legacy_todo(tmp_path):
+  """Found by review: following OM009's "rerun with --unsafe-fixes" converted the file but
+  kept the first run's TODO, which still said the file keeps its legacy code."""
+  src = tmp_path / 'r.py'
+  src.write_text('from flax import optim\n\n\ndef f(params, grads):\n'
+                 '  opt = optim.Adam(1e-3).create(params).replicate()\n'
+                 '  opt = opt.apply_gradient(grads)\n  return opt.unreplicate().target\n')
+  assert _cli('rewrite', '--write', str(src)).returncode == 1
+  assert 'rerun with --unsafe-fixes' in src.read_text()
+  proc = _cli('rewrite', '--write', '--unsafe-fixes', str(src))
+  assert proc.returncode == 1 and '0 flagged' in proc.stderr
+  text = src.read_text()
+  assert 'keeps its legacy optimizer code' not in text and 'rerun with --unsafe-fixes' not in text
+  assert 'jax_utils.replicate(train_state.TrainState.create(' in text
+  assert text.count('# TODO(optim-migrate): OM009: .replicate() -> jax_utils.replicate') == 1
+
+
 def test_diff_with_write_or_check_also_prints_the_diff(tmp_path, capsys, monkeypatch):
   """``--diff`` is not dropped next to ``--write`` (the diff of what was written) or
   ``--check`` (the "would rewrite" line, then the diff); both on stdout, as ruff does."""
