@@ -972,6 +972,13 @@ class _Rewriter(_Base, cst.CSTTransformer):
             'convert them by hand (`.target` is `.params`, `.state.step` is `.step`, '
             '`.apply_gradient(g)` is `.apply_gradients(grads=g)`) ' + KEEPS_LEGACY)
 
+  def _field_replace(self, attr: cst.Attribute) -> bool:
+    """``x.replace(target=...)`` (or ``state=`` / ``optimizer_def=``): a legacy Optimizer's
+    fields, which a TrainState's ``replace`` rejects."""
+    call = self.a._calls_by_func.get(id(attr))
+    return attr.attr.value == 'replace' and call is not None and any(
+        a.keyword is not None and a.keyword.value in OPTIMIZER_FIELDS for a in call.args)
+
   def _holds_local(self, expr) -> bool:
     """In a file without flax.optim: a name or attribute chain the file treats as an
     optimizer (assigned an ``apply_gradient`` result, or ``.apply_gradient``'ed here)."""
@@ -1761,7 +1768,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       self.flag(original, 'OM100', self._unproven_message(original.value,
                                                           f'`.{original.attr.value}`'))
       return updated
-    if self.blocked and original.attr.value in FLOW_FAILING_ATTRS:
+    if self.blocked and (original.attr.value in FLOW_FAILING_ATTRS or self._field_replace(original)):
       message = self._flow_failure(original)
       if message is not None:
         self.flag(original, 'OM100', message)

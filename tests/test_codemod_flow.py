@@ -70,6 +70,7 @@ def test_converted_uses_name_the_creating_function_and_unproven_ones_stay_legacy
              if 'OM100: `' in line and 'now a TrainState' in line]
   assert flagged == ['self.optimizer = self.optimizer.apply_gradient(g)',
                      'return self.optimizer.target', 'opt = opt.apply_gradient(g)',
+                     'opt = opt.replace(target=own.target)',
                      'return own.target, opt.target, opt.state.step, batch.target',
                      'return own.target, opt.target, opt.state.step, batch.target']  # `batch`
   assert sum('`batch` may hold what models/opt.py:create_optimizer returns' in line
