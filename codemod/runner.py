@@ -136,8 +136,9 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
   path relative to the directory, and against each name) are skipped; symlinks
   are not followed out of the directory, and dangling ones are skipped (a path
   that does not exist, a dangling link named on the command line included, is
-  left out: ``cmd_rewrite`` reports it). A file reached twice (named twice, or
-  under two given directories) is listed once, where it is first reached.
+  left out: ``cmd_rewrite`` reports it). A file reached twice (named twice,
+  under two given directories, or through a hard link) is listed once, where
+  it is first reached.
   """
   exclude = list(exclude)
 
@@ -175,8 +176,12 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
         found.append(f)
     out.extend(sorted(found))
   seen, unique = set(), []
-  for f in out:  # a file named twice (or inside two given folders) is rewritten once
-    key = os.path.realpath(f)
+  for f in out:  # a file named twice, inside two given folders or hard-linked: rewritten once
+    try:
+      st = os.stat(f)
+      key = (st.st_dev, st.st_ino)
+    except OSError:
+      key = os.path.realpath(f)
     if key not in seen:
       seen.add(key)
       unique.append(f)

@@ -200,6 +200,10 @@ def test_write_keeps_hard_links_and_leaves_read_only_files_alone(tmp_path):
   assert proc.returncode == 1, proc.stderr
   assert linked.read_text() == other.read_text() == after  # still one file, two names
   assert os.stat(linked).st_ino == os.stat(other).st_ino
+  linked.write_text(before)  # a tree holding both names: one file, rewritten and counted once
+  proc = _cli('rewrite', '--write', str(tmp_path))
+  assert proc.returncode == 1 and '1 file(s) scanned: 1 rewritten' in proc.stderr, proc.stderr
+  assert other.read_text() == after
   locked = tmp_path / 'locked.py'
   locked.write_text(before)
   locked.chmod(0o444)
