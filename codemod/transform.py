@@ -120,6 +120,14 @@ class _Base:
       return None
     return (id(assignments[0].scope), name.value)
 
+  def name_factory(self, expr):
+    """The other module's factory (``codemod.flow``) whose optimizer the name ``expr``
+    holds, or None (not a name, never bound to one, or rebound to something else)."""
+    if not isinstance(expr, cst.Name):
+      return None
+    b = self.binding(expr)
+    return None if b in self.an.rebound else self.an.flow_vars.get(b)
+
   def name_bindings(self, targets):
     """Bindings of the plain-name assignment targets among ``targets``."""
     for t in targets:
@@ -604,7 +612,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
           if b is None or b in self.rebound or b in self.flow_vars:
             continue
           args = [self._argument(fn, param, call) for call in calls]
-          sources = {self._flow_argument(a) for a in args}
+          sources = {self.name_factory(a) for a in args}
           if len(sources) == 1 and (factory := sources.pop()) is not None and factory.converted:
             self.flow_vars[b] = factory  # `step(opt, g)` with `opt = create_optimizer(p)`
             changed = True
@@ -656,13 +664,6 @@ class _Analyzer(_Base, cst.CSTVisitor):
     if index is not None and index < len(given):
       return given[index].value
     return None
-
-  def _flow_argument(self, expr):
-    """The factory whose optimizer the argument ``expr`` (a name) holds, or None."""
-    if not isinstance(expr, cst.Name):
-      return None
-    b = self.binding(expr)
-    return None if b in self.rebound else self.flow_vars.get(b)
 
   def _holds_optimizer(self, expr) -> bool:
     if isinstance(expr, cst.Name):
@@ -753,11 +754,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if not (self.a.uses_legacy or self.a.flow_used):
       return set()
     found: set = set()
+    from_optimizer = [(targets, value, self._mentions_optimizer(value))
+                      for targets, value in self.a.assignments]
+    in_found = lambda e: isinstance(e, cst.Name) and self.binding(e) in found
     changed = True
     while changed:  # `opts = [...create(p)...]; first, second = opts`: derived from derived
       changed = False
-      for targets, value in self.a.assignments:
-        if not (self._mentions_optimizer(value) or self._mentions_name(value, found)):
+      for targets, value, direct in from_optimizer:
+        if not (direct or self._mentions(value, in_found)):
           continue
         for name in _target_names(targets):
           b = self.binding(name)
@@ -765,12 +769,6 @@ class _Rewriter(_Base, cst.CSTTransformer):
             found.add(b)
             changed = True
     return found
-
-  def _mentions_name(self, expr, bindings) -> bool:
-    if isinstance(expr, cst.Name):
-      return self.binding(expr) in bindings
-    return any(self._mentions_name(c, bindings) for c in expr.children
-               if isinstance(c, (cst.BaseExpression, cst.Element, cst.Arg, cst.DictElement)))
 
   def _user_def_create(self, call) -> bool:
     recv = call.func.value
@@ -891,8 +889,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def factory_of(self, expr):
     """The other module's factory whose optimizer ``expr`` holds, converted or not."""
     if isinstance(expr, cst.Name):
-      b = self.binding(expr)
-      return None if b in self.a.rebound else self.a.flow_vars.get(b)
+      return self.name_factory(expr)
     if (chain := attr_chain(expr)) is not None:
       return self.a.attr_flow.get(chain)
     if isinstance(expr, cst.Call):
@@ -1196,11 +1193,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
     return chain.rsplit('.', 1)[1] in {c.rsplit('.', 1)[1] for c in self.a.attr_chains}
 
   def _mentions_optimizer(self, expr) -> bool:
-    if self._is_optimizer(expr):
+    return self._mentions(expr, self._is_optimizer)
+
+  def _mentions(self, expr, test) -> bool:
+    """``test`` holds for ``expr`` or an expression inside it (arguments and elements too)."""
+    if test(expr):
       return True
-    return any(self._mentions_optimizer(c) for c in expr.children
-               if isinstance(c, cst.BaseExpression) or isinstance(c, (cst.Element, cst.Arg,
-                                                                      cst.DictElement)))
+    return any(self._mentions(c, test) for c in expr.children
+               if isinstance(c, (cst.BaseExpression, cst.Element, cst.Arg, cst.DictElement)))
 
   def _code(self, node) -> str:
     return cst.Module(body=[]).code_for_node(node)
