@@ -152,7 +152,8 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
     if not p.exists() or str(p) == '-':
       continue
     if not p.is_dir():
-      out.append(p)
+      if p.is_file():
+        out.append(p)
       continue
     root = p.resolve()
     found = []
@@ -166,6 +167,8 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
         if not name.endswith(('.py', '.ipynb')) or name.startswith('.') \
             or excluded(f.relative_to(p)):
           continue
+        if f.exists() and not f.is_file():
+          continue  # a FIFO, socket or device named *.py: reading it could block forever
         if f.is_symlink():
           if not f.exists():
             continue  # dangling: nothing to rewrite (named on the command line: an error)
@@ -380,9 +383,12 @@ def cmd_rewrite(args) -> int:
       print('rewrite: `-` (stdin) cannot be combined with paths', file=sys.stderr)
       return EXIT_ERROR
     return _rewrite_stdin(args, options)
-  missing = [p for p in paths if not pathlib.Path(p).exists()]
-  for p in missing:
-    print(f'{p}: no such file or directory', file=sys.stderr)
+  # named paths left out, with why (a FIFO or device: reading it could block forever)
+  missing = {p: ('no such file or directory' if not pathlib.Path(p).exists() else
+                 'not a regular file or directory; left alone')
+             for p in paths if not (pathlib.Path(p).is_dir() or pathlib.Path(p).is_file())}
+  for p, why in missing.items():
+    print(f'{p}: {why}', file=sys.stderr)
   files = iter_python_files(paths, config.get('exclude', ()))
   if args.report and any(os.path.realpath(f) == os.path.realpath(args.report) for f in files):
     print(f'rewrite: --report {args.report}: is one of the files this run reads; name another '
@@ -415,7 +421,7 @@ def cmd_rewrite(args) -> int:
   if args.report:
     rows = [row for r in results for row in report_entries(r)]
     rows += [{'file': p, 'line': None, 'column': None, 'rule': None, 'safety': None,
-              'message': f'{p}: no such file or directory', 'applied': False} for p in missing]
+              'message': f'{p}: {why}', 'applied': False} for p, why in missing.items()]
     try:
       pathlib.Path(args.report).write_text(json.dumps(rows, indent=1) + '\n', encoding='utf-8')
     except OSError as e:

@@ -319,6 +319,7 @@ def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, ma
 
 def _check_against(args) -> int:
   import jax
+  import numpy as np
   from equivalence_tests import checker
   if not args.tx:
     raise BadInput('--against needs --tx')
@@ -347,6 +348,11 @@ def _check_against(args) -> int:
     mine = mine[(mode, int(n))]
     legacy = {int(step): {k: arrays[name] for k, name in leaves.items()}
               for step, leaves in run['steps'].items()}
+    for step, leaves in legacy.items():  # a tampered or mismatched file: bad input, not a diff
+      for k, value in leaves.items():
+        if k in mine['tx'].get(step, {}) and np.shape(value) != np.shape(mine['tx'][step][k]):
+          raise BadInput(f'--against {args.against}: step {step} leaf {k} has shape '
+                         f'{np.shape(value)}, the params {np.shape(mine["tx"][step][k])}')
     results[(mode, int(n))] = {'legacy': legacy, 'tx': mine['tx'],
                                'replicas': {'legacy': run['replicas'],
                                             'tx': mine['replicas']['tx']}}

@@ -301,6 +301,16 @@ def test_record_on_the_new_stack_says_it_records_the_shim(tmp_path, capsys, monk
   # flax.optim aliased to the shim by optim_compat.install() is still the shim
   monkeypatch.setattr(flax, 'optim', optim, raising=False)
   assert eq_cli.legacy_is_shim()
+  # a recorded leaf cut to another shape (found by review: a traceback, exit 1 as if it differed)
+  with np.load(tmp_path / 't.npz') as data:
+    arrays = dict(data)
+  name = next(k for k, v in arrays.items() if v.ndim == 1 and v.size > 1 and v.dtype.kind == 'f')
+  arrays[name] = arrays[name][:1]
+  np.savez(tmp_path / 'cut.npz', **arrays)
+  capsys.readouterr()
+  assert cli.main(['check', '--against', 'cut.npz', '--tx', 'optax.adam(1e-3)']) == 2
+  err = capsys.readouterr().err
+  assert err.startswith('optim-migrate check: --against cut.npz: step 1 leaf ') and '(1,)' in err
 
 
 def test_cli_reads_pyproject_entries(tmp_path, capsys):

@@ -259,6 +259,24 @@ def test_empty_report_path_is_refused_before_anything_is_written(tmp_path, capsy
   assert sorted(p.name for p in tmp_path.iterdir()) == ['m.py']
 
 
+def test_a_fifo_is_never_read(tmp_path):
+  """Found by review: a FIFO named x.py, named or in a walked tree, blocked the run forever."""
+  legacy = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'a.py').write_text(legacy)
+  os.mkfifo(tree / 'f.py')
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--check', str(tree)],
+                        capture_output=True, text=True, timeout=120,
+                        env={**os.environ, 'PYTHONPATH': str(ROOT)})
+  assert proc.returncode == 1 and proc.stdout == f'would rewrite {tree / "a.py"}\n'
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', str(tree / 'f.py')],
+                        capture_output=True, text=True, timeout=120,
+                        env={**os.environ, 'PYTHONPATH': str(ROOT)})
+  assert proc.returncode == 2
+  assert f'{tree / "f.py"}: not a regular file or directory; left alone' in proc.stderr
+
+
 def test_unwritable_report_or_report_naming_an_input_writes_nothing(tmp_path):
   before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
   pkg = tmp_path / 'pkg'
