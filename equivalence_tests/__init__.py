@@ -8,5 +8,13 @@ trajectory runner of the recorded cases and the ulp comparison;
 ``record_golden`` records golden trajectories there.
 """
 
+__all__ = ['Report', 'check']
 
-from equivalence_tests.checker import Report, check  # noqa: E402,F401
+
+def __getattr__(name):
+  """``Report`` and ``check`` import the checker (and jax) at their first use, so that
+  ``optim-migrate rewrite``, which registers the ``check`` command, starts without jax."""
+  if name in __all__:
+    from equivalence_tests import checker
+    return getattr(checker, name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

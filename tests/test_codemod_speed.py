@@ -153,11 +153,13 @@ def test_head_import_removal_from_the_text_equals_libcst():
 
 def test_the_codemod_imports_no_jax_and_the_shim_loads_whole_on_first_use():
   """``rewrite`` reads the migration table without importing jax, flax or optax (about
-  0.8 s of each run's start-up); the shim's first use binds every name it had when it
+  0.8 s of each run's start-up), also when the CLI registers ``check``; the shim's first use binds every name it had when it
   loaded eagerly."""
   import subprocess
   import sys
-  code = ('import sys\nimport codemod.cli, codemod.runner, codemod.engine\n'
+  code = ('import contextlib, io, sys\nimport codemod.cli, codemod.runner, codemod.engine\n'
+          'with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n'
+          '  codemod.cli.main(["--version"])  # builds every subcommand\'s parser\n'
           'heavy = sorted(m for m in ("jax", "flax", "optax") if m in sys.modules)\n'
           'import optim_compat\n'
           'assert optim_compat.spec.SPECS["Adam"].emit({"learning_rate": "0.1"})\n'
