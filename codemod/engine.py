@@ -74,6 +74,9 @@ class FileResult:
   #: (read by the cross-module pre-pass, ``codemod.flow``)
   factories: dict[str, bool] = dataclasses.field(default_factory=dict)
   inject_lr: bool = False         # the file's defs are built with inject_hyperparams
+  #: module-level functions taking optimizers -> ``((position, parameter), ...)``, and
+  #: whether the rewrite makes them TrainStates (read by ``codemod.flow``)
+  steps: dict[str, tuple[tuple, bool]] = dataclasses.field(default_factory=dict)
 
   def where(self, i: int) -> str:
     """The file (``nb.ipynb:cell3`` in a notebook) of finding ``i``."""
@@ -196,6 +199,7 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
                                'left unchanged (a partial migration would not run)', False)
                        ] if options.enabled('OM100') else []  # ignored like any OM100 item
     result.factories = dict.fromkeys(command.factories, False)
+    result.steps = {f: (params, False) for f, (params, _) in command.steps.items()}
     return result
   converted = [f for f in command.findings if f.fixed and f.rule in _CONVERSIONS]
   # a flag that says the file keeps its legacy code, raised after other uses were converted
@@ -218,6 +222,7 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
   result.new = new_source
   result.findings = command.findings
   result.factories = command.factories
+  result.steps = command.steps
   result.inject_lr = command.inject_lr
   return result
 

@@ -67,14 +67,53 @@ class Factory:
 
 
 @dataclasses.dataclass(frozen=True)
+class Step:
+  """A module-level function of the tree that takes legacy optimizers as arguments
+  (a train step: ``def train_step(opt, batch): ... opt.apply_gradient(g)``).
+
+  Attributes:
+    qualified: ``'pkg.steps.train_step'``.
+    path: the defining file, as the run names it.
+    params: ``(position, name)`` of each parameter its file treats as an optimizer
+      (position among the positional parameters, or None for keyword-only ones).
+    converted: its file's rewrite makes those parameters ``TrainState`` s; False:
+      that file keeps its legacy optimizer code, for ``why``.
+    why: the first manual item of the defining file when not converted.
+  """
+  qualified: str
+  path: str
+  params: tuple[tuple[Optional[int], str], ...]
+  converted: bool
+  why: str = ''
+
+  @property
+  def function(self) -> str:
+    return self.qualified.rsplit('.', 1)[1]
+
+  @property
+  def where(self) -> str:
+    """``pkg/steps.py:train_step``."""
+    return f'{self.path}:{self.function}'
+
+
+@dataclasses.dataclass(frozen=True)
 class Flow:
-  """What one file's rewrite knows of the tree: the factories and its own module name."""
+  """What one file's rewrite knows of the tree: the factories, the step functions and its
+  own module name."""
   factories: Mapping[str, Factory]
   module: Optional[str] = None
   is_package: bool = False  # the file is a package's ``__init__.py``
+  steps: Mapping[str, Step] = dataclasses.field(default_factory=dict)
 
   def resolve(self, qname: str) -> Optional[Factory]:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
+    return self.factories.get(self._absolute(qname) or '')
+
+  def resolve_step(self, qname: str) -> Optional[Step]:
+    """The step function ``qname`` names (absolute, or relative to this file's package)."""
+    return self.steps.get(self._absolute(qname) or '')
+
+  def _absolute(self, qname: str) -> Optional[str]:
     if qname.startswith('.'):
       if self.module is None:
         return None
@@ -84,13 +123,13 @@ class Flow:
         return None
       base = package[:len(package) - (dots - 1)]
       qname = '.'.join([*base, qname[dots:]])
-    return self.factories.get(qname)
+    return qname
 
   def mentioned(self, text: str) -> bool:
-    """Could ``text`` call a factory (its function and its module's last name appear)?
-    A cheap prefilter, before any parse."""
+    """Could ``text`` call a factory or step function (its function and its module's last
+    name appear)? A cheap prefilter, before any parse."""
     return any(f.function in text and f.qualified.rsplit('.', 2)[-2] in text
-               for f in self.factories.values())
+               for f in [*self.factories.values(), *self.steps.values()])
 
 
 def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path]) -> list[tuple[str, bool]]:
@@ -136,6 +175,13 @@ def roots_of(paths: Iterable[str]) -> dict[str, list[pathlib.Path]]:
       roots.insert(0, cwd)
     out[str(p)] = roots
   return out
+
+
+def _could_take(text: str) -> bool:
+  """A module-level function that may take a legacy optimizer (``opt.apply_gradient``,
+  ``opt.target``, an ``optim.Optimizer`` annotation: the codemod's words)."""
+  from codemod import engine
+  return _TOP_DEF.search(text) is not None and engine.may_need_rewrite(text)
 
 
 def _could_define(text: str) -> bool:
@@ -243,16 +289,17 @@ def migrated_factories(source: str) -> dict[str, Optional[bool]]:
 MAX_ROUNDS = 3
 
 
-def build_factories(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
-                    ) -> dict[str, Factory]:
-  """The factories of the tree: ``{qualified name: Factory}``.
+def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
+                ) -> tuple[dict[str, Factory], dict[str, Step]]:
+  """The factories and step functions of the tree, each ``{qualified name: ...}``.
 
   ``files``: each ``.py`` file of the run with its module names
   (:func:`module_names`) and the path messages name it by. A file is parsed
-  only when it could define a factory and some file's import lines mention its
-  module's last name. A creator is rewritten as the run will rewrite it: with
-  the flow of the others when it calls one of them (rounds to a fixed point;
-  a creator still changing after :data:`MAX_ROUNDS` counts as kept legacy).
+  only when it could define a factory or take an optimizer as a parameter, and
+  some file's import lines mention its module's last name. It is rewritten as
+  the run will rewrite it: with the flow of the others when it calls one of them
+  (rounds to a fixed point; a file still changing after :data:`MAX_ROUNDS`
+  counts as kept legacy).
   """
   texts = {}
   for path, _, _ in files:
@@ -266,45 +313,50 @@ def build_factories(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]
       for line in _IMPORT_LINE.findall(text):
         imported.update(_WORD.findall(line))
   creators = [(path, names, shown) for path, names, shown in files
-              if texts.get(path) is not None and names and _could_define(texts[path])
+              if texts.get(path) is not None and names
+              and (_could_define(texts[path]) or _could_take(texts[path]))
               and any(name.rsplit('.', 1)[-1] in imported for name, _ in names)]
   found = {str(path): _scan(path, names, shown, options, None) for path, names, shown in creators}
   unsettled: set[str] = set()
   for _ in range(MAX_ROUNDS - 1):
-    factories = _merge(found)
-    if not factories:
-      return {}
+    factories, steps = _merge(found)
+    if not factories and not steps:
+      return {}, {}
     unsettled = set()
     for path, names, shown in creators:
-      others = Flow({q: f for q, f in factories.items() if f.path != shown})
+      others = Flow({q: f for q, f in factories.items() if f.path != shown},
+                    steps={q: f for q, f in steps.items() if f.path != shown})
       if others.mentioned(texts[path]):
-        new = _scan(path, names, shown, options, Flow(factories, names[0][0], names[0][1]))
+        new = _scan(path, names, shown, options,
+                    Flow(factories, names[0][0], names[0][1], steps))
         if new != found[str(path)]:
           found[str(path)] = new
           unsettled.add(str(path))
     if not unsettled:
-      return factories
+      return factories, steps
   for key in unsettled:  # still changing: never prove anything from them
-    found[key] = [dataclasses.replace(f, converted=False, why='it depends on other factories in a '
-                                      'way the pre-pass did not settle') for f in found[key]]
+    why = 'it depends on other modules in a way the pre-pass did not settle'
+    found[key] = tuple([dataclasses.replace(f, converted=False, why=why) for f in part]
+                       for part in found[key])
   return _merge(found)
 
 
-def _merge(found: dict) -> dict[str, Factory]:
-  return {f.qualified: f for factories in found.values() for f in factories}
+def _merge(found: dict) -> tuple[dict[str, Factory], dict[str, Step]]:
+  return ({f.qualified: f for factories, _ in found.values() for f in factories},
+          {f.qualified: f for _, steps in found.values() for f in steps})
 
 
-def _scan(path, names, shown, options, flow_file) -> list[Factory]:
-  """The factories one creator file defines, as the run's rewrite of it makes them."""
+def _scan(path, names, shown, options, flow_file) -> tuple[list[Factory], list[Step]]:
+  """The factories and step functions one file defines, as the run's rewrite makes them."""
   from codemod import engine
   from codemod.transform import KEEPS_LEGACY
   result = engine.rewrite_file(path, options, flow_file)
   if result.error:
-    return []
+    return [], []
+  why = next((f'{f.rule}: {f.message}'.replace(' ' + KEEPS_LEGACY, '')
+              for f in result.manual), 'see its report')
   found = {}
   if result.factories:  # legacy: what this run's rewrite of the file makes of them
-    why = next((f'{f.rule}: {f.message}'.replace(' ' + KEEPS_LEGACY, '')
-                for f in result.manual), 'see its report')
     for function, converted in result.factories.items():
       converted = converted and result.changed
       found[function] = (converted, result.inject_lr, '' if converted else why)
@@ -314,5 +366,10 @@ def _scan(path, names, shown, options, flow_file) -> list[Factory]:
     except cst.ParserSyntaxError:
       migrated = {}
     found = {function: (True, inject, '') for function, inject in migrated.items()}
-  return [Factory(f'{name}.{function}', shown, converted, inject, why)
-          for function, (converted, inject, why) in found.items() for name, _ in names]
+  steps = []
+  for function, (params, converted) in result.steps.items():
+    converted = converted and result.changed
+    steps.extend(Step(f'{name}.{function}', shown, params, converted, '' if converted else why)
+                 for name, _ in names)
+  return ([Factory(f'{name}.{function}', shown, converted, inject, why)
+           for function, (converted, inject, why) in found.items() for name, _ in names], steps)

@@ -266,7 +266,8 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
 
 def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options) -> list:
   """The cross-module pre-pass (:mod:`codemod.flow`): each file's Flow, or None for all
-  files when no module of the tree defines an optimizer factory another one imports."""
+  files when no module of the tree defines an optimizer factory or step function another
+  one imports."""
   roots = flow_lib.roots_of(paths)
   named = []
   for f in files:
@@ -274,11 +275,11 @@ def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options) ->
               if f == pathlib.Path(p) or pathlib.Path(p) in f.parents]
     shown = f.relative_to(owners[0]).as_posix() if owners and owners[0] in f.parents else str(f)
     named.append((f, flow_lib.module_names(f, owners) if f.suffix == '.py' else [], shown))
-  factories = flow_lib.build_factories(named, options)
-  if not factories:
+  factories, steps = flow_lib.build_flows(named, options)
+  if not factories and not steps:
     return [None] * len(files)
   return [flow_lib.Flow(factories, names[0][0] if names else None,
-                        names[0][1] if names else False) for _, names, _ in named]
+                        names[0][1] if names else False, steps) for _, names, _ in named]
 
 
 def report_entries(result: engine.FileResult) -> list[dict]:

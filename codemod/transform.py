@@ -223,6 +223,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.assignments: list = []         # (targets, value) of every `=` statement
     self._chain_copies: list = []       # (chain, replicated chain): `self.o = replicate(self.o)`
     self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
+    self.top_functions: list[cst.FunctionDef] = []  # module-level ones (codemod.flow steps)
+    self.steps: dict = {}  # module-level function -> its optimizer parameters (leave_Module)
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
     self._wrapped: list = []  # (assignment, call): `p_step = jax.pmap(step, ...)`
     self._rebinds: set = set()  # bindings a loop, walrus, `with` or unpacking gives other values
@@ -327,6 +329,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._function_stack.append(node.name.value)
     if not self._class_depth:
       self.functions.append(node)
+      if len(self._function_stack) == 1:
+        self.top_functions.append(node)
     if node.name.value == 'apply_gradient':
       self.defines_apply_gradient = True
 
@@ -586,6 +590,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
                            if inner not in self.attr_chains)
     if self.uses_legacy or self.flow_vars:
       self._follow_parameters()
+    self.steps = self._step_params()
 
   # -- parameters that receive optimizers ---------------------------------
   def _follow_parameters(self) -> None:
@@ -652,18 +657,30 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def _argument(self, fn: cst.FunctionDef, param: cst.Param, call: cst.Call):
     """The expression ``call`` passes to ``param`` (None: a default, or cannot tell)."""
-    if any(a.star for a in call.args):
-      return None
     positional = [*fn.params.posonly_params, *fn.params.params]
-    for a in call.args:
-      if a.keyword is not None and a.keyword.value == param.name.value and \
-          not any(param is p for p in fn.params.posonly_params):
-        return a.value
     index = next((i for i, p in enumerate(positional) if p is param), None)
-    given = [a for a in call.args if a.keyword is None]
-    if index is not None and index < len(given):
-      return given[index].value
-    return None
+    keyword = None if any(param is p for p in fn.params.posonly_params) else param.name.value
+    return call_argument(call, index, keyword)
+
+  def _step_params(self) -> dict[str, tuple[tuple[Optional[int], str], ...]]:
+    """Module-level functions with parameters this file treats as optimizers (``def
+    train_step(opt, batch)`` that calls ``opt.apply_gradient``): ``{function: ((position
+    among the positional parameters or None, name), ...)}``, for :mod:`codemod.flow`."""
+    names = [fn.name.value for fn in self.top_functions]
+    out = {}
+    for fn in self.top_functions:
+      if names.count(fn.name.value) > 1:
+        continue  # defined twice: which one a caller reaches cannot be told
+      positional = [*fn.params.posonly_params, *fn.params.params]
+      found = []
+      for index, param in [*enumerate(positional), *((None, p) for p in fn.params.kwonly_params)]:
+        b = self.binding(param.name)
+        if b is not None and b not in self.rebound and (
+            b in self.opt_vars or (b in self.flow_vars and self.flow_vars[b].converted)):
+          found.append((index, param.name.value))
+      if found:
+        out[fn.name.value] = tuple(found)
+    return out
 
   def _holds_optimizer(self, expr) -> bool:
     if isinstance(expr, cst.Name):
@@ -731,8 +748,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
           ('OM100', f'{", ".join(f"`{n}`" for n in conflicts)} is bound to something else in '
                     'this file, and the rewrite would use that name for the module it imports: '
                     'rename it, then rerun (this file keeps its legacy optimizer code)'))
+    self._step_calls = self._find_step_calls()
     self.blocked = bool(
         self.opts.keep_legacy or conflicts or a.star_imports
+        or any(not step.converted and self._own_optimizer(arg)
+               for _, step, _, arg in self._step_calls)
         or self.mixed_lr or self._bad_refs or self._bad_hp
         or any(self._def_problem(c) for c in a.def_calls)
         or any(self._create_problem(c) for c in a.create_calls)
@@ -923,6 +943,75 @@ class _Rewriter(_Base, cst.CSTTransformer):
               'conversion injects it (an injected rate persists in opt_state, legacy used the '
               "def's value for calls without one): pass learning_rate here too, or convert by hand")
     return None
+
+  def _find_step_calls(self) -> list:
+    """Calls of another module's step function (:class:`codemod.flow.Step`) with the
+    arguments given to its optimizer parameters: ``[(call, step, parameter, argument)]``.
+    Direct (``train_step(opt, b)``, ``steps.train_step(...)``) or through ``jax.jit`` /
+    ``jax.pmap`` (``p_step = jax.pmap(train_step)``, ``jax.jit(train_step)(opt, b)``)."""
+    if self.a.flow is None or not self.a.flow.steps:
+      return []
+    aliases = {}
+    for targets, value in self.a.assignments:
+      if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
+          and value.args and value.args[0].keyword is None and not value.args[0].star
+          and self.qnames(value.func) & CALL_WRAPPERS
+          and (step := self._step_named(value.args[0].value)) is not None
+          and (b := self.binding(targets[0])) is not None):
+        aliases[b] = step
+    found = []
+    for call in self.a._calls_by_func.values():
+      func = call.func
+      if isinstance(func, cst.Call) and func.args and self.qnames(func.func) & CALL_WRAPPERS:
+        step = self._step_named(func.args[0].value)
+      elif isinstance(func, cst.Name) and self.binding(func) in aliases:
+        step = aliases[self.binding(func)]
+      else:
+        step = self._step_named(func)
+      if step is None:
+        continue
+      for position, name in step.params:
+        if (arg := call_argument(call, position, name)) is not None:
+          found.append((call, step, name, arg))
+    return found
+
+  def _step_named(self, expr):
+    for q in sorted(self.qnames(expr)):
+      if (found := self.a.flow.resolve_step(q)) is not None:
+        return found
+    return None
+
+  def _own_optimizer(self, expr) -> bool:
+    """``expr`` is one of this file's legacy optimizers (a TrainState only if the file converts)."""
+    return self.a.uses_legacy and self._is_optimizer(expr) and self.factory_of(expr) is None
+
+  def _step_problems(self, call: cst.Call) -> list[str]:
+    """Why a call of another module's step function fails after this run, per argument:
+    the step keeps its legacy code and gets a TrainState, or it is converted and gets a
+    flax.optim Optimizer (this file, or the factory that made it, keeps its legacy code)."""
+    problems = []
+    for c, step, name, arg in self._step_calls:
+      if c is not call:
+        continue
+      code, factory = self._code(arg), self.factory_of(arg)
+      if not step.converted and self._own_optimizer(arg):
+        problems.append(f'`{code}` is passed to {step.where}, which keeps its legacy optimizer '
+                        f'code ({step.why}): migrated here, it would get a TrainState: migrate it '
+                        f'there first {KEEPS_LEGACY}')
+      elif not step.converted and factory is not None and factory.converted:
+        problems.append(f'`{code}` holds what {factory.where} returns, now a TrainState, and is '
+                        f'passed to {step.where}, which keeps its legacy optimizer code '
+                        f'({step.why}): migrate it there first, or convert this call by hand')
+      elif step.converted and self.blocked and self._own_optimizer(arg):
+        problems.append(f'{step.where} now takes a TrainState as `{name}` (this run converts '
+                        f'it), but `{code}` stays a flax.optim Optimizer here: fix the other '
+                        f'TODOs of this file and rerun, or convert this call by hand {KEEPS_LEGACY}')
+      elif step.converted and factory is not None and not factory.converted:
+        problems.append(f'`{code}` is created by {factory.where}, which keeps its legacy optimizer '
+                        f'code ({factory.why}), and is passed to {step.where}, which this run '
+                        f'converts to take a TrainState as `{name}`: migrate {factory.where} too, '
+                        'or convert this call by hand')
+    return problems
 
   def _unproven_message(self, recv, what='`.apply_gradient`') -> str:
     """The flag on a legacy-looking use nothing proves to be an optimizer."""
@@ -1324,6 +1413,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
     name = self.legacy_def(original)
     if name is not None:
       return self._rewrite_def(original, updated, name)
+    if self._step_calls:
+      for problem in self._step_problems(original):
+        self.flag(original, 'OM100', problem)
     if not (self.blocked or self.unproven) and (problem := self._reflection_problem(original)):
       self.flag(original, 'OM100', problem)
       return updated
@@ -1844,6 +1936,22 @@ def _stale_todo(line: cst.EmptyLine) -> bool:
   return text.startswith(TODO_PREFIX) and text.endswith(KEEPS_LEGACY)
 
 
+def call_argument(call: cst.Call, position: Optional[int], keyword: Optional[str]):
+  """The expression ``call`` passes to the parameter at ``position`` among the positional
+  ones, or named ``keyword`` (None: not passed, a ``*args`` / ``**kwargs`` call, or a
+  positional-only parameter for ``keyword``)."""
+  if any(a.star for a in call.args):
+    return None
+  if keyword is not None:
+    for a in call.args:
+      if a.keyword is not None and a.keyword.value == keyword:
+        return a.value
+  given = [a for a in call.args if a.keyword is None]
+  if position is not None and position < len(given):
+    return given[position].value
+  return None
+
+
 def _apply_grads(call: cst.Call):
   """The gradient of ``opt.apply_gradient(g)`` / ``apply_gradient(grads=g)`` (legacy
   0.5.3: ``apply_gradient(self, grads, **hyper_param_overrides)``), or None when the call
@@ -1990,10 +2098,12 @@ class MigrateCommand(CodemodCommand):
   def __init__(self, context: CodemodContext, options: Optional[Options] = None, flow=None):
     super().__init__(context)
     self.options = options or Options()
-    self.flow = flow if flow is not None and flow.factories else None
+    self.flow = flow if flow is not None and (flow.factories or flow.steps) else None
     self.findings: list[Finding] = []
     #: module-level functions returning an optimizer -> whether the result is a TrainState
     self.factories: dict[str, bool] = {}
+    #: module-level functions taking optimizers -> (their parameters, converted)
+    self.steps: dict[str, tuple[tuple, bool]] = {}
     self.inject_lr = False
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -2009,7 +2119,12 @@ class MigrateCommand(CodemodCommand):
     result = _restore(wrapper.visit(rewriter), originals)
     self.findings = rewriter.findings
     converts = not rewriter.blocked and not rewriter.unproven
-    self.factories = dict.fromkeys(sorted(analysis.module_factories), converts)
+    # a function that takes an optimizer is a step (`opt = train_step(opt, b)` passes the
+    # caller's own through), not a factory, even when it returns the updated one
+    self.factories = dict.fromkeys(sorted(analysis.module_factories - set(analysis.steps)),
+                                   converts)
+    self.steps = {name: (params, converts) for name, params in
+                  sorted(analysis.steps.items())} if analysis.uses_legacy else {}
     self.inject_lr = rewriter.inject_lr
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
     removals = [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),

@@ -51,7 +51,8 @@ def test_converted_uses_name_the_creating_function_and_unproven_ones_stay_legacy
   before, after = _files(flagged / 'before'), _files(flagged / 'after')
   # files whose optimizer the flow does not prove keep every legacy call, with a TODO
   for name in ('lr_at_apply.py', 'creator_kept_legacy.py', 'through_a_parameter.py',
-               'no_lr_at_apply.py', 'unknown_module.py', 'own_and_imported.py'):
+               'no_lr_at_apply.py', 'unknown_module.py', 'own_and_imported.py',
+               'step_callers.py', 'kept_caller.py', 'models/legacy_steps.py'):
     kept = ''.join(line for line in after[name].splitlines(keepends=True)
                    if '# TODO(optim-migrate): ' not in line)
     assert kept == before[name], name
@@ -75,6 +76,27 @@ def test_converted_uses_name_the_creating_function_and_unproven_ones_stay_legacy
                      'return own.target, opt.target, opt.state.step, batch.target']  # `batch`
   assert sum('`batch` may hold what models/opt.py:create_optimizer returns' in line
              for line in kept) == 1
+  # step functions of other modules (codemod.flow.Step): every call that would hand a
+  # TrainState to a step kept legacy, or a flax.optim Optimizer to a converted one, is flagged
+  assert after['models/steps.py'] != before['models/steps.py']  # converted: takes a TrainState
+  callers = after['step_callers.py']
+  flagged = [line for line in callers.splitlines() if 'OM100' in line]
+  assert len(flagged) == 3
+  assert ('`opt` is passed to models/legacy_steps.py:legacy_step, which keeps its legacy '
+          'optimizer code (OM102: apply_gradient(hyper_params=...)') in flagged[0]  # via pmap
+  assert flagged[0].endswith('(this file keeps its legacy optimizer code)')
+  assert ('`opt` holds what models/opt.py:create_optimizer returns, now a TrainState, and is '
+          'passed to models/legacy_steps.py:legacy_step') in flagged[1]
+  assert ('models/steps.py:train_step now takes a TrainState as `optimizer` (this run '
+          'converts it), but `opt` stays a flax.optim Optimizer here') in flagged[2]
+  for caller, call in (('step_callers.py', 'opt = p_step(opt, batch, loss_fn, None)'),
+                       ('step_callers.py', 'return legacy_steps.legacy_step(opt, batch, loss_fn, '
+                                           'hp=None)'),
+                       ('step_callers.py', 'return train_step(opt, batch, loss_fn)'),
+                       ('kept_caller.py', 'opt = train_step(opt, batch, loss_fn)')):
+    lines = after[caller].splitlines()
+    i = next(i for i, line in enumerate(lines) if line.strip() == call)
+    assert 'OM100' in lines[i - 1] and ('step' in lines[i - 1]), (caller, call)
   assert 'return opt.target' in after['through_a_parameter.py'].split(
       '`opt` holds what models/opt.py:create_optimizer returns, now a TrainState')[1]
 
@@ -112,9 +134,11 @@ def test_pre_pass_parses_only_creators_that_are_imported(monkeypatch, tmp_path):
   flows = runner.tree_flows(files, [str(tree)], Options())
   assert sorted(parsed) == ['opt.py', 'sched.py']  # not the users, not the unrelated module
   factories = flows[0].factories
-  # warmup_step returns `opt.apply_gradient(...)`: converted, it returns a TrainState too
-  assert sorted(factories) == ['pkg.opt.create_optimizer', 'pkg.sched.create_scheduled',
-                               'pkg.sched.warmup_step']
+  assert sorted(factories) == ['pkg.opt.create_optimizer', 'pkg.sched.create_scheduled']
+  # warmup_step takes an optimizer and returns `opt.apply_gradient(...)`: a step function
+  # (its callers pass their own optimizer through), converted to take a TrainState
+  assert flows[0].steps == {'pkg.sched.warmup_step': flow.Step(
+      'pkg.sched.warmup_step', 'pkg/sched.py', ((0, 'opt'),), True)}
   opt, sched = factories['pkg.opt.create_optimizer'], factories['pkg.sched.create_scheduled']
   assert opt.converted and not opt.inject_lr and opt.where == 'pkg/opt.py:create_optimizer'
   assert sched.converted and sched.inject_lr
