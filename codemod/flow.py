@@ -177,6 +177,84 @@ def roots_of(paths: Iterable[str]) -> dict[str, list[pathlib.Path]]:
   return out
 
 
+_FROM = re.compile(r'^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([^#\n]*)', re.M)
+_IMPORT = re.compile(r'^[ \t]*import[ \t]+([^#\n;]*)', re.M)
+
+
+def imported_modules(text: str, module: Optional[str], is_package: bool) -> set[str]:
+  """Dotted names of the modules ``text`` may import (``from a.b import c`` gives ``a.b``
+  and ``a.b.c``; relative imports resolved against ``module``). From the first line of each
+  import statement: a cheap over- and under-approximation, used only to find modules outside
+  the run that an importer in it names."""
+  found = set()
+  for dots, name, names in _FROM.findall(text):
+    if dots:
+      if module is None:
+        continue
+      package = module.split('.') if is_package else module.split('.')[:-1]
+      if len(dots) - 1 > len(package):
+        continue
+      name = '.'.join(filter(None, [*package[:len(package) - (len(dots) - 1)], name]))
+    if not name:
+      continue
+    found.add(name)
+    for imported in names.split(','):
+      word = imported.strip().split(' ')[0].rstrip(')\\')
+      if word.isidentifier():
+        found.add(f'{name}.{word}')
+  for names in _IMPORT.findall(text):
+    for imported in names.split(','):
+      word = imported.strip().split(' ')[0]
+      if word and all(part.isidentifier() for part in word.split('.')):
+        found.add(word)
+  return found
+
+
+def outside_modules(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]],
+                    roots: Iterable[pathlib.Path]) -> list[tuple[pathlib.Path, list, str]]:
+  """Modules the run's files import that lie under one of ``roots`` but are not in the
+  run (``rewrite train.py`` alone, or pre-commit's changed files): ``(path, module names,
+  path shown)``, to be read by the pre-pass (never written), so that a module migrated
+  or kept legacy earlier still tells its importers what its functions return and take."""
+  roots = [r.absolute() for r in roots]
+  for i, root in enumerate(roots):
+    while (root / '__init__.py').exists() and root.parent != root:
+      root = root.parent
+    roots[i] = root
+  roots = list(dict.fromkeys(roots))
+  inside = set()
+  for path, _, _ in files:
+    try:
+      inside.add(path.resolve())
+    except OSError:
+      continue
+  wanted = set()
+  for path, names, _ in files:
+    if path.suffix != '.py':
+      continue
+    try:
+      text = path.read_bytes().decode('latin-1')
+    except OSError:
+      continue
+    module, is_package = names[0] if names else (None, False)
+    wanted |= imported_modules(text, module, is_package)
+  out = []
+  for name in sorted(wanted):
+    parts = name.split('.')
+    for root in roots:
+      for candidate in (root.joinpath(*parts).with_suffix('.py'),
+                        root.joinpath(*parts, '__init__.py')):
+        try:
+          if not candidate.is_file() or candidate.resolve() in inside:
+            continue
+        except OSError:
+          continue
+        inside.add(candidate.resolve())
+        out.append((candidate, [(name, candidate.name == '__init__.py')],
+                    candidate.relative_to(root).as_posix()))
+  return out
+
+
 def _could_take(text: str) -> bool:
   """A module-level function that may take a legacy optimizer (``opt.apply_gradient``,
   ``opt.target``, an ``optim.Optimizer`` annotation: the codemod's words)."""

@@ -269,17 +269,93 @@ def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options) ->
   files when no module of the tree defines an optimizer factory or step function another
   one imports."""
   roots = flow_lib.roots_of(paths)
+  named = _named(files, roots)
+  # modules the files import that the run does not include are read (never written)
+  extra = flow_lib.outside_modules(named, [r for rs in roots.values() for r in rs])
+  factories, steps = flow_lib.build_flows(named + extra, options)
+  if not factories and not steps:
+    return [None] * len(files)
+  return [flow_lib.Flow(factories, names[0][0] if names else None,
+                        names[0][1] if names else False, steps) for _, names, _ in named]
+
+
+def _named(files, roots) -> list[tuple[pathlib.Path, list[tuple[str, bool]], str]]:
+  """Each file with its module names (:func:`codemod.flow.module_names`) and the path
+  messages name it by (relative to its root)."""
   named = []
   for f in files:
     owners = [r for p, rs in roots.items() for r in rs
               if f == pathlib.Path(p) or pathlib.Path(p) in f.parents]
     shown = f.relative_to(owners[0]).as_posix() if owners and owners[0] in f.parents else str(f)
     named.append((f, flow_lib.module_names(f, owners) if f.suffix == '.py' else [], shown))
-  factories, steps = flow_lib.build_flows(named, options)
-  if not factories and not steps:
-    return [None] * len(files)
-  return [flow_lib.Flow(factories, names[0][0] if names else None,
-                        names[0][1] if names else False, steps) for _, names, _ in named]
+  return named
+
+
+def outside_importers(results, files: list[pathlib.Path], paths: list[str],
+                      exclude: Iterable[str] = ()) -> list[dict]:
+  """Report rows (``OM100``, manual) for files outside the run that import a function this
+  run converted: a factory that now returns a ``TrainState``, or a step function that now
+  takes one (pre-commit passes only the changed files; ``rewrite models/`` leaves out the
+  scripts that use them). Those files are read, never written; their call sites fail until
+  they are rewritten too.
+
+  Searched: the directories given (raised past parent packages), the directory of each
+  file given, and the working directory when it holds ``.git`` or ``pyproject.toml`` (a
+  repository root, as pre-commit runs from) and the paths lie under it. An importer is a file
+  whose import lines name the converted function's module and whose text names the
+  function (:func:`codemod.flow.imported_modules`); the row points at that import line.
+  """
+  roots = flow_lib.roots_of(paths)
+  cwd = pathlib.Path.cwd()
+  repository = (cwd / '.git').exists() or (cwd / 'pyproject.toml').exists()
+  search = {r.absolute() for rs in roots.values() for r in rs if r.absolute() != cwd}
+  if repository and any(cwd in pathlib.Path(p).absolute().parents for p in paths):
+    search.add(cwd)
+  changed = {}
+  for (path, names, _), result in zip(_named(files, roots), results):
+    if result.error or not result.changed or not names:
+      continue
+    what = {f: 'returns a TrainState' for f, ok in result.factories.items() if ok}
+    what.update({f: 'takes a TrainState as ' + ', '.join(f'`{n}`' for _, n in params)
+                 for f, (params, ok) in result.steps.items() if ok})
+    if what:
+      for name, _ in [*names, *flow_lib.module_names(path, search)]:
+        changed[name] = (result.path, what)  # the path this run names it by
+  if not changed:
+    return []
+  inside = {f.resolve() for f in files}
+  rows = []
+  for f in iter_python_files(sorted(map(str, search)), exclude):
+    if f.suffix != '.py' or f.resolve() in inside:
+      continue
+    inside.add(f.resolve())
+    try:
+      text = f.read_bytes().decode('latin-1')
+    except OSError:
+      continue
+    if not any(fn in text for _, what in changed.values() for fn in what):
+      continue
+    names = flow_lib.module_names(f, search)
+    module, is_package = names[0] if names else (None, False)
+    imported = flow_lib.imported_modules(text, module, is_package)
+    lines = text.splitlines()
+    seen = set()
+    for dotted, (shown, what) in sorted(changed.items()):
+      for fn, change in sorted(what.items()):
+        if fn not in text or not ({dotted, f'{dotted}.{fn}'} & imported) or (shown, fn) in seen:
+          continue
+        seen.add((shown, fn))
+        last = dotted.rsplit('.', 1)[-1]
+        line = next((i for i, text_line in enumerate(lines, 1)
+                     if 'import' in text_line and last in text_line), None)
+        shown_here = f.relative_to(cwd).as_posix() if cwd in f.absolute().parents else str(f)
+        rows.append({'file': shown_here, 'line': line, 'column': 1 if line else None,
+                     'rule': 'OM100', 'safety': RULES['OM100'].safety,
+                     'message': f'imports {fn} from {shown}, which this run rewrites so that it '
+                                f'{change}; this file is not in the run: where it still uses '
+                                'it the flax.optim way, it fails: rewrite it too (optim-migrate '
+                                f'rewrite {shown_here})', 'applied': False})
+  return rows
 
 
 def report_entries(result: engine.FileResult) -> list[dict]:
@@ -396,6 +472,7 @@ def cmd_rewrite(args) -> int:
           'file', file=sys.stderr)
     return EXIT_ERROR
   results = run_files(files, options, jobs, tree_flows(files, paths, options))
+  outside = outside_importers(results, files, paths, config.get('exclude', ()))
   for result in results:
     if result.error:
       print(result.error, file=sys.stderr)
@@ -419,8 +496,11 @@ def cmd_rewrite(args) -> int:
           sys.stdout.write(result.diff())
       else:
         sys.stdout.write(result.diff())
+  for row in outside:
+    where = f"{row['file']}:{row['line']}:{row['column']}" if row['line'] else row['file']
+    print(f"{where}: OM100 [manual] {row['message']}", file=sys.stderr)
   if args.report:
-    rows = [row for r in results for row in report_entries(r)]
+    rows = [row for r in results for row in report_entries(r)] + outside
     rows += [{'file': p, 'line': None, 'column': None, 'rule': None, 'safety': None,
               'message': f'{p}: {why}', 'applied': False} for p, why in missing.items()]
     try:
@@ -429,10 +509,14 @@ def cmd_rewrite(args) -> int:
       print(f'rewrite: --report {args.report}: {e}', file=sys.stderr)
       return EXIT_ERROR
   verb = 'rewritten' if args.write else 'would be rewritten'
-  print(_summary(results, len(missing), verb), file=sys.stderr)
+  summary = _summary(results, len(missing), verb)
+  if outside:
+    summary += (f'; {len({row["file"] for row in outside})} file(s) outside this run import '
+                'what it converted (flagged above)')
+  print(summary, file=sys.stderr)
   if missing or any(r.error for r in results):
     return EXIT_ERROR
-  if any(r.changed or r.manual for r in results):
+  if outside or any(r.changed or r.manual for r in results):
     return EXIT_CHANGES
   return EXIT_CLEAN
 

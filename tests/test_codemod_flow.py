@@ -274,3 +274,64 @@ def test_files_named_one_by_one_get_the_flow_of_the_working_directory(tmp_path):
   assert named.stdout == tree.stdout and 'OM100' not in named.stderr
   elsewhere = _cli('rewrite', '--diff', 'opt.py', '../train.py', cwd=tmp_path / 'models')
   assert elsewhere.returncode == 1 and 'OM100' in elsewhere.stderr
+
+
+def test_a_run_over_part_of_a_repository_reads_and_names_the_rest(tmp_path):
+  """pre-commit passes only the changed files. The modules they import that the run does
+  not include are read (never written), so a factory migrated earlier still converts its
+  users and a step kept legacy keeps its callers legacy; files outside the run that import
+  what the run converts are flagged in the report (exit 1), and left as they are."""
+  (tmp_path / 'pyproject.toml').write_text('[project]\nname = "x"\n')  # a repository root
+  (tmp_path / 'models').mkdir()
+  (tmp_path / 'models' / 'opt.py').write_text(
+      'from flax import optim\n\n\ndef create_optimizer(params):\n'
+      '  return optim.Momentum(learning_rate=0.1, beta=0.9).create(params)\n')
+  (tmp_path / 'models' / 'legacy_steps.py').write_text(
+      'from flax import optim\n\n\ndef legacy_step(opt: optim.Optimizer, g, hp):\n'
+      '  return opt.apply_gradient(g, hyper_params=hp)\n')
+  train = ('import jax.numpy as jnp\nfrom models.opt import create_optimizer\n\n\n'
+           'def run(g):\n  opt = create_optimizer(jnp.ones(3))\n'
+           '  opt = opt.apply_gradient(g)\n  return opt.target\n')
+  (tmp_path / 'train.py').write_text(train)
+  own = ('from flax import optim\nfrom models.legacy_steps import legacy_step\n\n\n'
+         'def run(p, g):\n  opt = optim.Adam(learning_rate=1e-3).create(p)\n'
+         '  opt = legacy_step(opt, g, None)\n  return opt.target\n')
+  (tmp_path / 'own.py').write_text(own)
+  # 1. the factory's module alone: converted; its importer outside the run is named
+  proc = _cli('rewrite', '--write', '--report', 'r.json', 'models/opt.py', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert 'TrainState.create' in (tmp_path / 'models' / 'opt.py').read_text()
+  assert (tmp_path / 'train.py').read_text() == train  # read, never written
+  outside = [r for r in json.loads((tmp_path / 'r.json').read_text()) if r['file'] == 'train.py']
+  assert [(r['line'], r['rule'], r['applied']) for r in outside] == [(2, 'OM100', False)]
+  assert outside[0]['message'].startswith(
+      'imports create_optimizer from models/opt.py, which this run rewrites so that it returns '
+      'a TrainState')
+  assert 'train.py:2:1: OM100 [manual] imports create_optimizer' in proc.stderr
+  assert '1 file(s) outside this run import what it converted' in proc.stderr
+  # 2. the importer alone, later: the migrated factory (not in the run) proves its optimizer
+  proc = _cli('rewrite', '--write', 'train.py', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert (tmp_path / 'train.py').read_text() == train.replace(
+      'opt.apply_gradient(g)', 'opt.apply_gradients(grads=g)').replace('opt.target', 'opt.params')
+  # 3. a caller of a step kept legacy (not in the run) keeps its legacy code, flagged
+  proc = _cli('rewrite', '--diff', 'own.py', cwd=tmp_path)
+  assert proc.returncode == 1
+  assert ('own.py:7:9: OM100 [manual] `opt` is passed to models/legacy_steps.py:legacy_step, '
+          'which keeps its legacy optimizer code') in proc.stderr
+  assert proc.stderr.count('[manual]') == 1
+  added = [line for line in proc.stdout.splitlines() if line.startswith('+ ')]
+  assert len(added) == 1 and '# TODO(optim-migrate): OM100: `opt` is passed to' in added[0]
+  assert not [line for line in proc.stdout.splitlines() if line.startswith('- ')]
+  assert (tmp_path / 'own.py').read_text() == own
+
+
+def test_imported_modules_reads_every_import_form():
+  text = ('from a.b import c, d as e\nimport x.y as z, w\nfrom . import opt\n'
+          'from ..m import (k,\n    l)\nfrom .s import *  # star\nimport jax; import optax\n')
+  assert flow.imported_modules(text, 'pkg.sub.mod', False) == {
+      'a.b', 'a.b.c', 'a.b.d', 'x.y', 'w', 'pkg.sub', 'pkg.sub.opt', 'pkg.m', 'pkg.m.k',
+      'pkg.sub.s', 'jax'}
+  # in a package's __init__, `.` is the package itself; above the root: nothing
+  assert flow.imported_modules('from .opt import f\nfrom .... import g\n', 'pkg', True) == {
+      'pkg.opt', 'pkg.opt.f'}
