@@ -227,6 +227,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._wrapped: list = []  # (assignment, call): `p_step = jax.pmap(step, ...)`
     self._rebinds: set = set()  # bindings a loop, walrus, `with` or unpacking gives other values
     self.module_refs: list = []   # uses of the flax.optim module object itself
+    self.dynamic_imports: dict = {}  # id(node) -> what it does without flax.optim (below)
     self.star_imports: list = []  # `from flax.optim import *`: its names cannot be resolved
     self.legacy_imports: list = []  # import statements of flax.optim
 
@@ -482,6 +483,47 @@ class _Analyzer(_Base, cst.CSTVisitor):
           continue  # (`new, loss = opt.optimize(f)`: the first is an optimizer)
         self._rebinds.add(b)
 
+  # -- flax.optim reached by name at run time ----------------------------
+  def _dynamic_import(self, node) -> Optional[str]:
+    """How ``node`` fails on Flax >= 0.6 if it reaches flax.optim by name, else None:
+    ``importlib.import_module('flax.optim[.adam]')`` / ``__import__(...)`` (also
+    ``import_module('.optim', 'flax')``), ``sys.modules['flax.optim']`` (and ``.get``,
+    ``.pop``, ``.setdefault``), ``getattr(flax, 'optim'[, default])``."""
+    if isinstance(node, cst.Subscript):
+      if ('sys.modules' in self.qnames(node.value) and len(node.slice) == 1
+          and isinstance(node.slice[0].slice, cst.Index)
+          and _legacy_module_name(node.slice[0].slice.value)):
+        return 'a KeyError'
+      return None
+    if not isinstance(node, cst.Call) or not node.args or any(a.star for a in node.args):
+      return None
+    fn = self.qnames(node.func)
+    args = {a.keyword.value if a.keyword is not None else i: a.value
+            for i, a in enumerate(node.args)}
+    if fn & {'importlib.import_module', 'builtins.__import__'}:
+      name = args.get(0, args.get('name'))
+      package = args.get(1, args.get('package')) if 'importlib.import_module' in fn else None
+      if _legacy_module_name(name) or (
+          isinstance(package, (cst.SimpleString, cst.ConcatenatedString))
+          and package.evaluated_value == 'flax'
+          and _legacy_module_name(name, prefix='.optim')):
+        return 'a ModuleNotFoundError'
+      return None
+    if m.matches(node.func, m.Attribute(attr=m.Name('get') | m.Name('pop') | m.Name('setdefault'))) \
+        and 'sys.modules' in self.qnames(node.func.value) and _legacy_module_name(args.get(0)):
+      return {'get': 'None (or the default)', 'pop': 'a KeyError (or the default)',
+              'setdefault': 'the default'}[node.func.attr.value]
+    if 'builtins.getattr' in fn and len(node.args) in (2, 3) and 'flax' in self.qnames(args[0]) \
+        and isinstance(args.get(1), (cst.SimpleString, cst.ConcatenatedString)) \
+        and args[1].evaluated_value == 'optim':
+      return 'the default' if len(node.args) == 3 else 'an AttributeError'
+    return None
+
+  def visit_Subscript(self, node: cst.Subscript) -> None:
+    if (failure := self._dynamic_import(node)) is not None:
+      self.uses_legacy = True
+      self.dynamic_imports[id(node)] = failure
+
   def _passes_name_through(self, value, targets) -> bool:
     """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
     if not isinstance(value, cst.Call):
@@ -493,6 +535,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def visit_Call(self, node: cst.Call) -> None:
     self.call_funcs.add(id(node.func))
+    if (failure := self._dynamic_import(node)) is not None:
+      self.uses_legacy = True
+      self.dynamic_imports[id(node)] = failure
     self._calls_by_func[id(node.func)] = node
     if (factory := self.factory_of_call(node)) is not None:
       self.flow_used[factory.qualified] = factory
@@ -741,6 +786,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
                if self._is_optimizer(c.func.value))
         or any(self._method_problem(c) for c in a.method_calls.values())
         or self._legacy_only_uses() or self._def_only_uses() or a.module_refs
+        or a.dynamic_imports
         or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls))
         or bool(a.escaping))
     # a file that never references flax.optim: nothing proves `.apply_gradient` is ours, unless
@@ -1220,6 +1266,12 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                'value (an alias, a None check, an argument): the codemod cannot '
                                'follow it, and Flax >= 0.6 has no flax.optim; convert its uses '
                                'by hand (this file keeps its legacy optimizer code)')
+    if id(node) in self.a.dynamic_imports:
+      self.flag(node, 'OM100', f'`{self._code(node)}` reaches flax.optim by name at run time, and '
+                               'Flax >= 0.6 has no flax.optim (here: '
+                               f'{self.a.dynamic_imports[id(node)]}); the codemod cannot follow '
+                               'the module it gets: use `optim_compat` (the shim, same names) in '
+                               'its place, or migrate its uses to Optax by hand ' + KEEPS_LEGACY)
     if id(node) in self.a.escaping:
       self.flag(node, 'OM100', f'`{self._code(node)}` is an optimizer def handed to other code '
                                '(returned, passed as an argument or kept as a class attribute): as '
@@ -1918,6 +1970,14 @@ def attr_chain(node) -> Optional[str]:
   if not parts or not isinstance(node, cst.Name):
     return None
   return '.'.join([node.value, *reversed(parts)])
+
+
+def _legacy_module_name(expr, prefix=LEGACY) -> bool:
+  """``expr`` is a string literal naming flax.optim or one of its submodules."""
+  if not isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+    return False
+  value = expr.evaluated_value
+  return isinstance(value, str) and (value == prefix or value.startswith(prefix + '.'))
 
 
 def target_names(target):
