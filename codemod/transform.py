@@ -800,7 +800,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if not (self.a.uses_legacy or self.a.flow_used):
       return set()
     found: set = set()
-    from_optimizer = [(targets, value, self._mentions_optimizer(value))
+    # (also from an attribute that may hold one: `x = make_trainer(p).optimizer`)
+    maybe = lambda e: self._is_optimizer(e) or self._mixed_chain(e)
+    from_optimizer = [(targets, value, self._mentions(value, maybe))
                       for targets, value in self.a.assignments]
     in_found = lambda e: isinstance(e, cst.Name) and self.binding(e) in found
     changed = True
@@ -1230,10 +1232,15 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def _mixed_chain(self, expr) -> bool:
     """Maybe an optimizer (flagged, not converted): ``self.optimizer`` that gets
     ``.apply_gradient`` here but is also assigned something else, or another chain
-    ending in the same attribute (``trainer.optimizer`` beside ``self.optimizer``)."""
+    ending in the same attribute (``trainer.optimizer`` beside ``self.optimizer``, also
+    on a call's result: ``make_trainer(p).optimizer``)."""
     chain = attr_chain(expr)
     if chain is None:
-      return False
+      # `T(p).optimizer`, `make_trainer(p).optimizer`, `trainers[0].optimizer`: an attribute
+      # of a call's result or of a container item, named like a chain that holds optimizers
+      # (what the call returns is not followed)
+      return isinstance(expr, cst.Attribute) and expr.attr.value in {
+          c.rsplit('.', 1)[1] for c in self.a.attr_chains}
     if chain in self.a.attr_chains:
       return chain in self.a.attr_other
     return chain.rsplit('.', 1)[1] in {c.rsplit('.', 1)[1] for c in self.a.attr_chains}
