@@ -228,6 +228,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._rebinds: set = set()  # bindings a loop, walrus, `with` or unpacking gives other values
     self.module_refs: list = []   # uses of the flax.optim module object itself
     self.dynamic_imports: dict = {}  # id(node) -> what it does without flax.optim (below)
+    self._blocks: list[int] = []  # ids of the statement blocks being visited
+    self._assign_sites: dict = {}  # binding -> [(target Name, value, id(block))]: `x = ...`
+    self.mixed_defs: dict[int, str] = {}  # id(def call) -> name that then holds the optimizer
     self.star_imports: list = []  # `from flax.optim import *`: its names cannot be resolved
     self.legacy_imports: list = []  # import statements of flax.optim
 
@@ -419,6 +422,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
         and self.qnames(value.func) & CALL_WRAPPERS):
       self._wrapped.append((node, value))
     self.assignments.append((targets, value))
+    if len(targets) == 1 and isinstance(targets[0], cst.Name) and (b := self.binding(targets[0])):
+      block = self._blocks[-1] if self._blocks else None
+      self._assign_sites.setdefault(b, []).append((targets[0], value, block))
     source = self.flow_source(value) if self.flow is not None else None
     if source is not None:
       self.flow_vars.update(dict.fromkeys(self.name_bindings(targets), source))
@@ -524,6 +530,84 @@ class _Analyzer(_Base, cst.CSTVisitor):
       self.uses_legacy = True
       self.dynamic_imports[id(node)] = failure
 
+  def visit_IndentedBlock(self, node) -> None:
+    self._blocks.append(id(node))
+
+  def leave_IndentedBlock(self, node) -> None:
+    self._blocks.pop()
+
+  def visit_SimpleStatementSuite(self, node) -> None:
+    self._blocks.append(id(node))
+
+  def leave_SimpleStatementSuite(self, node) -> None:
+    self._blocks.pop()
+
+  # -- a name holding a def, then the optimizer its create returns --------
+  def _split_def_rebinds(self) -> None:
+    """``opt = Adam(1e-3)`` then ``opt = opt.create(p)``: one name, two values in time.
+
+    When the def's assignment is the name's first and the create's its next, both plain
+    assignments in the same block, and every read of the name is in its own scope after
+    the def's, the reads after the create are the optimizer's: they are not taken for the
+    def (passing the optimizer on or calling its ``apply_gradient`` converts; the def
+    becomes the Optax transformation and ``tx=opt`` reads it before the rebind). Any other
+    such name is flagged with what happened (:attr:`mixed_defs`) and keeps the file legacy.
+    """
+    for b in sorted(set(self.def_vars) & self.opt_vars - self.rebound, key=str):
+      sites = self._assign_sites.get(b, [])
+      if not any(m.matches(v, m.Call(func=m.Attribute(value=m.Name(t.value), attr=m.Name('create'))))
+                 for t, v, _ in sites[1:]):
+        continue  # no `x = x.create(...)`: not this case
+      after = self._optimizer_reads(b, sites)
+      reads = {id(r.node) for t, _, _ in sites for r in self._accesses(t)}
+      if after is None:
+        defs = [v for _, v, _ in sites if self.legacy_def(v) or self.is_user_def(v)]
+        if defs:
+          self.mixed_defs[id(defs[0])] = sites[0][0].value
+        after = reads  # its uses are flagged there, not as a def's
+      self.escaping = {k: v for k, v in self.escaping.items() if k not in after}
+      self.def_attrs = [a for a in self.def_attrs if id(a.value) not in after]
+
+  def _accesses(self, name: cst.Name):
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if scope is None:
+      return []
+    # (a read before every assignment is linked to none of them: the scope's own list has it)
+    reads = {id(r): r for r in scope.accesses[name.value]}
+    reads.update((id(r), r) for a in scope.assignments[name.value] for r in a.references)
+    return list(reads.values())
+
+  def _optimizer_reads(self, b, sites) -> Optional[set[int]]:
+    """ids of the reads of ``b`` that see the optimizer (see :meth:`_split_def_rebinds`),
+    or None when that cannot be told."""
+    if len(sites) < 2:
+      return None
+    pos = lambda node: self.get_metadata(PositionProvider, node, None)
+    (d_name, d_value, d_block), (c_name, c_value, c_block) = sites[:2]
+    scope = self.get_metadata(ScopeProvider, d_name, None)
+    if (scope is None or len(list(scope.assignments[d_name.value])) != len(sites)
+        or not (self.legacy_def(d_value) or self.is_user_def(d_value))
+        or any(self.legacy_def(v) or self.is_user_def(v) for _, v, _ in sites[1:])
+        or d_block != c_block
+        or not m.matches(c_value, m.Call(func=m.Attribute(value=m.Name(d_name.value),
+                                                          attr=m.Name('create'))))):
+      return None
+    d_end, c_end = pos(d_value), pos(c_value)
+    if d_end is None or c_end is None:
+      return None
+    d_end, c_end = (d_end.end.line, d_end.end.column), (c_end.end.line, c_end.end.column)
+    after = set()
+    for read in self._accesses(d_name):
+      where = pos(read.node)
+      if read.scope is not scope or where is None:
+        return None  # a closure or comprehension: read when it runs
+      at = (where.start.line, where.start.column)
+      if at < d_end:
+        return None  # before the def (a loop's next round sees the optimizer)
+      if at > c_end:
+        after.add(id(read.node))
+    return after
+
   def _passes_name_through(self, value, targets) -> bool:
     """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
     if not isinstance(value, cst.Call):
@@ -620,6 +704,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def leave_Module(self, node: cst.Module) -> None:
     self.rebound.update(self._rebinds & self.opt_vars)
+    self._split_def_rebinds()
     changed = True
     while changed:  # `self.o = jax_utils.replicate(self.o)` wherever it stands in the file
       changed = False
@@ -786,7 +871,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
                if self._is_optimizer(c.func.value))
         or any(self._method_problem(c) for c in a.method_calls.values())
         or self._legacy_only_uses() or self._def_only_uses() or a.module_refs
-        or a.dynamic_imports
+        or a.dynamic_imports or a.mixed_defs
         or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls))
         or bool(a.escaping))
     # a file that never references flax.optim: nothing proves `.apply_gradient` is ours, unless
@@ -1279,6 +1364,14 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                f'{self.a.dynamic_imports[id(node)]}); the codemod cannot follow '
                                'the module it gets: use `optim_compat` (the shim, same names) in '
                                'its place, or migrate its uses to Optax by hand ' + KEEPS_LEGACY)
+    if id(node) in self.a.mixed_defs:
+      name = self.a.mixed_defs[id(node)]
+      self.flag(node, 'OM100', f'`{name}` holds this flax.optim def and later an optimizer '
+                               f'(`{name} = {name}.create(...)`), and the codemod cannot tell '
+                               'which of the two each use reads (a use before the def or in a '
+                               'closure, or the two assignments not one after the other in one '
+                               'block): give the def its own '
+                               f'name (`{name}_def = ...`), then rerun ' + KEEPS_LEGACY)
     if id(node) in self.a.escaping:
       self.flag(node, 'OM100', f'`{self._code(node)}` is an optimizer def handed to other code '
                                '(returned, passed as an argument or kept as a class attribute): as '
