@@ -496,12 +496,14 @@ class _Analyzer(_Base, cst.CSTVisitor):
     ``import_module('.optim', 'flax')``), ``sys.modules['flax.optim']`` (and ``.get``,
     ``.pop``, ``.setdefault``), ``getattr(flax, 'optim'[, default])``."""
     if isinstance(node, cst.Subscript):
-      if ('sys.modules' in self.qnames(node.value) and len(node.slice) == 1
-          and isinstance(node.slice[0].slice, cst.Index)
-          and _legacy_module_name(node.slice[0].slice.value)):
+      if (len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+          and _legacy_module_name(node.slice[0].slice.value)
+          and 'sys.modules' in self.qnames(node.value)):  # (the cheap tests first)
         return 'a KeyError'
       return None
-    if not isinstance(node, cst.Call) or not node.args or any(a.star for a in node.args):
+    if not isinstance(node, cst.Call) or not node.args or any(a.star for a in node.args) \
+        or not any(isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
+                   for a in node.args):
       return None
     fn = self.qnames(node.func)
     args = {a.keyword.value if a.keyword is not None else i: a.value
