@@ -229,6 +229,10 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._wrapped: list = []  # (assignment, call): `p_step = jax.pmap(step, ...)`
     self._rebinds: set = set()  # bindings a loop, walrus, `with` or unpacking gives other values
     self.module_refs: list = []   # uses of the flax.optim module object itself
+    self.dynamic_imports: dict = {}  # id(node) -> what it does without flax.optim (below)
+    self._blocks: list[int] = []  # ids of the statement blocks being visited
+    self._assign_sites: dict = {}  # binding -> [(target Name, value, id(block))]: `x = ...`
+    self.mixed_defs: dict[int, str] = {}  # id(def call) -> name that then holds the optimizer
     self.star_imports: list = []  # `from flax.optim import *`: its names cannot be resolved
     self.legacy_imports: list = []  # import statements of flax.optim
 
@@ -422,6 +426,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
         and self.qnames(value.func) & CALL_WRAPPERS):
       self._wrapped.append((node, value))
     self.assignments.append((targets, value))
+    if len(targets) == 1 and isinstance(targets[0], cst.Name) and (b := self.binding(targets[0])):
+      block = self._blocks[-1] if self._blocks else None
+      self._assign_sites.setdefault(b, []).append((targets[0], value, block))
     source = self.flow_source(value) if self.flow is not None else None
     if source is not None:
       self.flow_vars.update(dict.fromkeys(self.name_bindings(targets), source))
@@ -486,6 +493,127 @@ class _Analyzer(_Base, cst.CSTVisitor):
           continue  # (`new, loss = opt.optimize(f)`: the first is an optimizer)
         self._rebinds.add(b)
 
+  # -- flax.optim reached by name at run time ----------------------------
+  def _dynamic_import(self, node) -> Optional[str]:
+    """How ``node`` fails on Flax >= 0.6 if it reaches flax.optim by name, else None:
+    ``importlib.import_module('flax.optim[.adam]')`` / ``__import__(...)`` (also
+    ``import_module('.optim', 'flax')``), ``sys.modules['flax.optim']`` (and ``.get``,
+    ``.pop``, ``.setdefault``), ``getattr(flax, 'optim'[, default])``."""
+    if isinstance(node, cst.Subscript):
+      if (len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+          and _legacy_module_name(node.slice[0].slice.value)
+          and 'sys.modules' in self.qnames(node.value)):  # (the cheap tests first)
+        return 'a KeyError'
+      return None
+    if not isinstance(node, cst.Call) or not node.args or any(a.star for a in node.args) \
+        or not any(isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
+                   for a in node.args):
+      return None
+    fn = self.qnames(node.func)
+    args = {a.keyword.value if a.keyword is not None else i: a.value
+            for i, a in enumerate(node.args)}
+    if fn & {'importlib.import_module', 'builtins.__import__'}:
+      name = args.get(0, args.get('name'))
+      package = args.get(1, args.get('package')) if 'importlib.import_module' in fn else None
+      if _legacy_module_name(name) or (
+          isinstance(package, (cst.SimpleString, cst.ConcatenatedString))
+          and package.evaluated_value == 'flax'
+          and _legacy_module_name(name, prefix='.optim')):
+        return 'a ModuleNotFoundError'
+      return None
+    if m.matches(node.func, m.Attribute(attr=m.Name('get') | m.Name('pop') | m.Name('setdefault'))) \
+        and 'sys.modules' in self.qnames(node.func.value) and _legacy_module_name(args.get(0)):
+      return {'get': 'None (or the default)', 'pop': 'a KeyError (or the default)',
+              'setdefault': 'the default'}[node.func.attr.value]
+    if 'builtins.getattr' in fn and len(node.args) in (2, 3) and 'flax' in self.qnames(args[0]) \
+        and isinstance(args.get(1), (cst.SimpleString, cst.ConcatenatedString)) \
+        and args[1].evaluated_value == 'optim':
+      return 'the default' if len(node.args) == 3 else 'an AttributeError'
+    return None
+
+  def visit_Subscript(self, node: cst.Subscript) -> None:
+    if (failure := self._dynamic_import(node)) is not None:
+      self.uses_legacy = True
+      self.dynamic_imports[id(node)] = failure
+
+  def visit_IndentedBlock(self, node) -> None:
+    self._blocks.append(id(node))
+
+  def leave_IndentedBlock(self, node) -> None:
+    self._blocks.pop()
+
+  def visit_SimpleStatementSuite(self, node) -> None:
+    self._blocks.append(id(node))
+
+  def leave_SimpleStatementSuite(self, node) -> None:
+    self._blocks.pop()
+
+  # -- a name holding a def, then the optimizer its create returns --------
+  def _split_def_rebinds(self) -> None:
+    """``opt = Adam(1e-3)`` then ``opt = opt.create(p)``: one name, two values in time.
+
+    When the def's assignment is the name's first and the create's its next, both plain
+    assignments in the same block, and every read of the name is in its own scope after
+    the def's, the reads after the create are the optimizer's: they are not taken for the
+    def (passing the optimizer on or calling its ``apply_gradient`` converts; the def
+    becomes the Optax transformation and ``tx=opt`` reads it before the rebind). Any other
+    such name is flagged with what happened (:attr:`mixed_defs`) and keeps the file legacy.
+    """
+    for b in sorted(set(self.def_vars) & self.opt_vars - self.rebound, key=str):
+      sites = self._assign_sites.get(b, [])
+      if not any(m.matches(v, m.Call(func=m.Attribute(value=m.Name(t.value), attr=m.Name('create'))))
+                 for t, v, _ in sites[1:]):
+        continue  # no `x = x.create(...)`: not this case
+      after = self._optimizer_reads(b, sites)
+      reads = {id(r.node) for t, _, _ in sites for r in self._accesses(t)}
+      if after is None:
+        defs = [v for _, v, _ in sites if self.legacy_def(v) or self.is_user_def(v)]
+        if defs:
+          self.mixed_defs[id(defs[0])] = sites[0][0].value
+        after = reads  # its uses are flagged there, not as a def's
+      self.escaping = {k: v for k, v in self.escaping.items() if k not in after}
+      self.def_attrs = [a for a in self.def_attrs if id(a.value) not in after]
+
+  def _accesses(self, name: cst.Name):
+    scope = self.get_metadata(ScopeProvider, name, None)
+    if scope is None:
+      return []
+    # (a read before every assignment is linked to none of them: the scope's own list has it)
+    reads = {id(r): r for r in scope.accesses[name.value]}
+    reads.update((id(r), r) for a in scope.assignments[name.value] for r in a.references)
+    return list(reads.values())
+
+  def _optimizer_reads(self, b, sites) -> Optional[set[int]]:
+    """ids of the reads of ``b`` that see the optimizer (see :meth:`_split_def_rebinds`),
+    or None when that cannot be told."""
+    if len(sites) < 2:
+      return None
+    pos = lambda node: self.get_metadata(PositionProvider, node, None)
+    (d_name, d_value, d_block), (c_name, c_value, c_block) = sites[:2]
+    scope = self.get_metadata(ScopeProvider, d_name, None)
+    if (scope is None or len(list(scope.assignments[d_name.value])) != len(sites)
+        or not (self.legacy_def(d_value) or self.is_user_def(d_value))
+        or any(self.legacy_def(v) or self.is_user_def(v) for _, v, _ in sites[1:])
+        or d_block != c_block
+        or not m.matches(c_value, m.Call(func=m.Attribute(value=m.Name(d_name.value),
+                                                          attr=m.Name('create'))))):
+      return None
+    d_end, c_end = pos(d_value), pos(c_value)
+    if d_end is None or c_end is None:
+      return None
+    d_end, c_end = (d_end.end.line, d_end.end.column), (c_end.end.line, c_end.end.column)
+    after = set()
+    for read in self._accesses(d_name):
+      where = pos(read.node)
+      if read.scope is not scope or where is None:
+        return None  # a closure or comprehension: read when it runs
+      at = (where.start.line, where.start.column)
+      if at < d_end:
+        return None  # before the def (a loop's next round sees the optimizer)
+      if at > c_end:
+        after.add(id(read.node))
+    return after
+
   def _passes_name_through(self, value, targets) -> bool:
     """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
     if not isinstance(value, cst.Call):
@@ -497,6 +625,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def visit_Call(self, node: cst.Call) -> None:
     self.call_funcs.add(id(node.func))
+    if (failure := self._dynamic_import(node)) is not None:
+      self.uses_legacy = True
+      self.dynamic_imports[id(node)] = failure
     self._calls_by_func[id(node.func)] = node
     if (factory := self.factory_of_call(node)) is not None:
       self.flow_used[factory.qualified] = factory
@@ -579,6 +710,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
 
   def leave_Module(self, node: cst.Module) -> None:
     self.rebound.update(self._rebinds & self.opt_vars)
+    self._split_def_rebinds()
     changed = True
     while changed:  # `self.o = jax_utils.replicate(self.o)` wherever it stands in the file
       changed = False
@@ -761,6 +893,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
                if self._is_optimizer(c.func.value))
         or any(self._method_problem(c) for c in a.method_calls.values())
         or self._legacy_only_uses() or self._def_only_uses() or a.module_refs
+        or a.dynamic_imports or a.mixed_defs
         or (self.inject_lr and any(self._user_def_create(c) for c in a.create_calls))
         or bool(a.escaping))
     # a file that never references flax.optim: nothing proves `.apply_gradient` is ours, unless
@@ -774,7 +907,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if not (self.a.uses_legacy or self.a.flow_used):
       return set()
     found: set = set()
-    from_optimizer = [(targets, value, self._mentions_optimizer(value))
+    # (also from an attribute that may hold one: `x = make_trainer(p).optimizer`)
+    maybe = lambda e: self._is_optimizer(e) or self._mixed_chain(e)
+    from_optimizer = [(targets, value, self._mentions(value, maybe))
                       for targets, value in self.a.assignments]
     in_found = lambda e: isinstance(e, cst.Name) and self.binding(e) in found
     changed = True
@@ -1273,10 +1408,15 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def _mixed_chain(self, expr) -> bool:
     """Maybe an optimizer (flagged, not converted): ``self.optimizer`` that gets
     ``.apply_gradient`` here but is also assigned something else, or another chain
-    ending in the same attribute (``trainer.optimizer`` beside ``self.optimizer``)."""
+    ending in the same attribute (``trainer.optimizer`` beside ``self.optimizer``, also
+    on a call's result: ``make_trainer(p).optimizer``)."""
     chain = attr_chain(expr)
     if chain is None:
-      return False
+      # `T(p).optimizer`, `make_trainer(p).optimizer`, `trainers[0].optimizer`: an attribute
+      # of a call's result or of a container item, named like a chain that holds optimizers
+      # (what the call returns is not followed)
+      return isinstance(expr, cst.Attribute) and expr.attr.value in {
+          c.rsplit('.', 1)[1] for c in self.a.attr_chains}
     if chain in self.a.attr_chains:
       return chain in self.a.attr_other
     return chain.rsplit('.', 1)[1] in {c.rsplit('.', 1)[1] for c in self.a.attr_chains}
@@ -1309,6 +1449,20 @@ class _Rewriter(_Base, cst.CSTTransformer):
                                'value (an alias, a None check, an argument): the codemod cannot '
                                'follow it, and Flax >= 0.6 has no flax.optim; convert its uses '
                                'by hand (this file keeps its legacy optimizer code)')
+    if id(node) in self.a.dynamic_imports:
+      self.flag(node, 'OM100', f'`{self._code(node)}` reaches flax.optim by name at run time, and '
+                               'Flax >= 0.6 has no flax.optim (here: '
+                               f'{self.a.dynamic_imports[id(node)]}); the codemod cannot follow '
+                               'the module it gets: use `optim_compat` (the shim, same names) in '
+                               'its place, or migrate its uses to Optax by hand ' + KEEPS_LEGACY)
+    if id(node) in self.a.mixed_defs:
+      name = self.a.mixed_defs[id(node)]
+      self.flag(node, 'OM100', f'`{name}` holds this flax.optim def and later an optimizer '
+                               f'(`{name} = {name}.create(...)`), and the codemod cannot tell '
+                               'which of the two each use reads (a use before the def or in a '
+                               'closure, or the two assignments not one after the other in one '
+                               'block): give the def its own '
+                               f'name (`{name}_def = ...`), then rerun ' + KEEPS_LEGACY)
     if id(node) in self.a.escaping:
       self.flag(node, 'OM100', f'`{self._code(node)}` is an optimizer def handed to other code '
                                '(returned, passed as an argument or kept as a class attribute): as '
@@ -2026,6 +2180,14 @@ def attr_chain(node) -> Optional[str]:
   if not parts or not isinstance(node, cst.Name):
     return None
   return '.'.join([node.value, *reversed(parts)])
+
+
+def _legacy_module_name(expr, prefix=LEGACY) -> bool:
+  """``expr`` is a string literal naming flax.optim or one of its submodules."""
+  if not isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+    return False
+  value = expr.evaluated_value
+  return isinstance(value, str) and (value == prefix or value.startswith(prefix + '.'))
 
 
 def target_names(target):
