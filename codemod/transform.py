@@ -214,6 +214,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.restores: list[cst.Call] = []
     self.wn_inner: set[int] = set()      # def calls wrapped by WeightNorm(...)
     self.opt_factories: set[str] = set()  # module functions returning a new optimizer
+    self.bundle_factories: set[str] = set()  # functions returning one inside a tuple/list/dict
     self.escaping: dict[int, cst.CSTNode] = {}  # defs returned or passed to other code
     self._group_args: set[int] = set()
     self._function_stack: list[str] = []
@@ -704,6 +705,12 @@ class _Analyzer(_Base, cst.CSTVisitor):
       self.opt_factories.add(self._function_stack[-1])
       if len(self._function_stack) == 1 and not self._class_depth:
         self.module_factories.add(self._function_stack[0])
+    elif (node.value is not None and self._function_stack
+          and isinstance(node.value, (cst.Tuple, cst.List, cst.Dict))
+          and any(self._produces_optimizer(v)
+                  or (isinstance(v, cst.Name) and self.binding(v) in self.opt_vars)
+                  for v in _container_values(node.value))):
+      self.bundle_factories.add(self._function_stack[-1])  # `return optimizer, lr`
 
   def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
     self._function_stack.pop()
@@ -907,8 +914,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if not (self.a.uses_legacy or self.a.flow_used):
       return set()
     found: set = set()
-    # (also from an attribute that may hold one: `x = make_trainer(p).optimizer`)
-    maybe = lambda e: self._is_optimizer(e) or self._mixed_chain(e)
+    # (also from an attribute that may hold one: `x = make_trainer(p).optimizer`, and from a
+    # function of this file that returns one in a tuple, list or dict: `o, lr = make(p)`)
+    maybe = lambda e: self._is_optimizer(e) or self._mixed_chain(e) or (
+        isinstance(e, cst.Call) and isinstance(e.func, cst.Name)
+        and e.func.value in self.a.bundle_factories)
     from_optimizer = [(targets, value, self._mentions(value, maybe))
                       for targets, value in self.a.assignments]
     in_found = lambda e: isinstance(e, cst.Name) and self.binding(e) in found
@@ -2088,6 +2098,13 @@ def _stale_todo(line: cst.EmptyLine) -> bool:
   """A TODO this codemod wrote saying the file keeps its legacy code."""
   text = line.comment.value if line.comment else ''
   return text.startswith(TODO_PREFIX) and text.endswith(KEEPS_LEGACY)
+
+
+def _container_values(node):
+  """The element values of a tuple or list display, the values of a dict display."""
+  if isinstance(node, cst.Dict):
+    return [e.value for e in node.elements if isinstance(e, cst.DictElement)]
+  return [e.value for e in node.elements if isinstance(e, cst.Element)]
 
 
 def call_argument(call: cst.Call, position: Optional[int], keyword: Optional[str]):
