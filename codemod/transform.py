@@ -383,6 +383,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     """The factory whose optimizer ``value`` is: its call, or a step/replicate of a name
     holding one (``opt.apply_gradient(g)``, ``jax_utils.replicate(opt)``)."""
     found = self.factory_of_call(value)
+    if isinstance(value, cst.Name):  # an alias: `best = opt`
+      return self.flow_vars.get(self.binding(value))
     if found is not None or not isinstance(value, cst.Call):
       return found
     func = value.func
@@ -484,6 +486,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
           continue
         if values is not None and isinstance(element, cst.Name):
           v = values[i]
+          if self.flow is not None and (source := self.flow_source(v)) is not None:
+            self.flow_vars[b] = source  # `o, n = opt, 0` / `o, = [opt]`: another module's
           if self._produces_optimizer(v) or (isinstance(v, cst.Name) and v.value == name.value):
             continue
           if isinstance(v, cst.Name) and self.binding(v) in self.opt_vars:

@@ -73,7 +73,9 @@ def test_converted_uses_name_the_creating_function_and_unproven_ones_stay_legacy
                      'return self.optimizer.target', 'opt = opt.apply_gradient(g)',
                      'opt = opt.replace(target=own.target)',
                      'return own.target, opt.target, opt.state.step, batch.target',
-                     'return own.target, opt.target, opt.state.step, batch.target']  # `batch`
+                     'return own.target, opt.target, opt.state.step, batch.target',  # `batch`
+                     # copies: an alias, a one-element unpacking, a tuple element
+                     *['return best.target, only.target, pair.state.step, n'] * 3]
   assert sum('`batch` may hold what models/opt.py:create_optimizer returns' in line
              for line in kept) == 1
   # step functions of other modules (codemod.flow.Step): every call that would hand a
