@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import os
 import pathlib
 import sys
@@ -43,7 +44,8 @@ def register(subparsers) -> None:
   _common(p)
   p.add_argument('--tx', help='Optax expression, e.g. "optax.adamw(1e-3, weight_decay=1e-4)"')
   p.add_argument('--against', metavar='TRAJ.npz', help='a trajectory file from `record`')
-  p.add_argument('--max-ulp', type=float, default=4.0)
+  p.add_argument('--max-ulp', type=float, default=4.0,
+                 help='the largest difference that passes, in ulp (finite, >= 0; default 4)')
   p.add_argument('--grads', choices=('random', 'tiny'), default='random',
                  help='gradients both sides get: random draws, or the same times 2**-24 '
                       '(tiny: where epsilons decide the update; run both)')
@@ -58,13 +60,63 @@ def register(subparsers) -> None:
   p.set_defaults(func=cmd_record)
 
 
+#: What ``--devices``, ``--mode``, ``--steps`` and ``--seed`` are when not given (their
+#: parser default is None, so ``check --against`` can tell a given one from a default).
+RUN_DEFAULTS = {'devices': '1', 'mode': 'pmap', 'steps': 20, 'seed': 0}
+
+
 def _common(p) -> None:
   p.add_argument('--legacy', help='legacy def expression, e.g. "Adam(learning_rate=1e-3)"')
   p.add_argument('--params', help='module:attribute | file.npz | shapes.json')
-  p.add_argument('--devices', default='1', help='comma-separated device counts (default 1)')
-  p.add_argument('--mode', default='pmap', choices=('single', 'pmap', 'sharded'))
-  p.add_argument('--steps', type=int, default=20)
-  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--devices', default=None, help='comma-separated device counts (default 1)')
+  p.add_argument('--mode', default=None, choices=('single', 'pmap', 'sharded'),
+                 help='default pmap')
+  p.add_argument('--steps', type=int, default=None, help='default 20')
+  p.add_argument('--seed', type=int, default=None, help='default 0')
+
+
+def _given(args) -> dict:
+  """The run options the user gave on the command line (``RUN_DEFAULTS`` keys)."""
+  return {k: getattr(args, k) for k in RUN_DEFAULTS if getattr(args, k) is not None}
+
+
+def _with_defaults(args):
+  """``args`` with ``RUN_DEFAULTS`` filled in where an option was not given."""
+  for k, v in RUN_DEFAULTS.items():
+    if getattr(args, k) is None:
+      setattr(args, k, v)
+  return args
+
+
+def run_option_problem(key: str, value, steps=None):
+  """Why ``value`` is no good for the run option ``key`` (``steps``, ``seed``,
+  ``max-ulp``), or None. ``steps`` bounds the seed (its gradient draws are 32-bit seeded)."""
+  if key == 'steps' and value < 1:
+    return 'must be >= 1'
+  if key == 'seed':
+    from equivalence_tests import core
+    steps = steps if steps is not None and steps >= 1 else RUN_DEFAULTS['steps']
+    top = core.max_seed(steps)
+    if not 0 <= value <= top:
+      return (f'must be between 0 and {top} (with {steps} steps: the gradient draws seed a '
+              '32-bit random state from it)')
+  if key == 'max-ulp' and not (math.isfinite(value) and value >= 0):
+    return 'must be a finite number >= 0'
+  return None
+
+
+def check_run_options(steps, seed, max_ulp=None) -> None:
+  """``--steps``, ``--seed`` and ``--max-ulp`` (None: not checked) as given.
+
+  Raises:
+    BadInput: one is out of range (names the option as typed).
+  """
+  for key, value in (('steps', steps), ('seed', seed), ('max-ulp', max_ulp)):
+    if value is not None:
+      problem = run_option_problem(key, value, steps)
+      if problem:
+        shown = f'{value:g}' if isinstance(value, float) else value
+        raise BadInput(f'--{key} {shown}: {problem}')
 
 
 # ---------------------------------------------------------------------------
@@ -206,25 +258,28 @@ def load_params(spec: str):
   return value() if callable(value) else value
 
 
-def parse_devices(text) -> list[int]:
+def parse_devices(text, what: str | None = None) -> list[int]:
   """``--devices`` (``"1,2,4"``, spaces allowed after commas, or a list) as counts.
+
+  ``what`` starts the message (default ``--devices 'TEXT'``; a pyproject entry names
+  its file, entry and key).
 
   Raises:
     BadInput: an empty entry (``1,,2``), a non-integer, or a count < 1.
   """
+  what = f'--devices {text!r}' if what is None else what
   if isinstance(text, (list, tuple)):
     items = list(text)
   else:
     items = str(text).split(',')
     if not all(t.strip() for t in items):
-      raise BadInput(f'--devices {text!r}: empty entry; expected comma-separated integers, '
-                     'e.g. 1,2,4,8')
+      raise BadInput(f'{what}: empty entry; expected comma-separated integers, e.g. 1,2,4,8')
   try:
     devices = [int(t) for t in items]
   except ValueError:
-    raise BadInput(f'--devices {text!r}: expected comma-separated integers') from None
+    raise BadInput(f'{what}: expected comma-separated integers') from None
   if not devices or min(devices) < 1:
-    raise BadInput(f'--devices {text!r}: counts must be >= 1')
+    raise BadInput(f'{what}: counts must be >= 1')
   return devices
 
 
@@ -328,6 +383,7 @@ def _check_against(args) -> int:
                    'the random gradients (record has no --grads)')
   index, arrays = load_trajectory(args.against)
   meta = index['meta']
+  runs = _recorded_runs(args, index, meta)
   if index['tree'] is not None and not args.params:
     params = jax.tree_util.tree_map(lambda name: arrays[name], index['tree'])
   else:
@@ -338,7 +394,7 @@ def _check_against(args) -> int:
                      f'{sorted(index["params"])}')
   tx = tx_def(args.tx, params)
   results = {}
-  for run_key, run in index['runs'].items():
+  for run_key, run in runs.items():
     mode, n = run_key.split('/')
     try:
       mine = checker.collect(None, tx, params, grads='random', steps=meta['steps'],
@@ -360,6 +416,32 @@ def _check_against(args) -> int:
   print(f'against {args.against} (recorded with {meta["legacy"]} on jax {meta["jax"]}, '
         f'flax {meta["flax"]}):\n{report}')
   return EXIT_OK if report.ok else EXIT_DIFFERS
+
+
+def _recorded_runs(args, index, meta) -> dict:
+  """The recorded runs ``check --against`` compares: all of them, or those of the device
+  counts ``--devices`` names. ``--mode``, ``--steps`` and ``--seed`` are the recording's.
+
+  Raises:
+    BadInput: ``--devices`` names a count the file was not recorded on, or ``--mode``,
+      ``--steps`` or ``--seed`` is given and differs from the recorded one.
+  """
+  runs = index['runs']
+  recorded = sorted({int(key.split('/')[1]) for key in runs})
+  given = _given(args)
+  for key in ('mode', 'steps', 'seed'):
+    if key in given and given[key] != meta[key]:
+      raise BadInput(f'--{key} {given[key]} does not apply with --against: {args.against} was '
+                     f'recorded with --{key} {meta[key]} (record again to check another)')
+  if 'devices' not in given:
+    return runs
+  wanted = parse_devices(given['devices'])
+  missing = [n for n in wanted if n not in recorded]
+  if missing:
+    raise BadInput(f'--devices {given["devices"]} does not apply with --against: {args.against} '
+                   f'was recorded on device counts {recorded} only (--devices may pick among '
+                   f'those; record again with --devices to check others)')
+  return {key: run for key, run in runs.items() if int(key.split('/')[1]) in wanted}
 
 
 #: ``[[tool.optim-migrate.check]]`` keys: what each value must be, as a predicate and in words.
@@ -389,8 +471,10 @@ def _config_entries(path: str) -> list[dict]:
 
   Raises:
     BadInput: the file is missing, unreadable or not TOML; ``tool``, ``tool.optim-migrate``
-      or an entry is not a table; there are no entries; an entry has an unknown key or a
-      value of the wrong type (the message names the file, the entry and the key).
+      or an entry is not a table; there are no entries; an entry has an unknown key, a
+      value of the wrong type or out of range (``devices = "x"``, ``steps = 0``, a seed
+      outside 0..max, a negative or non-finite ``max-ulp``); the message names the file,
+      the entry (its index, and its name if it has one) and the key.
   """
   try:
     import tomllib
@@ -422,6 +506,8 @@ def _config_entries(path: str) -> list[dict]:
     where = f'{path}: [[tool.optim-migrate.check]] entry {i}'
     if not isinstance(entry, dict):
       raise BadInput(f'{where}: must be a table, got {entry!r}')
+    if isinstance(entry.get('name'), str):
+      where += f' ({entry["name"]!r})'
     unknown = set(entry) - set(ENTRY_KEYS)
     if unknown:
       raise BadInput(f'{where}: unknown key(s) {sorted(unknown)}; valid: {sorted(ENTRY_KEYS)}')
@@ -429,13 +515,24 @@ def _config_entries(path: str) -> list[dict]:
       ok, expected = ENTRY_KEYS[key]
       if not ok(value):
         raise BadInput(f'{where}: {key} must be {expected}, got {value!r}')
+    if 'devices' in entry:
+      parse_devices(entry['devices'], f'{where}: devices = {entry["devices"]!r}')
+    steps = entry.get('steps', RUN_DEFAULTS['steps'])
+    for key in ('steps', 'seed', 'max-ulp'):
+      if key in entry:
+        problem = run_option_problem(key, entry[key], steps)
+        if problem:
+          raise BadInput(f'{where}: {key} = {entry[key]!r}: {problem}')
   return entries
 
 
 def cmd_check(args) -> int:
   try:
+    check_run_options(args.steps, args.seed, args.max_ulp)
     if args.against:
       return _check_against(args)
+    _with_defaults(args)
+    check_run_options(args.steps, args.seed)  # the seed's bound depends on the steps
     if args.tx or args.legacy:
       return _run_check(args.legacy, args.tx, args.params, args.devices, args.mode,
                         args.steps, args.seed, args.max_ulp, grads=args.grads)
@@ -476,8 +573,10 @@ def cmd_record(args) -> int:
   import flax
   import jax
   from equivalence_tests import checker
+  _with_defaults(args)
   try:
     out = check_output(args.output)
+    check_run_options(args.steps, args.seed)
     if not args.legacy:
       raise BadInput('record needs --legacy')
     legacy = legacy_def(args.legacy)

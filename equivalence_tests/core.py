@@ -38,6 +38,16 @@ def reference_params(seed: int = 0, dtype: str = 'float32') -> dict:
   return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), tree)
 
 
+#: ``np.random.RandomState`` seeds are 32-bit; :func:`reference_grads` seeds it with
+#: ``seed * GRAD_SEED_STRIDE + step * 7 + 2`` at most.
+GRAD_SEED_STRIDE = 100003
+
+
+def max_seed(steps: int) -> int:
+  """The largest ``seed`` :func:`reference_grads` can draw ``steps`` steps from (-1: none)."""
+  return (2 ** 32 - 1 - 7 * max(steps, 0) - 2) // GRAD_SEED_STRIDE
+
+
 def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
                     n_devices: int = 1):
   """Deterministic gradient tree for ``step``, in each param leaf's dtype.
@@ -55,7 +65,7 @@ def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
     and every partial sum in any reduction order is ``0`` or ``n * g``: exact.
   """
   def draw(offset):
-    rs = np.random.RandomState(seed * 100003 + step * 7 + offset)
+    rs = np.random.RandomState(seed * GRAD_SEED_STRIDE + step * 7 + offset)
     def leaf(p):
       x = np.clip(rs.standard_normal(np.shape(p)), -7.9, 7.9)
       x = np.asarray(np.round(x * 4096) / 4096, np.float32)

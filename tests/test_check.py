@@ -166,7 +166,7 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
   assert cli.main(ok[:5] + ['--params', 'empty.json', '--mode', 'single']) == 2
   assert 'params has no leaves' in capsys.readouterr().err
   assert cli.main(ok + ['--max-ulp', '-1']) == 2
-  assert 'max_ulp must be >= 0' in capsys.readouterr().err
+  assert '--max-ulp -1: must be a finite number >= 0' in capsys.readouterr().err
   (tmp_path / 'neg.json').write_text('{"a": {"b": {"shape": [-3]}}}')
   assert cli.main(ok[:5] + ['--params', 'neg.json', '--mode', 'single']) == 2
   assert 'neg.json: /a/b: shape [-3] is not a list of non-negative integers' in (
@@ -313,6 +313,76 @@ def test_record_on_the_new_stack_says_it_records_the_shim(tmp_path, capsys, monk
   assert err.startswith('optim-migrate check: --against cut.npz: step 1 leaf ') and '(1,)' in err
 
 
+def test_cli_run_options_are_named_as_typed_and_checked_before_running(tmp_path, capsys,
+                                                                        monkeypatch):
+  """Found by review: --steps 0 said 'steps', --max-ulp -1 'max_ulp', a --seed out of
+  numpy's range numpy's own message; --max-ulp inf / nan passed. Exit 2 naming the option,
+  nothing run, nothing written."""
+  monkeypatch.chdir(tmp_path)
+  calls = []
+  monkeypatch.setattr(checker, 'check', lambda *a, **k: calls.append(a))
+  monkeypatch.setattr(checker, 'collect', lambda *a, **k: calls.append(a))
+  shapes = str(_shapes_file(tmp_path))
+  base = ['--legacy', 'Adam(1e-3)', '--params', shapes, '--mode', 'single']
+  top = core.max_seed(20)
+  for extra, message in [
+      (['--steps', '0'], '--steps 0: must be >= 1'),
+      (['--max-ulp', 'inf'], '--max-ulp inf: must be a finite number >= 0'),
+      (['--max-ulp', 'nan'], '--max-ulp nan: must be a finite number >= 0'),
+      (['--max-ulp', '-1'], '--max-ulp -1: must be a finite number >= 0'),
+      (['--seed', '-1'], f'--seed -1: must be between 0 and {top} (with 20 steps'),
+      (['--seed', str(2 ** 70)], f'--seed {2 ** 70}: must be between 0 and {top}'),
+      (['--seed', str(top + 1)], f'--seed {top + 1}: must be between 0 and {top}'),
+      (['--seed', str(core.max_seed(2) + 1), '--steps', '2'],
+       f'--seed {core.max_seed(2) + 1}: must be between 0 and {core.max_seed(2)} (with 2 steps')]:
+    for command in (['check', '--tx', 'optax.adam(1e-3)'], ['record', '-o', 't.npz']):
+      if command[0] == 'record' and extra[0] == '--max-ulp':
+        continue
+      assert cli.main(command + base + extra) == 2, (command, extra)
+      err = capsys.readouterr().err
+      assert err.startswith(f'optim-migrate {command[0]}: {message}'), err
+      assert err.count('\n') == 1 and 'max_ulp' not in err and 'Seed must' not in err
+  assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ['shapes.json']
+  # the largest seed the gradient draws allow still runs
+  monkeypatch.undo()
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(['check', '--tx', 'optax.adam(1e-3)', '--steps', '2'] + base +
+                  ['--seed', str(core.max_seed(2))]) == 0
+  assert 'optimizer equivalence: OK' in capsys.readouterr().out
+
+
+def test_check_against_refuses_run_options_the_trajectory_was_not_recorded_with(
+    tmp_path, capsys, monkeypatch):
+  """Found by review: --devices 4 with --against was silently ignored (the file's counts
+  ran). --devices picks among the recorded counts; another count, or a --mode, --steps or
+  --seed other than the recorded one, is refused (exit 2) naming what the file holds."""
+  monkeypatch.chdir(tmp_path)
+  shapes = str(_shapes_file(tmp_path))
+  assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '2',
+                   '--mode', 'single', '-o', 't.npz']) == 0
+  capsys.readouterr()
+  against = ['check', '--against', 't.npz', '--tx', 'optax.adam(1e-3)']
+  for extra, message in [
+      (['--devices', '4'], '--devices 4 does not apply with --against: t.npz was recorded on '
+                           'device counts [1] only'),
+      (['--devices', '1,2'], '--devices 1,2 does not apply with --against: t.npz was recorded '
+                             'on device counts [1] only'),
+      (['--steps', '5'], '--steps 5 does not apply with --against: t.npz was recorded with '
+                         '--steps 2'),
+      (['--mode', 'pmap'], '--mode pmap does not apply with --against: t.npz was recorded with '
+                           '--mode single'),
+      (['--seed', '3'], '--seed 3 does not apply with --against: t.npz was recorded with '
+                        '--seed 0'),
+      (['--max-ulp', 'inf'], '--max-ulp inf: must be a finite number >= 0')]:
+    assert cli.main(against + extra) == 2, extra
+    out, err = capsys.readouterr()
+    assert err.startswith(f'optim-migrate check: {message}') and err.count('\n') == 1, err
+    assert 'optimizer equivalence' not in out
+  # the recorded values themselves apply
+  assert cli.main(against + ['--devices', '1', '--steps', '2', '--mode', 'single']) == 0
+  assert 'runs: singlex1' in capsys.readouterr().out
+
+
 def test_cli_reads_pyproject_entries(tmp_path, capsys):
   shapes = _shapes_file(tmp_path)
   config = tmp_path / 'pyproject.toml'
@@ -364,6 +434,19 @@ def test_cli_reads_pyproject_entries(tmp_path, capsys):
     ('[[tool.optim-migrate.check]]\ndevices = ["1"]\n',
      'entry 0: devices must be a string ("1,2,4"), an integer or an array of integers'),
     ('[tool.optim-migrate\n', 'cannot read: Expected'),
+    # found by review: reported as --devices 'x', not naming the file, entry or key
+    ('[[tool.optim-migrate.check]]\nlegacy = "Adam(1e-3)"\n\n'
+     '[[tool.optim-migrate.check]]\nname = "adam"\ndevices = "x"\n',
+     "[[tool.optim-migrate.check]] entry 1 ('adam'): devices = 'x': expected comma-separated "
+     'integers'),
+    ('[[tool.optim-migrate.check]]\ndevices = [1, 0]\n',
+     'entry 0: devices = [1, 0]: counts must be >= 1'),
+    ('[[tool.optim-migrate.check]]\nsteps = 0\n', 'entry 0: steps = 0: must be >= 1'),
+    ('[[tool.optim-migrate.check]]\nseed = -1\n', 'entry 0: seed = -1: must be between 0 and '),
+    ('[[tool.optim-migrate.check]]\nmax-ulp = inf\n',
+     'entry 0: max-ulp = inf: must be a finite number >= 0'),
+    ('[[tool.optim-migrate.check]]\nmax-ulp = -0.5\n',
+     'entry 0: max-ulp = -0.5: must be a finite number >= 0'),
 ])
 def test_cli_malformed_pyproject_exits_2_naming_file_and_key(tmp_path, capsys, monkeypatch,
                                                               text, message):
