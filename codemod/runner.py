@@ -93,7 +93,8 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
 
   Raises:
     ConfigError: the file cannot be read or is not TOML, ``tool`` or ``tool.optim-migrate``
-      is not a table, a key is unknown or has a wrong value type, ``select`` is empty, or
+      is not a table, a key is unknown or has a wrong value type, ``select`` is empty,
+      ``select`` / ``ignore`` holds an empty string, or
       ``select`` / ``ignore`` holds an id that names no rule (names the file and key).
   """
   if path is None:
@@ -107,6 +108,10 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
     if key in table and not (isinstance(table[key], list) and
                              all(isinstance(x, str) for x in table[key])):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be a list of strings')
+  for key in ('select', 'ignore'):
+    if any(not x.strip() for x in table.get(key, ())):
+      raise ConfigError(f'{path}: [tool.optim-migrate] {key} has an empty rule id: name rule '
+                        'ids or prefixes, e.g. "OM001"')
   if table.get('select') == []:
     raise ConfigError(f'{path}: [tool.optim-migrate] select is empty: it would apply no rule '
                       '(name rule ids, e.g. OM001, OM002)')
@@ -368,12 +373,25 @@ def report_entries(result: engine.FileResult) -> list[dict]:
           for i, f in enumerate(result.findings)]
 
 
-def _split(values) -> Optional[tuple[str, ...]]:
+def _split(values, flag: str = '--select') -> Optional[tuple[str, ...]]:
+  """The rule ids of ``--select`` / ``--ignore`` (each given value comma-separated).
+
+  Raises:
+    ConfigError: a value names no id (``''``, ``',,'``) or has an empty item (``OM1,,OM2``,
+      ``OM1,``); the message names ``flag`` and the value.
+  """
   if values is None:
     return None
   out = []
   for v in values:
-    out.extend(x.strip() for x in v.split(',') if x.strip())
+    items = [x.strip() for x in v.split(',')]
+    if not any(items):
+      raise ConfigError(f'{flag} is empty (got {v!r}): name rule ids or prefixes, e.g. '
+                        'OM001,OM002')
+    if not all(items):
+      raise ConfigError(f'{flag} {v!r}: empty entry; expected comma-separated rule ids or '
+                        'prefixes, e.g. OM001,OM002')
+    out.extend(items)
   return tuple(out)
 
 
@@ -381,17 +399,15 @@ def build_options(args, config: dict) -> Options:
   """Flags over ``[tool.optim-migrate]`` (``config`` as checked by :func:`load_config`).
 
   Raises:
-    ConfigError: ``--select`` is empty, or an id in ``--select`` / ``--ignore`` names no
-      rule (names the option).
+    ConfigError: ``--select`` / ``--ignore`` is empty or has an empty item (``''``, ``',,'``,
+      ``OM1,``), or an id in them names no rule (names the option).
   """
-  select = _split(args.select) if args.select is not None else (
+  select = _split(args.select, '--select') if args.select is not None else (
       tuple(config['select']) if 'select' in config else None)
-  if args.select is not None and select == ():
-    raise ConfigError('--select is empty: it would apply no rule (name rule ids, e.g. '
-                      'OM001,OM002)')
-  ignore = _split(args.ignore) if args.ignore is not None else tuple(config.get('ignore', ()))
+  ignore = (_split(args.ignore, '--ignore') if args.ignore is not None
+            else tuple(config.get('ignore', ())))
   for flag, given in (('--select', args.select), ('--ignore', args.ignore)):
-    bad = check_rule_ids(_split(given) or ())
+    bad = check_rule_ids(_split(given, flag) or ())
     if bad:
       raise ConfigError(f'{flag}: unknown rule id(s) {bad}; valid: {sorted(RULES)}')
   return Options(select=select, ignore=ignore,

@@ -581,6 +581,29 @@ def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
 
 
 
+@pytest.mark.parametrize('flag, value, message', [
+    ('--ignore', ',,', "--ignore is empty (got ',,'): name rule ids or prefixes"),
+    ('--ignore', '', "--ignore is empty (got ''): name rule ids or prefixes"),
+    ('--select', ' , ', "--select is empty (got ' , '): name rule ids or prefixes"),
+    ('--ignore', 'OM001,', "--ignore 'OM001,': empty entry; expected comma-separated rule ids"),
+    ('--select', 'OM0,,OM1', "--select 'OM0,,OM1': empty entry; expected comma-separated rule "),
+])
+def test_cli_empty_rule_list_or_item_exits_2_naming_the_option(tmp_path, capsys, monkeypatch,
+                                                               flag, value, message):
+  """Found by review: `--ignore ',,'` ran as if no --ignore was given; now exit 2 naming
+  the option, nothing written. `--ignore OM001,OM002` (spaces too) still works."""
+  from codemod import cli
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  (tmp_path / 'm.py').write_text(before)
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(['rewrite', '--write', flag, value, 'm.py']) == 2
+  out, err = capsys.readouterr()
+  assert err.startswith(f'rewrite: {message}') and err.count('\n') == 1, err
+  assert out == '' and (tmp_path / 'm.py').read_text() == before
+  assert cli.main(['rewrite', '--check', flag, 'OM001, OM002', 'm.py']) in (0, 1)
+  assert 'rewrite: --' not in capsys.readouterr().err
+
+
 @pytest.mark.parametrize('text, message', [
     ('[tool]\noptim-migrate = 3\n',
      'tool.optim-migrate must be a table ([tool.optim-migrate]), got 3'),
@@ -592,6 +615,10 @@ def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
      "[tool.optim-migrate] ignore: unknown rule id(s) ['X']; valid: ['OM001', "),
     ('[tool.optim-migrate]\nselect = []\n',
      '[tool.optim-migrate] select is empty: it would apply no rule'),
+    # an empty id is a prefix of every rule: it ignored (or selected) them all, silently
+    ('[tool.optim-migrate]\nignore = ["OM1", ""]\n',
+     '[tool.optim-migrate] ignore has an empty rule id'),
+    ('[tool.optim-migrate]\nselect = [" "]\n', '[tool.optim-migrate] select has an empty rule id'),
 ])
 def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
                                                      message):
