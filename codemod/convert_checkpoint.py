@@ -15,7 +15,8 @@ table); MultiOptimizer and WeightNorm checkpoints need their traversals or inner
 and restore through ``optim_compat.checkpoint.restore_legacy(path, state)`` instead.
 
 Exit status: 0 written; 2 nothing written (unreadable SRC, structure mismatch,
-existing DST without ``--force``, bad ``--optimizer``: not a call of a table
+existing DST without ``--force``, DST's directory missing (it is not created), bad
+``--optimizer``: not a call of a table
 entry, e.g. a bare ``Adam``, or a hyper-parameter that is not a literal number,
 True/False or None). SRC is only read.
 """
@@ -33,6 +34,11 @@ def cmd_convert_checkpoint(args) -> int:
   src, dst = pathlib.Path(args.src), pathlib.Path(args.dst)
   if (dst.exists() or dst.is_symlink()) and not args.force:
     print(f'convert-checkpoint: {dst}: already exists (pass --force to replace it)',
+          file=sys.stderr)
+    return EXIT_ERROR
+  if not dst.parent.is_dir():  # as record -o and rewrite --report: DST's folder is not made
+    what = 'is not a directory' if dst.parent.exists() else 'does not exist'
+    print(f'convert-checkpoint: {dst}: cannot write there: its directory {dst.parent} {what}',
           file=sys.stderr)
     return EXIT_ERROR
   if src.exists():

@@ -145,7 +145,9 @@ def read_state_dict(path, step: int | None = None) -> dict:
 
   Raises:
     CheckpointError: missing file, or a file that is not one complete msgpack
-      object (truncated, corrupt, trailing bytes); the message names the file.
+      object (truncated, corrupt, trailing bytes; a file that does not start as a
+      msgpack map and does not parse as one object, e.g. text, is "not a flax
+      checkpoint (msgpack) file"); the message names the file.
   """
   import msgpack
   file = _checkpoint_file(pathlib.Path(path), step)
@@ -162,6 +164,14 @@ def read_state_dict(path, step: int | None = None) -> dict:
   size = file.stat().st_size
   if size == 0:
     raise CheckpointError(f'{file}: empty file, not a flax checkpoint')
+  with open(file, 'rb') as f:
+    head = f.read(1)[0]
+  # a state dict is a msgpack map (fixmap, map 16, map 32); bytes that are not one and do
+  # not parse as one object (text, say) are another kind of file, not a damaged checkpoint
+  starts_as_map = 0x80 <= head <= 0x8f or head in (0xde, 0xdf)
+  not_msgpack = CheckpointError(f'{file}: not a flax checkpoint (msgpack) file (a checkpoint '
+                                f'starts with a msgpack map; this starts with byte {head:#04x}'
+                                + (f' {chr(head)!r})' if 0x20 <= head < 0x7f else ')'))
   try:
     with open(file, 'rb') as f:
       unpacker = msgpack.Unpacker(f, raw=False, ext_hook=_ext_unpack, max_buffer_size=size,
@@ -172,8 +182,12 @@ def read_state_dict(path, step: int | None = None) -> dict:
         if len(objects) > 1:
           break
   except Exception as e:  # msgpack raises several unrelated types on bad bytes
+    if not starts_as_map:
+      raise not_msgpack from None
     raise CheckpointError(f'{file}: not a readable flax msgpack checkpoint '
                           f'(corrupt: {type(e).__name__}: {e})') from None
+  if len(objects) != 1 and not starts_as_map:
+    raise not_msgpack
   if len(objects) != 1:
     what = 'truncated (no complete object)' if not objects else 'trailing bytes after the state'
     raise CheckpointError(f'{file}: not a readable flax msgpack checkpoint ({what})')

@@ -537,6 +537,53 @@ def test_optimizer_class_not_called_or_non_numeric_hyperparameter_is_refused(tmp
     np.testing.assert_array_equal(restored.params['w'], params['w'])
 
 
+def _shim_checkpoint(path):
+  params = {'w': np.arange(6, dtype=np.float32).reshape(2, 3)}
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    opt = oc.Adam(1e-3).create(params)
+  path.write_bytes(serialization.to_bytes(opt))  # the shim's state dict is the legacy layout
+  return path
+
+
+@pytest.mark.parametrize('fmt', ['flax', 'orbax'])
+def test_cli_refuses_a_missing_dst_directory_and_writes_nothing(tmp_path, capsys, fmt):
+  """Found by review: convert-checkpoint created DST's missing folders, where record -o and
+  rewrite --report refuse them; now exit 2 naming the directory, nothing created."""
+  src = _shim_checkpoint(tmp_path / 'checkpoint_0')
+  (tmp_path / 'file').write_text('x')
+  for dst, message in [(tmp_path / 'missing' / 'sub' / 'out',
+                        f'its directory {tmp_path / "missing" / "sub"} does not exist'),
+                       (tmp_path / 'file' / 'out', f'its directory {tmp_path / "file"} is not a '
+                                                   'directory')]:
+    assert _cli(src, dst, '--optimizer', 'Adam()', '--format', fmt) == 2
+    err = capsys.readouterr().err
+    assert err == f'convert-checkpoint: {dst}: cannot write there: {message}\n', err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_0', 'file']
+  assert _cli(src, tmp_path / 'out', '--optimizer', 'Adam()', '--format', fmt) == 0
+
+
+@pytest.mark.parametrize('content, first', [(b'hello, not a checkpoint\n', "0x68 'h'"),
+                                            (b'\xc1' * 64, '0xc1'), (b'{"w": [1, 2]}', "0x7b '{'")])
+def test_a_file_that_is_no_msgpack_is_not_a_flax_checkpoint(tmp_path, capsys, content, first):
+  """Found by review: a text file SRC was reported as 'trailing bytes after the state' (its
+  bytes parse as several small integers); it is not a flax checkpoint (msgpack) file at all."""
+  src = tmp_path / 'notes.txt'
+  src.write_bytes(content)
+  assert _cli(src, tmp_path / 'out', '--optimizer', 'Adam()') == 2
+  err = capsys.readouterr().err
+  assert err == (f'convert-checkpoint: {src}: not a flax checkpoint (msgpack) file (a checkpoint '
+                 f'starts with a msgpack map; this starts with byte {first})\n'), err
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['notes.txt']
+  # a damaged checkpoint still says what is wrong with it
+  data = _shim_checkpoint(tmp_path / 'ck').read_bytes()
+  for damaged, what in [(data + b'x', 'trailing bytes after the state'),
+                        (data[:len(data) // 2], 'truncated')]:
+    src.write_bytes(damaged)
+    with pytest.raises(ck.CheckpointError, match=f'not a readable flax msgpack checkpoint .{what}'):
+      ck.read_state_dict(src)
+
+
 def test_structure_mismatch_names_the_first_differing_path(legacy):
   params = cases.params_for('adam_betas')
   params = {**params, 'head': {**params['head'], 'kernel': np.zeros((128, 9), np.float32)}}
