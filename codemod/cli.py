@@ -54,17 +54,46 @@ def cmd_rewrite(args) -> int:
 
 
 def cmd_run(args) -> int:
-  """Run SCRIPT as ``__main__`` with ``flax.optim`` resolving to the shim."""
+  """Run SCRIPT as ``__main__`` with ``flax.optim`` resolving to the shim.
+
+  As ``python SCRIPT`` would: a syntax error in SCRIPT, or an exception it raises, prints
+  the script's error (no frames of this tool) and exits 1. A SCRIPT that is missing, a
+  directory or unreadable exits 2.
+  """
   import optim_compat
   optim_compat.install()
   script = pathlib.Path(args.script)
+  if script.is_dir():
+    print(f'{script}: is a directory, not a script', file=sys.stderr)
+    return EXIT_ERROR
   if not script.is_file():
     print(f'{script}: no such file', file=sys.stderr)
     return EXIT_ERROR
+  try:
+    source = script.read_bytes()
+  except OSError as e:
+    print(f'{script}: cannot read: {e.strerror or e}', file=sys.stderr)
+    return EXIT_ERROR
+  try:  # compiled here first, so a syntax error shows no frames of runpy or this tool
+    compile(source, str(script), 'exec', dont_inherit=True)
+  except SyntaxError as e:
+    import traceback
+    sys.stderr.write(''.join(traceback.format_exception_only(type(e), e)))
+    return 1
+  except ValueError as e:  # null bytes (a SyntaxError from Python 3.12)
+    print(f'{script}: SyntaxError: {e}', file=sys.stderr)
+    return 1
   sys.argv = [str(script), *args.args]
   sys.path.insert(0, str(script.resolve().parent))
   try:
     runpy.run_path(str(script), run_name='__main__')
+  except Exception as e:  # noqa: BLE001 - reported as python would, from the script's frames
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != str(script):
+      tb = tb.tb_next
+    tb = tb or e.__traceback__
+    sys.excepthook(type(e), e.with_traceback(tb), tb)
+    return 1
   except SystemExit as e:
     code = e.code
     if code is None:

@@ -162,6 +162,25 @@ def test_run_passes_every_argument_after_the_script(tmp_path):
   assert proc.returncode == 0 and "['--', 'a', '--b']" in proc.stdout
 
 
+def test_run_a_directory_or_a_script_with_an_error_reports_it_as_python_would(tmp_path):
+  """Found by review: `run DIR` said 'no such file'; a script's syntax error came with this
+  tool's and runpy's traceback frames. Now: a directory is named as one (exit 2); a syntax
+  error or an exception in the script prints what `python SCRIPT` prints (exit 1)."""
+  proc = _cli('run', str(tmp_path))
+  assert proc.returncode == 2 and proc.stderr == f'{tmp_path}: is a directory, not a script\n'
+  for name, source, last in [
+      ('syntax.py', 'import sys\nx = (\n', "SyntaxError: '(' was never closed\n"),
+      ('raises.py', 'def f():\n  raise ValueError("boom")\ntry:\n  f()\n'
+                    'except ValueError as e:\n  raise KeyError("k") from e\n', "KeyError: 'k'\n")]:
+    script = tmp_path / name
+    script.write_text(source)
+    proc = _cli('run', str(script))
+    python = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert proc.returncode == python.returncode == 1, proc.stderr
+    assert proc.stderr == python.stderr and proc.stderr.endswith(last), proc.stderr
+    assert 'runpy' not in proc.stderr and 'codemod' not in proc.stderr
+
+
 def test_parse_error_names_file_and_line():
   result = engine.rewrite_source('from flax import optim\ndef f(:\n', 'b.py')
   assert result.error.startswith('b.py:2:') and 'cannot parse' in result.error
