@@ -174,6 +174,7 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
   """:func:`rewrite_source` after the parse (``module`` is ``source`` parsed)."""
   result = FileResult(path, source)
   command = MigrateCommand(CodemodContext(filename=path), options, flow)
+  command.parsed = (module, source)
   try:
     new_module = _transform(command, module)
   except Exception as e:  # noqa: BLE001 - one file's failure must not stop the run

@@ -1,4 +1,5 @@
-"""Unused-import removal with the scope analysis spent on the statements that matter.
+"""Unused-import removal with the scope analysis spent on the statements that matter,
+and import addition on the statements ``AddImportsVisitor`` reads.
 
 LibCST's ``RemoveImportsVisitor`` decides whether an import is still used with a
 scope analysis of the whole module: for a 170-line legacy file that keeps its
@@ -17,7 +18,7 @@ from typing import Sequence
 import libcst as cst
 import libcst.helpers
 from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import RemoveImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 Removal = tuple[str, 'str | None', 'str | None']
 
@@ -179,3 +180,34 @@ def remove_unused_head_imports(context: CodemodContext, head: cst.Module,
   if dropped is not None:
     return dropped
   return RemoveImportsVisitor(context, removals).transform_module(head)
+
+
+def _add_reads(body: Sequence[cst.BaseStatement]) -> int:
+  """How many leading statements of ``body`` are enough for ``AddImportsVisitor``.
+
+  The visitor reads (and may edit) only the module's leading run of import
+  lines, after an optional first docstring or ``__strict__`` line, and the one
+  statement after that run (which may get an empty line before it); it returns
+  every later statement as it was. The count here may exceed what it reads,
+  which is the safe side: the first statement always counts as skippable, and
+  a line of several imports does not end the run.
+  """
+  i = 1
+  while i < len(body) and _import_only(body[i]):
+    i += 1
+  return min(i + 1, len(body))
+
+
+def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
+  """Same result as ``AddImportsVisitor(context).transform_module(tree)`` (the imports
+  to add are in ``context.scratch``, as LibCST keeps them).
+
+  LibCST's visitor copies and walks the whole module it is given, with a
+  matcher transformer, to act on its first few statements; it is given those
+  (:func:`_add_reads`) and the rest is put back after its result.
+  """
+  n = _add_reads(tree.body)
+  if n == len(tree.body):
+    return AddImportsVisitor(context).transform_module(tree)
+  part = AddImportsVisitor(context).transform_module(tree.with_changes(body=tree.body[:n]))
+  return tree.with_changes(body=[*part.body, *tree.body[n:]])

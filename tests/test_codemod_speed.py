@@ -246,3 +246,65 @@ def test_no_test_input_that_the_codemod_acts_on_is_skipped_by_the_prefilter():
       skipped += 1
       assert not touched, source
   assert acted >= 40 and skipped >= 10, (acted, skipped)
+
+
+#: Module starts where ``AddImportsVisitor`` acts: docstrings, ``__strict__``, import runs that a
+#: multi-import line, a comment or code ends, and modules that are all imports.
+ADD_STARTS = [
+    '', '"""Doc."""\n', '"""Doc."""\nx = 1\n', '__strict__ = True\nimport jax\n',
+    'import jax\n', 'import jax\n# c\n\ndef f():\n  pass\n', 'import jax\nx = 1\ny = 2\n',
+    '# header\n\nimport jax\nfrom flax import optim\n\n# c\nx = 1\n',
+    'import jax; import numpy as np\nfrom flax import optim\nx = 1\n',
+    'from flax import optim\nimport jax\nfrom flax import optim\n',
+    'x = 1\nimport jax\nfrom flax import linen\n', 'from flax import linen as nn, optim\nimport jax\n\n\nx = 1',
+    'from flax.training import checkpoints\nfrom flax import *\nimport optax\n',
+    '"""Doc."""\nfrom __future__ import annotations\n\nimport jax\n  \nclass A:\n  pass\n',
+    'from . import optim\nimport flax.training\nif True:\n  import jax\n',
+]
+#: What the rewrite adds: new modules, names merged into an existing ``from flax import``,
+#: aliases, and names already there.
+ADD_SETS = [
+    [('optax', None, None)], [('flax.training', 'train_state', None)],
+    [('optax', None, None), ('flax', 'jax_utils', None), ('flax.training', 'train_state', None)],
+    [('flax.training', 'dynamic_scale', 'dynamic_scale_lib'), ('jax', None, None)],
+    [('flax', 'linen', None), ('optim_compat.checkpoint', None, None)],
+]
+
+
+def test_import_addition_on_the_leading_statements_equals_the_whole_module_pass():
+  """``add_imports`` gives LibCST's visitor only the statements it reads; the result
+  equals the visitor's on the whole module, for every fixture and the starts above."""
+  from libcst.codemod.visitors import AddImportsVisitor
+  starts = [*ADD_STARTS, *(s + FILLER for s in ADD_STARTS)]
+  fixtures = [p.read_text() for p in sorted(FIXTURES.glob('*/*.py'))]
+  reduced = 0
+  for source in [*starts, *fixtures]:
+    tree = cst.parse_module(source)
+    reduced += import_scope._add_reads(tree.body) < len(tree.body)
+    for adds in ADD_SETS if source in starts else ADD_SETS[2:4]:
+      contexts = [CodemodContext(), CodemodContext()]
+      for context in contexts:
+        for module, obj, asname in adds:
+          AddImportsVisitor.add_needed_import(context, module, obj, asname)
+      whole = AddImportsVisitor(contexts[0]).transform_module(tree).code
+      assert import_scope.add_imports(contexts[1], tree).code == whole, (source, adds)
+  assert reduced >= 40
+
+
+def test_bound_names_of_the_statements_naming_them_equal_the_whole_module_walk():
+  """``_bound_names`` walks only the statements whose text names one of the asked names."""
+  sources = [
+      'optax = 1\n', 'def f(optax):\n  return optax\n', 'class train_state:\n  pass\n',
+      'for jax_utils in x:\n  pass\n', 'with a as (b, optim_compat):\n  pass\n',
+      'try:\n  pass\nexcept E as traverse_util:\n  pass\n', 'f = lambda optax: optax\n',
+      'y = [optax for optax in z]\n', 'if (optax := 3):\n  pass\n', 'import optax\nx = optax\n',
+      'x.optax = 1\ny[optax] = 2\n', 'def optax():\n  pass\n', 'a, *optax = b\n',
+      'optax: int = 1\n', 'optax += 1\n', 's = "optax = 1"\n# optax = 2\n',
+      *(m for m in _modules())]
+  for source in sources:
+    tree = cst.parse_module(source)
+    visitor = transform._Bindings()
+    tree.visit(visitor)
+    want = visitor.names & transform.EMITTED_NAMES
+    assert transform._bound_names(tree, transform.EMITTED_NAMES) == want, source
+    assert transform._bound_names(tree, transform.EMITTED_NAMES, source) == want, source
