@@ -2187,9 +2187,11 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
   head, tail = tree.with_changes(body=tree.body[:k]), list(tree.body[k:])
   used, _, last_optim_import = _used_names(tree.code)
   head_lines = head.code.count('\n') + 1
-  if last_optim_import > head_lines:  # a legacy import after the head: the exact pass
-    tree = _add_imports(context, tree, adds)
-    return RemoveImportsVisitor(context, removals).transform_module(tree)
+  if last_optim_import > head_lines:  # a legacy import after the head: every removal in the
+    tree = _add_imports(context, tree, adds)  # scope-analysed pass, on the statements naming one
+    n_head = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
+                  len(tree.body))
+    return import_scope.remove_unused_imports(context, tree, n_head, removals)
   fast, slow = [], []
   for module, obj, asname in dict.fromkeys(removals):
     bound = asname or obj or module.split('.')[0]

@@ -308,3 +308,36 @@ def test_bound_names_of_the_statements_naming_them_equal_the_whole_module_walk()
     want = visitor.names & transform.EMITTED_NAMES
     assert transform._bound_names(tree, transform.EMITTED_NAMES) == want, source
     assert transform._bound_names(tree, transform.EMITTED_NAMES, source) == want, source
+
+
+def _rewrite_removals(tree):
+  """The removal list the rewrite passes for a module that uses flax.optim."""
+  return [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
+          *transform._legacy_imports(tree)]
+
+
+def test_imports_libcst_scope_analysis_finds_referenced_are_kept_by_the_visitor():
+  """Where ``_referenced`` says every named import is referenced (and the visitor is not
+  run), LibCST's ``RemoveImportsVisitor`` returns the module unchanged; it says so often."""
+  referenced = 0
+  for source in _modules():
+    tree = cst.parse_module(source)
+    for removals in [*([r] for r in REMOVALS), REMOVALS, _rewrite_removals(tree)]:
+      if import_scope._referenced(tree, removals):
+        referenced += 1
+        assert RemoveImportsVisitor(CodemodContext(), removals).transform_module(tree).code == \
+            source, (removals, source)
+  assert referenced >= 40, referenced
+
+
+def test_reduced_removal_of_every_rewrite_removal_equals_the_whole_module_pass():
+  """A module with a legacy import after its head gets all removals (``flax`` too) from
+  ``remove_unused_imports``, which must equal LibCST's whole-module visitor."""
+  for source in _modules():
+    tree = cst.parse_module(source)
+    n_head = next((i for i, st in enumerate(tree.body)
+                   if isinstance(st, cst.BaseCompoundStatement)), len(tree.body))
+    removals = _rewrite_removals(tree)
+    whole = RemoveImportsVisitor(CodemodContext(), removals).transform_module(tree).code
+    assert import_scope.remove_unused_imports(CodemodContext(), tree, n_head, removals).code == \
+        whole, source
