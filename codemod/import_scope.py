@@ -111,9 +111,8 @@ def remove_unused_imports(context: CodemodContext, tree: cst.Module, n_head: int
   Args:
     context: the codemod's context (its ``full_package_name`` resolves relative imports).
     tree: the module.
-    n_head: how many leading statements may be removed whole (the caller's head:
-      statements before the first compound one). A later import-only statement
-      that mentions a removal's name makes this fall back to the whole-module pass.
+    n_head: how many leading statements are always analysed (the caller's head:
+      statements before the first compound one).
     removals: ``(module, obj, asname)`` as ``RemoveImportsVisitor`` takes them.
 
   Returns:
@@ -124,27 +123,42 @@ def remove_unused_imports(context: CodemodContext, tree: cst.Module, n_head: int
     return tree
   pattern = re.compile(r'\b(?:' + '|'.join(map(re.escape, sorted(words))) + r')\b')
   body = list(tree.body)
-  kept = []
-  for i in range(n_head, len(body)):
-    if pattern.search(tree.code_for_node(body[i])):
-      if _import_only(body[i]):  # could be removed whole: the exact pass keeps it simple
-        return RemoveImportsVisitor(context, removals).transform_module(tree)
-      kept.append(i)
+  kept = [i for i in range(n_head, len(body)) if pattern.search(tree.code_for_node(body[i]))]
   if not may_remove([*body[:n_head], *(body[i] for i in kept)], removals):
     return tree
   if len(kept) == len(body) - n_head:
     if _referenced(tree, removals):
       return tree
     return RemoveImportsVisitor(context, removals).transform_module(tree)
-  reduced = tree.with_changes(body=[*body[:n_head], *(body[i] for i in kept)])
+  # each kept statement follows a marker, so that its result (none, when the visitor
+  # removes a late import line whole) is found again; a `pass` binds and uses nothing
+  reduced = tree.with_changes(body=[*body[:n_head], *(
+      st for j, i in enumerate(kept) for st in (_marker(j), body[i]))])
   if _referenced(reduced, removals):  # the usual case: a file that keeps its legacy code
     return tree
   new_body = list(RemoveImportsVisitor(context, removals).transform_module(reduced).body)
-  split = len(new_body) - len(kept)
-  out = body[n_head:]
-  for i, stmt in zip(kept, new_body[split:]):
-    out[i - n_head] = stmt
-  return tree.with_changes(body=[*new_body[:split], *out])
+  starts = [k for k, st in enumerate(new_body) if _is_marker(st)]
+  if len(starts) != len(kept) or any(not _is_marker(new_body[k], j) for j, k in enumerate(starts)):
+    raise RuntimeError('internal error: a statement marker was lost while removing imports')
+  out = [[st] for st in body[n_head:]]
+  for j, i in enumerate(kept):
+    out[i - n_head] = new_body[starts[j] + 1:starts[j + 1] if j + 1 < len(kept) else None]
+  head = new_body[:starts[0]] if starts else new_body
+  return tree.with_changes(body=[*head, *(st for piece in out for st in piece)])
+
+
+_MARKER = '# __optim_migrate_statement_{}__'
+
+
+def _marker(j: int) -> cst.SimpleStatementLine:
+  return cst.SimpleStatementLine(body=[cst.Pass()], trailing_whitespace=cst.TrailingWhitespace(
+      whitespace=cst.SimpleWhitespace('  '), comment=cst.Comment(_MARKER.format(j))))
+
+
+def _is_marker(stmt, j=None) -> bool:
+  comment = stmt.trailing_whitespace.comment if isinstance(stmt, cst.SimpleStatementLine) else None
+  return (comment is not None and comment.value.startswith('# __optim_migrate_statement_')
+          and (j is None or comment.value == _MARKER.format(j)))
 
 
 def _matches(node, module_aliases: dict, objects: dict) -> list[bool]:

@@ -341,3 +341,34 @@ def test_reduced_removal_of_every_rewrite_removal_equals_the_whole_module_pass()
     whole = RemoveImportsVisitor(CodemodContext(), removals).transform_module(tree).code
     assert import_scope.remove_unused_imports(CodemodContext(), tree, n_head, removals).code == \
         whole, source
+
+
+#: Late import lines the reduced removal may drop whole: with comments before them, last in the
+#: module, sharing a line, repeated, inside an `if`, before a class that rebinds the name.
+LATE = [
+    'import jax\n\ndef g(p):\n  return p\n\n# about the import\nfrom flax import optim as o2\n\n'
+    '# about h\ndef h():\n  return 1\n',
+    'import jax\n\ndef g(p):\n  return p\n\n# about the import\nfrom flax import optim as o2\n# end\n',
+    'import jax\n\ndef g(p):\n  return p\nfrom flax import optim as o2; import os\nx = 1\n',
+    'import jax\n\ndef g(p):\n  return p\nfrom flax import optim as o2, linen\nfrom flax import optim as o2\n'
+    'if True:\n  from flax import optim as o2\n',
+    'from flax import optim as o2\n\ndef g(p):\n  return p\nfrom flax import optim as o2\n\n\n\n'
+    'class A:\n  o2 = 1\nfrom flax import optim as o2',
+]
+
+
+def test_reduced_removal_of_late_import_lines_equals_the_whole_module_pass():
+  """Late import lines are analysed among the reduced statements (each after a marker, so a
+  line removed whole is found missing), with LibCST's whole-module result."""
+  removals = [('flax', 'optim', 'o2'), ('flax', 'optim', None), ('flax', None, None)]
+  changed = 0
+  for source in (s for late in LATE for s in (late, late + FILLER, FILLER + late)):
+    tree = cst.parse_module(source)
+    n_head = next((i for i, st in enumerate(tree.body)
+                   if isinstance(st, cst.BaseCompoundStatement)), len(tree.body))
+    for removal in (removals[:1], removals):
+      whole = RemoveImportsVisitor(CodemodContext(), removal).transform_module(tree).code
+      assert import_scope.remove_unused_imports(CodemodContext(), tree, n_head, removal).code == \
+          whole, (source, removal)
+      changed += whole != source
+  assert changed >= 20
