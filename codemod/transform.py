@@ -2177,8 +2177,9 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
   import whose name appears nowhere else needs no scope analysis: both run on
   the module's head (the statements before the first compound statement),
   which keeps a 20,000-statement file from being re-analysed twice. Only a
-  legacy import whose name still appears (maybe shadowed) gets the whole-module
-  ``RemoveImportsVisitor`` pass.
+  legacy import whose name still appears (maybe shadowed), or one after the
+  head, gets ``RemoveImportsVisitor``'s scope analysis, on the head and the
+  statements that name it (``import_scope.remove_unused_imports``).
   """
   adds = context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, [])
   context.scratch.pop(RemoveImportsVisitor.CONTEXT_KEY, None)
