@@ -177,6 +177,7 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
   """:func:`rewrite_source` after the parse (``module`` is ``source`` parsed)."""
   result = FileResult(path, source)
   command = MigrateCommand(CodemodContext(filename=path), options, flow)
+  command.parsed = (module, source)
   try:
     new_module = _transform(command, module)
   except Exception as e:  # noqa: BLE001 - one file's failure must not stop the run
@@ -184,8 +185,9 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
     return result
   options = options or Options()
   new_source = new_module.code
+  parsed: dict[str, ast.Module] = {}  # CPython's parse of a text, for the re-parse check
   if new_source != source and any(f.fixed and f.rule != 'OM006' for f in command.findings):
-    imports = _import_finding(source, new_source)  # OM006 reports its own import rewrites
+    imports = _import_finding(source, new_source, parsed)  # OM006 reports its own import rewrites
     if imports is not None:
       command.findings.append(imports)
   unselected = [f for f in command.findings if f.fixed and not options.enabled(f.rule)]
@@ -215,7 +217,7 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
         f for f in uncertain if (f.line, f.col, f.rule) not in seen)]
     return kept
   if new_source != source:
-    problem = _reparse_problem(new_source, source)
+    problem = None if new_source in parsed else _reparse_problem(new_source, source)
     if problem:
       result.error = f'{path}: internal error, output does not parse ({problem}); file left as is'
       return result
@@ -227,12 +229,19 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
   return result
 
 
-def _imports(source: str) -> Optional[dict[str, ast.stmt]]:
-  """``{import statement as code: its node}`` (first occurrence), or None if it does not parse."""
+def _imports(source: str, parsed: dict | None = None) -> Optional[dict[str, ast.stmt]]:
+  """``{import statement as code: its node}`` (first occurrence), or None if it does not parse.
+
+  ``parsed`` gets ``source``'s tree when it parses: :func:`_reparse_problem` would
+  parse it again with the same parser (``ast.parse`` is ``compile`` with
+  ``PyCF_ONLY_AST``) to say whether it is valid Python.
+  """
   try:
     tree = ast.parse(source)
   except (SyntaxError, ValueError):
     return None
+  if parsed is not None:
+    parsed[source] = tree
   found = {}
   for node in ast.walk(tree):
     if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -240,12 +249,13 @@ def _imports(source: str) -> Optional[dict[str, ast.stmt]]:
   return found
 
 
-def _import_finding(source: str, new_source: str) -> Optional[Finding]:
+def _import_finding(source: str, new_source: str, parsed: dict | None = None) -> Optional[Finding]:
   """The ``OM005`` report entry for the imports a rewrite added and dropped, or None.
 
   Positioned at the first dropped import (else line 1); the message lists both.
+  ``parsed``: see :func:`_imports` (it gets ``new_source``'s tree).
   """
-  before, after = _imports(source), _imports(new_source)
+  before, after = _imports(source), _imports(new_source, parsed)
   if before is None or after is None:
     return None
   added = [k for k in after if k not in before]

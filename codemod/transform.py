@@ -2267,10 +2267,22 @@ class _Bindings(cst.CSTVisitor):
     self._add(node.name)
 
 
-def _bound_names(tree: cst.Module) -> set[str]:
+def _bound_names(tree: cst.Module, among: frozenset, code: Optional[str] = None) -> set[str]:
+  """The names of ``among`` that ``tree`` binds by anything but an import (``code``:
+  ``tree``'s source text, when the caller has it).
+
+  A name bound in a statement is spelled in that statement's text, so only the
+  top-level statements whose text holds one of the words are walked: most
+  modules hold none, and a full walk cost ~10 ms per file.
+  """
+  pattern = re.compile(r'\b(?:' + '|'.join(map(re.escape, sorted(among))) + r')\b')
+  if not pattern.search(tree.code if code is None else code):
+    return set()
   visitor = _Bindings()
-  tree.visit(visitor)
-  return visitor.names
+  for stmt in tree.body:
+    if pattern.search(tree.code_for_node(stmt)):
+      stmt.visit(visitor)
+  return visitor.names & among
 
 
 class MigrateCommand(CodemodCommand):
@@ -2288,9 +2300,13 @@ class MigrateCommand(CodemodCommand):
     #: module-level functions taking optimizers -> (their parameters, converted)
     self.steps: dict[str, tuple[tuple, bool]] = {}
     self.inject_lr = False
+    #: ``(module, text)``: a parsed module and the text it was parsed from, set by a caller
+    #: that has both, so that the text is not generated again from the tree
+    self.parsed: Optional[tuple[cst.Module, str]] = None
 
   def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-    if self.flow is not None and self.flow.mentioned(tree.code):
+    code = self.parsed[1] if self.parsed is not None and self.parsed[0] is tree else None
+    if self.flow is not None and self.flow.mentioned(tree.code if code is None else code):
       reduced, originals = tree, {}  # a factory's name is no word _reduce knows
     else:
       reduced, originals = _reduce(tree)
@@ -2298,7 +2314,8 @@ class MigrateCommand(CodemodCommand):
     analysis = _Analyzer(self.flow)
     wrapper.visit(analysis)
     rewriter = _Rewriter(self.context, analysis, self.options)
-    rewriter.bound_names = _bound_names(tree)  # the whole module, set-aside statements too
+    # the whole module, set-aside statements too; only the names the rewrite emits are asked about
+    rewriter.bound_names = _bound_names(tree, EMITTED_NAMES, code)
     result = _restore(wrapper.visit(rewriter), originals)
     self.findings = rewriter.findings
     converts = not rewriter.blocked and not rewriter.unproven
@@ -2434,6 +2451,23 @@ def _used_names(code: str) -> tuple[set[str], set[str], int]:
   return used, imported, last_optim_import
 
 
+def _add_imports(context: CodemodContext, tree: cst.Module, adds) -> cst.Module:
+  """``tree`` with the imports ``adds`` (LibCST ``ImportItem`` entries) added.
+
+  With nothing to add LibCST's visitor would return the module unchanged; it is
+  not built (its construction alone costs ~10 ms). The entries are taken back out
+  of the context afterwards, so that the engine does not run the visitor once
+  more on the final module (it would find them all present and add nothing).
+  """
+  if not adds:
+    return tree
+  context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
+  try:
+    return import_scope.add_imports(context, tree)
+  finally:
+    context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
+
+
 def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Module:
   """Add the imports the rewrite needs and drop the unused legacy ones.
 
@@ -2441,8 +2475,9 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
   import whose name appears nowhere else needs no scope analysis: both run on
   the module's head (the statements before the first compound statement),
   which keeps a 20,000-statement file from being re-analysed twice. Only a
-  legacy import whose name still appears (maybe shadowed) gets the whole-module
-  ``RemoveImportsVisitor`` pass.
+  legacy import whose name still appears (maybe shadowed), or one after the
+  head, gets ``RemoveImportsVisitor``'s scope analysis, on the head and the
+  statements that name it (``import_scope.remove_unused_imports``).
   """
   adds = context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, [])
   context.scratch.pop(RemoveImportsVisitor.CONTEXT_KEY, None)
@@ -2451,10 +2486,11 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
   head, tail = tree.with_changes(body=tree.body[:k]), list(tree.body[k:])
   used, _, last_optim_import = _used_names(tree.code)
   head_lines = head.code.count('\n') + 1
-  if last_optim_import > head_lines:  # a legacy import after the head: the exact pass
-    context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
-    tree = AddImportsVisitor(context).transform_module(tree)
-    return RemoveImportsVisitor(context, removals).transform_module(tree)
+  if last_optim_import > head_lines:  # a legacy import after the head: every removal in the
+    tree = _add_imports(context, tree, adds)  # scope-analysed pass, on the statements naming one
+    n_head = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
+                  len(tree.body))
+    return import_scope.remove_unused_imports(context, tree, n_head, removals)
   fast, slow = [], []
   for module, obj, asname in dict.fromkeys(removals):
     bound = asname or obj or module.split('.')[0]
@@ -2463,10 +2499,7 @@ def _fix_imports(context: CodemodContext, tree: cst.Module, removals) -> cst.Mod
       fast.append((module, obj, asname))
     elif legacy:
       slow.append((module, obj, asname))
-  if adds:
-    context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
-    head = AddImportsVisitor(context).transform_module(head)
-    context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
+  head = _add_imports(context, head, adds)
   if fast and import_scope.may_remove(head.body, fast):
     head = import_scope.remove_unused_head_imports(context, head, fast)
   tree = tree.with_changes(body=[*head.body, *tail])

@@ -246,3 +246,129 @@ def test_no_test_input_that_the_codemod_acts_on_is_skipped_by_the_prefilter():
       skipped += 1
       assert not touched, source
   assert acted >= 40 and skipped >= 10, (acted, skipped)
+
+
+#: Module starts where ``AddImportsVisitor`` acts: docstrings, ``__strict__``, import runs that a
+#: multi-import line, a comment or code ends, and modules that are all imports.
+ADD_STARTS = [
+    '', '"""Doc."""\n', '"""Doc."""\nx = 1\n', '__strict__ = True\nimport jax\n',
+    'import jax\n', 'import jax\n# c\n\ndef f():\n  pass\n', 'import jax\nx = 1\ny = 2\n',
+    '# header\n\nimport jax\nfrom flax import optim\n\n# c\nx = 1\n',
+    'import jax; import numpy as np\nfrom flax import optim\nx = 1\n',
+    'from flax import optim\nimport jax\nfrom flax import optim\n',
+    'x = 1\nimport jax\nfrom flax import linen\n', 'from flax import linen as nn, optim\nimport jax\n\n\nx = 1',
+    'from flax.training import checkpoints\nfrom flax import *\nimport optax\n',
+    '"""Doc."""\nfrom __future__ import annotations\n\nimport jax\n  \nclass A:\n  pass\n',
+    'from . import optim\nimport flax.training\nif True:\n  import jax\n',
+]
+#: What the rewrite adds: new modules, names merged into an existing ``from flax import``,
+#: aliases, and names already there.
+ADD_SETS = [
+    [('optax', None, None)], [('flax.training', 'train_state', None)],
+    [('optax', None, None), ('flax', 'jax_utils', None), ('flax.training', 'train_state', None)],
+    [('flax.training', 'dynamic_scale', 'dynamic_scale_lib'), ('jax', None, None)],
+    [('flax', 'linen', None), ('optim_compat.checkpoint', None, None)],
+]
+
+
+def test_import_addition_on_the_leading_statements_equals_the_whole_module_pass():
+  """``add_imports`` gives LibCST's visitor only the statements it reads; the result
+  equals the visitor's on the whole module, for every fixture and the starts above."""
+  from libcst.codemod.visitors import AddImportsVisitor
+  starts = [*ADD_STARTS, *(s + FILLER for s in ADD_STARTS)]
+  fixtures = [p.read_text() for p in sorted(FIXTURES.glob('*/*.py'))]
+  reduced = 0
+  for source in [*starts, *fixtures]:
+    tree = cst.parse_module(source)
+    reduced += import_scope._add_reads(tree.body) < len(tree.body)
+    for adds in ADD_SETS if source in starts else ADD_SETS[2:4]:
+      contexts = [CodemodContext(), CodemodContext()]
+      for context in contexts:
+        for module, obj, asname in adds:
+          AddImportsVisitor.add_needed_import(context, module, obj, asname)
+      whole = AddImportsVisitor(contexts[0]).transform_module(tree).code
+      assert import_scope.add_imports(contexts[1], tree).code == whole, (source, adds)
+  assert reduced >= 40
+
+
+def test_bound_names_of_the_statements_naming_them_equal_the_whole_module_walk():
+  """``_bound_names`` walks only the statements whose text names one of the asked names."""
+  sources = [
+      'optax = 1\n', 'def f(optax):\n  return optax\n', 'class train_state:\n  pass\n',
+      'for jax_utils in x:\n  pass\n', 'with a as (b, optim_compat):\n  pass\n',
+      'try:\n  pass\nexcept E as traverse_util:\n  pass\n', 'f = lambda optax: optax\n',
+      'y = [optax for optax in z]\n', 'if (optax := 3):\n  pass\n', 'import optax\nx = optax\n',
+      'x.optax = 1\ny[optax] = 2\n', 'def optax():\n  pass\n', 'a, *optax = b\n',
+      'optax: int = 1\n', 'optax += 1\n', 's = "optax = 1"\n# optax = 2\n',
+      *(m for m in _modules())]
+  for source in sources:
+    tree = cst.parse_module(source)
+    visitor = transform._Bindings()
+    tree.visit(visitor)
+    want = visitor.names & transform.EMITTED_NAMES
+    assert transform._bound_names(tree, transform.EMITTED_NAMES) == want, source
+    assert transform._bound_names(tree, transform.EMITTED_NAMES, source) == want, source
+
+
+def _rewrite_removals(tree):
+  """The removal list the rewrite passes for a module that uses flax.optim."""
+  return [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
+          *transform._legacy_imports(tree)]
+
+
+def test_imports_libcst_scope_analysis_finds_referenced_are_kept_by_the_visitor():
+  """Where ``_referenced`` says every named import is referenced (and the visitor is not
+  run), LibCST's ``RemoveImportsVisitor`` returns the module unchanged; it says so often."""
+  referenced = 0
+  for source in _modules():
+    tree = cst.parse_module(source)
+    for removals in [*([r] for r in REMOVALS), REMOVALS, _rewrite_removals(tree)]:
+      if import_scope._referenced(tree, removals):
+        referenced += 1
+        assert RemoveImportsVisitor(CodemodContext(), removals).transform_module(tree).code == \
+            source, (removals, source)
+  assert referenced >= 40, referenced
+
+
+def test_reduced_removal_of_every_rewrite_removal_equals_the_whole_module_pass():
+  """A module with a legacy import after its head gets all removals (``flax`` too) from
+  ``remove_unused_imports``, which must equal LibCST's whole-module visitor."""
+  for source in _modules():
+    tree = cst.parse_module(source)
+    n_head = next((i for i, st in enumerate(tree.body)
+                   if isinstance(st, cst.BaseCompoundStatement)), len(tree.body))
+    removals = _rewrite_removals(tree)
+    whole = RemoveImportsVisitor(CodemodContext(), removals).transform_module(tree).code
+    assert import_scope.remove_unused_imports(CodemodContext(), tree, n_head, removals).code == \
+        whole, source
+
+
+#: Late import lines the reduced removal may drop whole: with comments before them, last in the
+#: module, sharing a line, repeated, inside an `if`, before a class that rebinds the name.
+LATE = [
+    'import jax\n\ndef g(p):\n  return p\n\n# about the import\nfrom flax import optim as o2\n\n'
+    '# about h\ndef h():\n  return 1\n',
+    'import jax\n\ndef g(p):\n  return p\n\n# about the import\nfrom flax import optim as o2\n# end\n',
+    'import jax\n\ndef g(p):\n  return p\nfrom flax import optim as o2; import os\nx = 1\n',
+    'import jax\n\ndef g(p):\n  return p\nfrom flax import optim as o2, linen\nfrom flax import optim as o2\n'
+    'if True:\n  from flax import optim as o2\n',
+    'from flax import optim as o2\n\ndef g(p):\n  return p\nfrom flax import optim as o2\n\n\n\n'
+    'class A:\n  o2 = 1\nfrom flax import optim as o2',
+]
+
+
+def test_reduced_removal_of_late_import_lines_equals_the_whole_module_pass():
+  """Late import lines are analysed among the reduced statements (each after a marker, so a
+  line removed whole is found missing), with LibCST's whole-module result."""
+  removals = [('flax', 'optim', 'o2'), ('flax', 'optim', None), ('flax', None, None)]
+  changed = 0
+  for source in (s for late in LATE for s in (late, late + FILLER, FILLER + late)):
+    tree = cst.parse_module(source)
+    n_head = next((i for i, st in enumerate(tree.body)
+                   if isinstance(st, cst.BaseCompoundStatement)), len(tree.body))
+    for removal in (removals[:1], removals):
+      whole = RemoveImportsVisitor(CodemodContext(), removal).transform_module(tree).code
+      assert import_scope.remove_unused_imports(CodemodContext(), tree, n_head, removal).code == \
+          whole, (source, removal)
+      changed += whole != source
+  assert changed >= 20
