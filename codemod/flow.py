@@ -34,8 +34,23 @@ _WORD = re.compile(r'\w+')
 _TOP_DEF = re.compile(r'^(?:async[ \t]+)?def[ \t]+\w+', re.M)
 
 
+class _ModuleFunction:
+  """A module-level function of the tree, named ``qualified`` and defined in ``path``."""
+  qualified: str
+  path: str
+
+  @property
+  def function(self) -> str:
+    return self.qualified.rsplit('.', 1)[1]
+
+  @property
+  def where(self) -> str:
+    """``pkg/opt.py:create_optimizer``: the defining file and the function, for messages."""
+    return f'{self.path}:{self.function}'
+
+
 @dataclasses.dataclass(frozen=True)
-class Factory:
+class Factory(_ModuleFunction):
   """A module-level function of the tree that returns a legacy optimizer.
 
   Attributes:
@@ -56,18 +71,9 @@ class Factory:
   inject_lr: Optional[bool]
   why: str = ''
 
-  @property
-  def function(self) -> str:
-    return self.qualified.rsplit('.', 1)[1]
-
-  @property
-  def where(self) -> str:
-    """``pkg/opt.py:create_optimizer``."""
-    return f'{self.path}:{self.function}'
-
 
 @dataclasses.dataclass(frozen=True)
-class Step:
+class Step(_ModuleFunction):
   """A module-level function of the tree that takes legacy optimizers as arguments
   (a train step: ``def train_step(opt, batch): ... opt.apply_gradient(g)``).
 
@@ -85,15 +91,6 @@ class Step:
   params: tuple[tuple[Optional[int], str], ...]
   converted: bool
   why: str = ''
-
-  @property
-  def function(self) -> str:
-    return self.qualified.rsplit('.', 1)[1]
-
-  @property
-  def where(self) -> str:
-    """``pkg/steps.py:train_step``."""
-    return f'{self.path}:{self.function}'
 
 
 @dataclasses.dataclass(frozen=True)
