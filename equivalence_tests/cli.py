@@ -531,6 +531,8 @@ def cmd_check(args) -> int:
     check_run_options(args.steps, args.seed, args.max_ulp)
     if args.against:
       return _check_against(args)
+    # what the command line gives applies to the entries that do not set it themselves
+    given = {k: getattr(args, k) for k in RUN_DEFAULTS if getattr(args, k) is not None}
     _with_defaults(args)
     check_run_options(args.steps, args.seed)  # the seed's bound depends on the steps
     if args.tx or args.legacy:
@@ -538,11 +540,17 @@ def cmd_check(args) -> int:
                         args.steps, args.seed, args.max_ulp, grads=args.grads)
     status = EXIT_OK
     for i, e in enumerate(_config_entries(args.config)):
+      run = {**RUN_DEFAULTS, **given, **{k: e[k] for k in RUN_DEFAULTS if k in e}}
+      label = f'[{e.get("name", i)}] '
+      try:
+        check_run_options(run['steps'], run['seed'])
+      except BadInput as err:
+        raise BadInput(f'{args.config}: [[tool.optim-migrate.check]] entry {label.strip()}: '
+                       f'{err}') from None
       status = max(status, _run_check(
-          e.get('legacy'), e.get('tx'), e.get('params'), e.get('devices', '1'),
-          e.get('mode', 'pmap'), e.get('steps', 20), e.get('seed', 0),
-          float(e.get('max-ulp', 4)), label=f'[{e.get("name", i)}] ',
-          grads=e.get('grads', args.grads)))  # --grads applies to entries without their own
+          e.get('legacy'), e.get('tx'), e.get('params'), run['devices'], run['mode'],
+          run['steps'], run['seed'], float(e.get('max-ulp', args.max_ulp)), label=label,
+          grads=e.get('grads', args.grads)))
     return status
   except BadInput as e:
     print(f'optim-migrate check: {e}', file=sys.stderr)

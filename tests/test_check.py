@@ -566,3 +566,28 @@ def test_property_based_random_pytrees_every_table_entry():
   pairs = len(properties.HYPER_PARAMS) + 2 * len(properties.LOW_PRECISION)
   assert f'properties hold: {pairs} entry/dtype pairs' in proc.stdout
   assert set(properties.HYPER_PARAMS) == set(spec.SPECS)
+
+
+def test_command_line_run_options_apply_to_entries_without_their_own(tmp_path, monkeypatch, capsys):
+  """``check --steps 3 --devices 2 --max-ulp 8`` with pyproject entries: an entry's own
+  value wins, the command line's fills the rest (it was silently ignored)."""
+  config = tmp_path / 'pyproject.toml'
+  config.write_text('[[tool.optim-migrate.check]]\nname = "a"\nlegacy = "Adam(1e-3)"\n'
+                    'tx = "optax.adam(1e-3)"\n\n'
+                    '[[tool.optim-migrate.check]]\nname = "b"\nlegacy = "Adam(1e-3)"\n'
+                    'tx = "optax.adam(1e-3)"\nsteps = 5\nmode = "single"\nmax-ulp = 2\n')
+  calls = []
+  from equivalence_tests import cli as check_cli
+  monkeypatch.setattr(check_cli, '_run_check', lambda *a, **k: calls.append((a[3:8], k)) or 0)
+  assert cli.main(['check', '--config', str(config), '--steps', '3', '--devices', '2',
+                   '--seed', '7', '--max-ulp', '8']) == 0
+  assert calls == [(('2', 'pmap', 3, 7, 8.0), {'label': '[a] ', 'grads': 'random'}),
+                   (('2', 'single', 5, 7, 2.0), {'label': '[b] ', 'grads': 'random'})]
+  calls.clear()
+  assert cli.main(['check', '--config', str(config)]) == 0  # no options: the defaults
+  assert [c[0] for c in calls] == [('1', 'pmap', 20, 0, 4.0), ('1', 'single', 5, 0, 2.0)]
+  # a command-line seed too large for an entry's own steps names the entry
+  config.write_text('[[tool.optim-migrate.check]]\nname = "long"\nlegacy = "Adam(1e-3)"\n'
+                    'tx = "optax.adam(1e-3)"\nsteps = 100000\n')
+  assert cli.main(['check', '--config', str(config), '--seed', '42948']) == 2  # ok for 20 steps
+  assert "entry [long]: --seed 42948: must be between 0 and" in capsys.readouterr().err
