@@ -365,7 +365,7 @@ MAX_ROUNDS = 3
 
 
 def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
-                ) -> tuple[dict[str, Factory], dict[str, Step]]:
+                outside: Iterable[pathlib.Path] = ()) -> tuple[dict[str, Factory], dict[str, Step]]:
   """The factories and step functions of the tree, each ``{qualified name: ...}``.
 
   ``files``: each ``.py`` file of the run with its module names
@@ -374,8 +374,10 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   some file's import lines mention its module's last name. It is rewritten as
   the run will rewrite it: with the flow of the others when it calls one of them
   (rounds to a fixed point; a file still changing after :data:`MAX_ROUNDS`
-  counts as kept legacy).
+  counts as kept legacy). ``outside``: those of ``files`` the run reads but does not
+  rewrite (:func:`outside_modules`): their legacy functions stay legacy.
   """
+  outside = set(outside)
   texts = {}
   for path, _, _ in files:
     try:
@@ -391,7 +393,8 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
               if texts.get(path) is not None and names
               and (_could_define(texts[path]) or _could_take(texts[path]))
               and any(name.rsplit('.', 1)[-1] in imported for name, _ in names)]
-  found = {str(path): _scan(path, names, shown, options, None) for path, names, shown in creators}
+  found = {str(path): _scan(path, names, shown, options, None, path in outside)
+           for path, names, shown in creators}
   unsettled: set[str] = set()
   for _ in range(MAX_ROUNDS - 1):
     factories, steps = _merge(found)
@@ -403,7 +406,7 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
                     steps={q: f for q, f in steps.items() if f.path != shown})
       if others.mentioned(texts[path]):
         new = _scan(path, names, shown, options,
-                    Flow(factories, names[0][0], names[0][1], steps))
+                    Flow(factories, names[0][0], names[0][1], steps), path in outside)
         if new != found[str(path)]:
           found[str(path)] = new
           unsettled.add(str(path))
@@ -421,15 +424,22 @@ def _merge(found: dict) -> tuple[dict[str, Factory], dict[str, Step]]:
           {f.qualified: f for _, steps in found.values() for f in steps})
 
 
-def _scan(path, names, shown, options, flow_file) -> tuple[list[Factory], list[Step]]:
-  """The factories and step functions one file defines, as the run's rewrite makes them."""
+#: Why a legacy module the run reads but does not rewrite keeps its legacy code.
+NOT_IN_RUN = 'it is not among the files this run rewrites'
+
+
+def _scan(path, names, shown, options, flow_file, outside=False) -> tuple[list[Factory], list[Step]]:
+  """The factories and step functions one file defines, as the run's rewrite makes them
+  (``outside``: a file the run does not rewrite, whose legacy code therefore stays)."""
   from codemod import engine
   from codemod.transform import KEEPS_LEGACY
   result = engine.rewrite_file(path, options, flow_file)
   if result.error:
     return [], []
-  why = next((f'{f.rule}: {f.message}'.replace(' ' + KEEPS_LEGACY, '')
-              for f in result.manual), 'see its report')
+  if outside:  # read, never written: what it holds now is what its importers will meet
+    result.new = result.original
+  why = NOT_IN_RUN if outside else next((f'{f.rule}: {f.message}'.replace(' ' + KEEPS_LEGACY, '')
+                                         for f in result.manual), 'see its report')
   found = {}
   if result.factories:  # legacy: what this run's rewrite of the file makes of them
     for function, converted in result.factories.items():

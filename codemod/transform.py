@@ -1395,6 +1395,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
               and (self.a.uses_legacy or chain in self.a.attr_flow))
     if isinstance(expr, cst.Call) and (factory := self.factory_of_call(expr)) is not None:
       return factory.converted
+    if (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
+        and expr.func.value in self.a.opt_factories and self.a.uses_legacy):
+      return True  # `make(p).target`: a function of this file returning its optimizer
     if isinstance(expr, cst.Call) and self.qnames(expr.func) & REPLICATE_FNS and expr.args:
       return self._is_optimizer(expr.args[0].value)
     if isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute):
@@ -2326,9 +2329,12 @@ class MigrateCommand(CodemodCommand):
     self.steps = {name: (params, converts) for name, params in
                   sorted(analysis.steps.items())} if analysis.uses_legacy else {}
     self.inject_lr = rewriter.inject_lr
-    # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays
+    # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays. A file
+    # that keeps its legacy code keeps its flax.optim imports, used or not: they say (to the
+    # reader and to later runs' cross-module flow) that its optimizers are flax.optim ones
     removals = [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
-                *_legacy_imports(tree)] if analysis.uses_legacy and not analysis.only_imports \
+                *_legacy_imports(tree)] if (analysis.uses_legacy and not analysis.only_imports
+                                            and not rewriter.blocked) \
         else []  # an import nothing uses may be a re-export: kept, flagged
     return _fix_imports(self.context, result, removals)
 

@@ -299,6 +299,13 @@ def test_a_run_over_part_of_a_repository_reads_and_names_the_rest(tmp_path):
          'def run(p, g):\n  opt = optim.Adam(learning_rate=1e-3).create(p)\n'
          '  opt = legacy_step(opt, g, None)\n  return opt.target\n')
   (tmp_path / 'own.py').write_text(own)
+  # 0. the importer alone while the factory is still legacy: it keeps its legacy code too
+  proc = _cli('rewrite', '--check', 'train.py', cwd=tmp_path)
+  assert proc.returncode == 1
+  assert ('train.py:7:9: OM100 [manual] `opt` is created by models/opt.py:create_optimizer, which '
+          'keeps its legacy optimizer code (it is not among the files this run rewrites)'
+          in proc.stderr), proc.stderr
+  assert 'would rewrite train.py' in proc.stdout  # its TODOs only
   # 1. the factory's module alone: converted; its importer outside the run is named
   proc = _cli('rewrite', '--write', '--report', 'r.json', 'models/opt.py', cwd=tmp_path)
   assert proc.returncode == 1, proc.stderr
