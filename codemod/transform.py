@@ -224,6 +224,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.assignments: list = []         # (targets, value) of every `=` statement
     self._chain_copies: list = []       # (chain, replicated chain): `self.o = replicate(self.o)`
     self.functions: list[cst.FunctionDef] = []  # functions outside classes (parameter following)
+    self.made_here_params: set = set()  # parameters only ever given this file's optimizers
     self.top_functions: list[cst.FunctionDef] = []  # module-level ones (codemod.flow steps)
     self.steps: dict = {}  # module-level function -> its optimizer parameters (leave_Module)
     self._calls_by_func: dict[int, cst.Call] = {}  # id(call.func) -> call
@@ -769,6 +770,37 @@ class _Analyzer(_Base, cst.CSTVisitor):
           elif self.uses_legacy and all(a is not None and self._holds_optimizer(a) for a in args):
             self.opt_vars.add(b)
             changed = True
+    changed = True
+    while changed:  # parameters every call passes an optimizer made in this file (or a factory's)
+      changed = False
+      for fn, calls in sites.values():
+        for param in [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]:
+          b = self.binding(param.name)
+          if b is None or b in self.made_here_params:
+            continue
+          args = [self._argument(fn, param, call) for call in calls]
+          if all(a is not None and (self._made_here(a) or self.name_factory(a) is not None)
+                 for a in args):
+            self.made_here_params.add(b)
+            changed = True
+
+  def _made_here(self, expr) -> bool:
+    """``expr`` is an optimizer this file creates: a name assigned one (not a parameter,
+    unless :attr:`made_here_params` has it), a create, or a step / replicate of one."""
+    if isinstance(expr, cst.Name):
+      b = self.binding(expr)
+      return (b in self.opt_vars and b not in self.rebound and b not in self.flow_vars
+              and (b not in self.params or b in self.made_here_params))
+    if not isinstance(expr, cst.Call) or not self._produces_optimizer(expr) or \
+        self.factory_of_call(expr) is not None:
+      return False
+    func = expr.func
+    if self.qnames(func) & REPLICATE_FNS:
+      return bool(expr.args) and self._made_here(expr.args[0].value)
+    if isinstance(func, cst.Attribute) and func.attr.value in (
+        'apply_gradient', 'replicate', 'unreplicate', 'replace'):
+      return self._made_here(func.value)
+    return True
 
   def _call_sites(self, name: cst.Name) -> Optional[list[cst.Call]]:
     """Every call of the function ``name`` defines, or None when it is used otherwise."""
@@ -1270,6 +1302,15 @@ class _Rewriter(_Base, cst.CSTTransformer):
     if (problem := self._flow_lr_problem(call)) is not None:
       return problem
     kwargs = self._kwargs(call)
+    recv = call.func.value
+    if ('learning_rate' in kwargs and not self.a.def_calls and isinstance(recv, cst.Name)
+        and (b := self.binding(recv)) in self.a.params and b not in self.a.made_here_params
+        and b not in self.a.flow_vars):
+      # (a file that builds defs injects their learning rate when it passes one at apply time)
+      return (f'learning_rate at apply time on `{recv.value}`, a parameter, and this file '
+              'creates no optimizer: where it is created, its transformation must inject the '
+              'learning rate (optax.inject_hyperparams) for this call to set it, which cannot be '
+              'told here: convert by hand')
     other = sorted(set(kwargs) - {'learning_rate', 'grads'})
     if _apply_grads(call) is None or other or any(a.star for a in call.args):
       if 'hyper_params' in other and not any(self.legacy_def(c) == MULTI
