@@ -16,9 +16,13 @@ and restore through ``optim_compat.checkpoint.restore_legacy(path, state)`` inst
 
 Exit status: 0 written; 2 nothing written (unreadable SRC, structure mismatch,
 existing DST without ``--force``, DST's directory missing (it is not created), bad
-``--optimizer``: not a call of a table
-entry, e.g. a bare ``Adam``, or a hyper-parameter that is not a literal number,
-True/False or None). SRC is only read.
+``--optimizer``: not a call of a table entry, e.g. a bare ``Adam``, an argument given
+twice or unpacked (``*a``, ``**kw``), a hyper-parameter that is not a literal number,
+True/False or None, or an infinite learning rate (``1e999``)). The one exception: a
+learning rate from your code (``Adam(config.lr)``) is accepted without
+``--learning-rate-injected``, as the state does not hold it; with it, the state
+does (``opt_state.hyperparams.learning_rate``), so it must be a literal number
+(a negative one is taken, as legacy flax.optim takes it). SRC is only read.
 """
 from __future__ import annotations
 
@@ -49,7 +53,8 @@ def cmd_convert_checkpoint(args) -> int:
       return EXIT_ERROR
   try:
     if args.optimizer is not None:
-      ck.parse_optimizer(args.optimizer)  # a bad --optimizer before reading SRC
+      # a bad --optimizer before reading SRC
+      ck.parse_optimizer(args.optimizer, args.learning_rate_injected)
     sd = ck.read_state_dict(src, args.step)
     new_sd, notes = ck.convert_state_dict(sd, args.optimizer, args.learning_rate_injected)
     del sd
