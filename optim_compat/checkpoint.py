@@ -959,13 +959,61 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
   return sd, notes
 
 
-def _atomic_target(dst: pathlib.Path, force: bool):
-  if (dst.exists() or dst.is_symlink()) and not force:
+def _msgpack_checkpoint_problem(path: pathlib.Path) -> str | None:
+  """Why the file ``path`` is not a flax msgpack checkpoint, or None. Reads only its start:
+  a msgpack map (a state dict) whose first key is a string."""
+  import msgpack
+  try:
+    with open(path, 'rb') as f:
+      head = f.read(1)
+      if not head:
+        return 'an empty file'
+      if not (0x80 <= head[0] <= 0x8f or head[0] in (0xde, 0xdf)):
+        shown = f' {chr(head[0])!r}' if 0x20 <= head[0] < 0x7f else ''
+        return f'it starts with byte {head[0]:#04x}{shown}; a checkpoint starts with a msgpack map'
+      f.seek(0)
+      unpacker = msgpack.Unpacker(f, raw=False, read_size=1 << 16, max_buffer_size=1 << 24)
+      if unpacker.read_map_header() and not isinstance(unpacker.unpack(), str):
+        return 'a msgpack map whose first key is not a string, not a state dict'
+  except OSError as e:
+    return f'cannot read it ({e.strerror or e})'
+  except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad bytes
+    return 'not a readable msgpack map'
+  return None
+
+
+def check_target(dst, force: bool = False) -> None:
+  """``dst`` may be written: it does not exist, or ``force`` and it is a checkpoint.
+
+  ``force`` replaces a flax msgpack checkpoint file, an orbax checkpoint directory
+  or a symlink (the link, never what it points to); never a folder of other
+  files or a file that is not a checkpoint (``victim.py``). Creates nothing.
+
+  Raises:
+    FileExistsError: ``dst`` exists and not ``force``, or is no checkpoint (names it).
+  """
+  dst = pathlib.Path(dst)
+  if not (dst.exists() or dst.is_symlink()):
+    return
+  if not force:
     raise FileExistsError(f'{dst}: already exists (pass --force to replace it)')
-  if dst.is_dir() and not dst.is_symlink() and not (_is_orbax(dst) or _is_orbax(dst / 'ckpt')):
-    # --force replaces a checkpoint, never a folder of other files
-    raise FileExistsError(f'{dst}: a directory that is not a checkpoint; force replaces only a '
-                          'checkpoint file or checkpoint directory')
+  if dst.is_symlink():
+    return
+  if dst.is_dir():
+    if not (_is_orbax(dst) or _is_orbax(dst / 'ckpt')):
+      # --force replaces a checkpoint, never a folder of other files
+      raise FileExistsError(f'{dst}: a directory that is not a checkpoint; force replaces only a '
+                            'checkpoint file or checkpoint directory')
+    return
+  problem = (_msgpack_checkpoint_problem(dst) if dst.is_file()
+             else 'not a regular file or directory')
+  if problem:
+    raise FileExistsError(f'{dst}: not a flax checkpoint file ({problem}); force replaces only '
+                          'a checkpoint file or checkpoint directory')
+
+
+def _atomic_target(dst: pathlib.Path, force: bool):
+  check_target(dst, force)
   dst.parent.mkdir(parents=True, exist_ok=True)
 
 

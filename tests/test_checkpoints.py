@@ -599,6 +599,39 @@ def test_injected_learning_rate_literal_and_negative_are_stored_as_given(tmp_pat
 
 
 @pytest.mark.parametrize('fmt', ['flax', 'orbax'])
+@pytest.mark.parametrize('kind, problem', [
+    ('source', "not a flax checkpoint file (it starts with byte 0x69 'i'; a checkpoint starts "
+               'with a msgpack map)'),
+    ('empty', 'not a flax checkpoint file (an empty file)'),
+    ('msgpack list', 'not a flax checkpoint file (it starts with byte 0x92; a checkpoint starts '
+                     'with a msgpack map)'),
+    ('folder', 'a directory that is not a checkpoint')])
+def test_force_never_replaces_a_file_or_folder_that_is_not_a_checkpoint(tmp_path, capsys, fmt,
+                                                                        kind, problem):
+  """Found by review: --force replaced victim.py with msgpack (a folder was refused, after the
+  '/: Adam -> TrainState(...)' progress line); now exit 2 with one line, before any output."""
+  src = _shim_checkpoint(tmp_path / 'checkpoint_0')
+  dst = tmp_path / 'victim.py'
+  if kind == 'folder':
+    dst.mkdir()
+    (dst / 'notes.txt').write_text('important')
+  else:
+    dst.write_bytes({'source': b'import os\n', 'empty': b'', 'msgpack list': b'\x92\x01\x02'}[kind])
+  before = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+  assert _cli(src, dst, '--optimizer', 'Adam(1e-3)', '--format', fmt, '--force') == 2
+  err = capsys.readouterr().err
+  assert err == (f'convert-checkpoint: {dst}: {problem}; force replaces only a checkpoint file or '
+                 'checkpoint directory\n'), err
+  assert {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()} == before
+  # a checkpoint there (what convert-checkpoint wrote, or a legacy one) is still replaced
+  if kind != 'folder':
+    dst.write_bytes(src.read_bytes())
+    assert _cli(src, dst, '--optimizer', 'Adam(1e-3)', '--format', fmt, '--force') == 0
+    assert _cli(src, dst, '--optimizer', 'Adam(1e-3)', '--force') == 0
+    assert ck.read_state_dict(dst)['opt_state']
+
+
+@pytest.mark.parametrize('fmt', ['flax', 'orbax'])
 def test_cli_refuses_a_missing_dst_directory_and_writes_nothing(tmp_path, capsys, fmt):
   """Found by review: convert-checkpoint created DST's missing folders, where record -o and
   rewrite --report refuse them; now exit 2 naming the directory, nothing created."""
