@@ -28,6 +28,7 @@ import math
 import os
 import pathlib
 import sys
+import tempfile
 import zipfile
 
 EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT = 0, 1, 2
@@ -306,9 +307,15 @@ def save_trajectory(path: pathlib.Path, results: dict, params, meta: dict) -> No
   index['dtypes'] = checker.dtype_names(params)
   index['meta'] = meta
   arrays['index'] = np.frombuffer(json.dumps(index).encode(), np.uint8)
-  tmp = path.with_name(path.name + '.tmp.npz')
+  # a fresh temporary sibling (a fixed name would replace, then delete, a file so named)
+  fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp.npz', dir=path.parent)
+  tmp = pathlib.Path(tmp)
   try:
-    np.savez_compressed(tmp, **arrays)
+    with os.fdopen(fd, 'wb') as f:
+      np.savez_compressed(f, **arrays)
+    umask = os.umask(0)  # mkstemp makes it 0600; a trajectory gets the usual mode
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     tmp.replace(path)
   finally:
     tmp.unlink(missing_ok=True)
@@ -557,13 +564,42 @@ def cmd_check(args) -> int:
     return EXIT_BAD_INPUT
 
 
-def check_output(path: str) -> pathlib.Path:
+def _trajectory_problem(path: pathlib.Path):
+  """Why ``path`` is not a trajectory file ``record`` wrote, or None (standard library only:
+  this runs in the old stack; reads the zip directory and the ``index`` array only)."""
+  if not zipfile.is_zipfile(path):
+    return 'not an .npz archive'
+  try:
+    with zipfile.ZipFile(path) as z:
+      raw = z.read('index.npy')
+    # numpy's .npy: magic, version, little-endian header length (2 bytes in 1.0, 4 after)
+    if raw[:6] != b'\x93NUMPY':
+      return 'its index is not a numpy array'
+    size = 2 if raw[6] == 1 else 4
+    data = raw[8 + size + int.from_bytes(raw[8:8 + size], 'little'):]
+    index = json.loads(data.decode())
+  except KeyError:
+    return 'an archive without record\'s index'
+  except (OSError, ValueError, IndexError, zipfile.BadZipFile, RuntimeError) as e:
+    return f'its index is unreadable: {e}'
+  if not (isinstance(index, dict) and isinstance(index.get('meta'), dict)
+          and 'legacy' in index['meta'] and isinstance(index.get('runs'), dict)):
+    return 'an archive without record\'s metadata'
+  return None
+
+
+def check_output(path: str, params: str | None = None) -> pathlib.Path:
   """``record``'s ``-o``, checked before anything is computed (standard library only: this
   runs in the old stack). Nothing is created.
 
+  An existing file is replaced only if it is a trajectory ``record`` wrote (an
+  ``.npz`` with its index and metadata), and never when it is the ``--params`` file
+  (also through another path or a symlink).
+
   Raises:
-    BadInput: its directory does not exist, is not a directory or is not writable, or
-      the path is a directory (names the path).
+    BadInput: its directory does not exist, is not a directory or is not writable, the
+      path is a directory, the ``--params`` file, or an existing file that is no
+      trajectory (``victim.py``) (names the path).
   """
   out = pathlib.Path(path)
   parent = out.parent
@@ -574,6 +610,22 @@ def check_output(path: str) -> pathlib.Path:
     raise BadInput(f'-o {path}: cannot write there: its directory {parent} {what}')
   if not os.access(parent, os.W_OK | os.X_OK):
     raise BadInput(f'-o {path}: cannot write there: its directory {parent} is not writable')
+  if params and out.exists() and pathlib.Path(params).exists():
+    try:
+      same = os.path.samefile(out, params)
+    except OSError:
+      same = False
+    if same:
+      raise BadInput(f'-o {path}: is the --params file {params}; record never replaces its '
+                     'input (write the trajectory to another file, e.g. traj.npz)')
+  if out.is_symlink() and not out.exists():
+    raise BadInput(f'-o {path}: a symlink to a missing file; not replaced (remove it or pick '
+                   'another name)')
+  if out.exists():
+    problem = _trajectory_problem(out) if out.is_file() else 'not a regular file'
+    if problem:
+      raise BadInput(f'-o {path}: exists and is not a trajectory written by record ({problem}); '
+                     'not replaced (remove it or pick another name)')
   return out
 
 
@@ -583,7 +635,7 @@ def cmd_record(args) -> int:
   from equivalence_tests import checker
   _with_defaults(args)
   try:
-    out = check_output(args.output)
+    out = check_output(args.output, args.params)
     check_run_options(args.steps, args.seed)
     if not args.legacy:
       raise BadInput('record needs --legacy')
