@@ -431,7 +431,9 @@ def _recorded_runs(args, index, meta) -> dict:
 
   Raises:
     BadInput: ``--devices`` names a count the file was not recorded on, or ``--mode``,
-      ``--steps`` or ``--seed`` is given and differs from the recorded one.
+      ``--steps``, ``--seed`` or ``--legacy`` is given and differs from the recorded one
+      (``--legacy``: another def or other hyper-parameters; ``Adam(1e-3)`` and
+      ``Adam(learning_rate=0.001)`` are the same).
   """
   runs = index['runs']
   recorded = sorted({int(key.split('/')[1]) for key in runs})
@@ -440,6 +442,10 @@ def _recorded_runs(args, index, meta) -> dict:
     if key in given and given[key] != meta[key]:
       raise BadInput(f'--{key} {given[key]} does not apply with --against: {args.against} was '
                      f'recorded with --{key} {meta[key]} (record again to check another)')
+  if args.legacy is not None and not _same_legacy(args.legacy, meta.get('legacy')):
+    raise BadInput(f'--legacy {args.legacy!r} does not apply with --against: {args.against} was '
+                   f'recorded with --legacy {meta.get("legacy")!r} (record again to check '
+                   'another)')
   if 'devices' not in given:
     return runs
   wanted = parse_devices(given['devices'])
@@ -449,6 +455,59 @@ def _recorded_runs(args, index, meta) -> dict:
                    f'was recorded on device counts {recorded} only (--devices may pick among '
                    f'those; record again with --devices to check others)')
   return {key: run for key, run in runs.items() if int(key.split('/')[1]) in wanted}
+
+
+def _literal_def(expr: str):
+  """The def ``expr`` builds when it is a call of a ``--legacy`` name with literal arguments
+  only (so a file's recorded expression is never evaluated as code), else None."""
+  import ast
+  import warnings
+  try:
+    node = ast.parse(expr.strip(), mode='eval').body
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+      return None
+    if any(isinstance(a, ast.Starred) for a in node.args) or any(
+        k.arg is None for k in node.keywords):
+      return None
+    args = [ast.literal_eval(a) for a in node.args]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+  except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+    return None
+  cls = legacy_namespace().get(node.func.id)
+  if not (isinstance(cls, type) and hasattr(cls, 'create')):
+    return None
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      return cls(*args, **kwargs)
+  except Exception:  # noqa: BLE001 - not a def it can build: compared as text instead
+    return None
+
+
+def _same_legacy(given: str, recorded) -> bool:
+  """Whether ``--legacy`` ``given`` is the def a trajectory was recorded with: the same
+  expression, or the same def class with equal hyper-parameters.
+
+  Raises:
+    BadInput: ``given`` differs in text and does not evaluate to a def.
+  """
+  import ast
+  if not isinstance(recorded, str):
+    return False
+  try:
+    if ast.dump(ast.parse(given.strip(), mode='eval')) == ast.dump(
+        ast.parse(recorded.strip(), mode='eval')):
+      return True
+  except SyntaxError:
+    pass
+  mine, theirs = legacy_def(given), _literal_def(recorded)
+  if theirs is None or type(mine).__name__ != type(theirs).__name__:
+    return False
+  a, b = getattr(mine, 'hyper_params', None), getattr(theirs, 'hyper_params', None)
+  try:
+    return bool(a == b)
+  except Exception:  # noqa: BLE001 - e.g. array-valued: fall back to their text
+    return repr(a) == repr(b)
 
 
 #: ``[[tool.optim-migrate.check]]`` keys: what each value must be, as a predicate and in words.

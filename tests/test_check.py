@@ -330,6 +330,29 @@ def test_record_never_replaces_its_params_or_a_file_that_is_no_trajectory(tmp_pa
                                                                't.npz'])
 
 
+def test_check_against_refuses_a_legacy_def_other_than_the_recorded_one(tmp_path, capsys,
+                                                                      monkeypatch):
+  """Found by review: check --against t.npz --legacy "Momentum(0.1)" ignored --legacy (the
+  file recorded Adam). Another def or other hyper-parameters: exit 2 naming both; the same
+  def spelled otherwise is accepted."""
+  monkeypatch.chdir(tmp_path)
+  shapes = str(_shapes_file(tmp_path))
+  assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '2',
+                   '--mode', 'single', '-o', 't.npz']) == 0
+  capsys.readouterr()
+  against = ['check', '--against', 't.npz', '--tx', 'optax.adam(1e-3)']
+  for legacy in ('Momentum(0.1)', 'Adam(1e-3, beta1=0.8)', 'Adam(2e-3)', 'GradientDescent(1e-3)'):
+    assert cli.main(against + ['--legacy', legacy]) == 2, legacy
+    out, err = capsys.readouterr()
+    assert err == (f"optim-migrate check: --legacy {legacy!r} does not apply with --against: "
+                   "t.npz was recorded with --legacy 'Adam(1e-3)' (record again to check "
+                   'another)\n'), err
+    assert 'optimizer equivalence' not in out
+  for legacy in ('Adam(1e-3)', 'Adam(learning_rate=0.001)', 'Adam(1e-3, beta1=0.9)'):
+    assert cli.main(against + ['--legacy', legacy]) == 0, legacy
+    assert 'optimizer equivalence: OK' in capsys.readouterr().out
+
+
 def test_record_on_the_new_stack_says_it_records_the_shim(tmp_path, capsys, monkeypatch):
   """No real flax.optim here: record evaluates --legacy in optim_compat, and says so (stderr),
   since such a trajectory proves nothing about the code the user ran before."""
