@@ -106,9 +106,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_demo(args) -> int:
-  if args.steps < 1 or args.devices < 1:
-    print('demo: --steps and --devices must be >= 1', file=sys.stderr)
-    return EXIT_ERROR
+  for option, value in (('--steps', args.steps), ('--devices', args.devices)):
+    if value < 1:
+      print(f'demo: {option} {value}: must be >= 1', file=sys.stderr)
+      return EXIT_ERROR
   from codemod import demo
   return demo.main(steps=args.steps, devices=args.devices, examples=args.examples)
 

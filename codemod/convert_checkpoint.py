@@ -15,10 +15,15 @@ table); MultiOptimizer and WeightNorm checkpoints need their traversals or inner
 and restore through ``optim_compat.checkpoint.restore_legacy(path, state)`` instead.
 
 Exit status: 0 written; 2 nothing written (unreadable SRC, structure mismatch,
-existing DST without ``--force``, DST's directory missing (it is not created), bad
-``--optimizer``: not a call of a table
-entry, e.g. a bare ``Adam``, or a hyper-parameter that is not a literal number,
-True/False or None). SRC is only read.
+existing DST without ``--force``, or with it a DST that is no checkpoint (``--force``
+replaces a flax msgpack file or an orbax directory only), DST's directory missing (it
+is not created), bad ``--optimizer``: not a call of a table entry, e.g. a bare ``Adam``, an argument given
+twice or unpacked (``*a``, ``**kw``), a hyper-parameter that is not a literal number,
+True/False or None, or an infinite learning rate (``1e999``)). The one exception: a
+learning rate from your code (``Adam(config.lr)``) is accepted without
+``--learning-rate-injected``, as the state does not hold it; with it, the state
+does (``opt_state.hyperparams.learning_rate``), so it must be a literal number
+(a negative one is taken, as legacy flax.optim takes it). SRC is only read.
 """
 from __future__ import annotations
 
@@ -32,10 +37,6 @@ EXIT_OK, EXIT_ERROR = 0, 2
 def cmd_convert_checkpoint(args) -> int:
   from optim_compat import checkpoint as ck
   src, dst = pathlib.Path(args.src), pathlib.Path(args.dst)
-  if (dst.exists() or dst.is_symlink()) and not args.force:
-    print(f'convert-checkpoint: {dst}: already exists (pass --force to replace it)',
-          file=sys.stderr)
-    return EXIT_ERROR
   if not dst.parent.is_dir():  # as record -o and rewrite --report: DST's folder is not made
     what = 'is not a directory' if dst.parent.exists() else 'does not exist'
     print(f'convert-checkpoint: {dst}: cannot write there: its directory {dst.parent} {what}',
@@ -47,9 +48,15 @@ def cmd_convert_checkpoint(args) -> int:
       print(f'convert-checkpoint: DST {dst} is SRC, contains it or lies inside it; the source is '
             'never modified', file=sys.stderr)
       return EXIT_ERROR
+  try:  # before anything is read or printed: an existing DST, or one --force may not replace
+    ck.check_target(dst, args.force)
+  except FileExistsError as e:
+    print(f'convert-checkpoint: {e}', file=sys.stderr)
+    return EXIT_ERROR
   try:
     if args.optimizer is not None:
-      ck.parse_optimizer(args.optimizer)  # a bad --optimizer before reading SRC
+      # a bad --optimizer before reading SRC
+      ck.parse_optimizer(args.optimizer, args.learning_rate_injected)
     sd = ck.read_state_dict(src, args.step)
     new_sd, notes = ck.convert_state_dict(sd, args.optimizer, args.learning_rate_injected)
     del sd

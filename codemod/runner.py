@@ -123,8 +123,11 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
   for key in ('prefer-stock-optax', 'unsafe-fixes'):
     if key in table and not isinstance(table[key], bool):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be true or false')
-  if 'jobs' in table and (not isinstance(table['jobs'], int) or table['jobs'] < 1):
-    raise ConfigError(f'{path}: [tool.optim-migrate] jobs must be an integer >= 1')
+  jobs = table.get('jobs')
+  # a TOML boolean is a Python bool, itself an int: `jobs = true` is no count of workers
+  if 'jobs' in table and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+    shown = str(jobs).lower() if isinstance(jobs, bool) else repr(jobs)  # as TOML spells it
+    raise ConfigError(f'{path}: [tool.optim-migrate] jobs = {shown}: must be an integer >= 1')
   return table
 
 

@@ -28,6 +28,7 @@ import math
 import os
 import pathlib
 import sys
+import tempfile
 import zipfile
 
 EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT = 0, 1, 2
@@ -306,9 +307,15 @@ def save_trajectory(path: pathlib.Path, results: dict, params, meta: dict) -> No
   index['dtypes'] = checker.dtype_names(params)
   index['meta'] = meta
   arrays['index'] = np.frombuffer(json.dumps(index).encode(), np.uint8)
-  tmp = path.with_name(path.name + '.tmp.npz')
+  # a fresh temporary sibling (a fixed name would replace, then delete, a file so named)
+  fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp.npz', dir=path.parent)
+  tmp = pathlib.Path(tmp)
   try:
-    np.savez_compressed(tmp, **arrays)
+    with os.fdopen(fd, 'wb') as f:
+      np.savez_compressed(f, **arrays)
+    umask = os.umask(0)  # mkstemp makes it 0600; a trajectory gets the usual mode
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     tmp.replace(path)
   finally:
     tmp.unlink(missing_ok=True)
@@ -424,7 +431,9 @@ def _recorded_runs(args, index, meta) -> dict:
 
   Raises:
     BadInput: ``--devices`` names a count the file was not recorded on, or ``--mode``,
-      ``--steps`` or ``--seed`` is given and differs from the recorded one.
+      ``--steps``, ``--seed`` or ``--legacy`` is given and differs from the recorded one
+      (``--legacy``: another def or other hyper-parameters; ``Adam(1e-3)`` and
+      ``Adam(learning_rate=0.001)`` are the same).
   """
   runs = index['runs']
   recorded = sorted({int(key.split('/')[1]) for key in runs})
@@ -433,6 +442,10 @@ def _recorded_runs(args, index, meta) -> dict:
     if key in given and given[key] != meta[key]:
       raise BadInput(f'--{key} {given[key]} does not apply with --against: {args.against} was '
                      f'recorded with --{key} {meta[key]} (record again to check another)')
+  if args.legacy is not None and not _same_legacy(args.legacy, meta.get('legacy')):
+    raise BadInput(f'--legacy {args.legacy!r} does not apply with --against: {args.against} was '
+                   f'recorded with --legacy {meta.get("legacy")!r} (record again to check '
+                   'another)')
   if 'devices' not in given:
     return runs
   wanted = parse_devices(given['devices'])
@@ -442,6 +455,59 @@ def _recorded_runs(args, index, meta) -> dict:
                    f'was recorded on device counts {recorded} only (--devices may pick among '
                    f'those; record again with --devices to check others)')
   return {key: run for key, run in runs.items() if int(key.split('/')[1]) in wanted}
+
+
+def _literal_def(expr: str):
+  """The def ``expr`` builds when it is a call of a ``--legacy`` name with literal arguments
+  only (so a file's recorded expression is never evaluated as code), else None."""
+  import ast
+  import warnings
+  try:
+    node = ast.parse(expr.strip(), mode='eval').body
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+      return None
+    if any(isinstance(a, ast.Starred) for a in node.args) or any(
+        k.arg is None for k in node.keywords):
+      return None
+    args = [ast.literal_eval(a) for a in node.args]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+  except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+    return None
+  cls = legacy_namespace().get(node.func.id)
+  if not (isinstance(cls, type) and hasattr(cls, 'create')):
+    return None
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      return cls(*args, **kwargs)
+  except Exception:  # noqa: BLE001 - not a def it can build: compared as text instead
+    return None
+
+
+def _same_legacy(given: str, recorded) -> bool:
+  """Whether ``--legacy`` ``given`` is the def a trajectory was recorded with: the same
+  expression, or the same def class with equal hyper-parameters.
+
+  Raises:
+    BadInput: ``given`` differs in text and does not evaluate to a def.
+  """
+  import ast
+  if not isinstance(recorded, str):
+    return False
+  try:
+    if ast.dump(ast.parse(given.strip(), mode='eval')) == ast.dump(
+        ast.parse(recorded.strip(), mode='eval')):
+      return True
+  except SyntaxError:
+    pass
+  mine, theirs = legacy_def(given), _literal_def(recorded)
+  if theirs is None or type(mine).__name__ != type(theirs).__name__:
+    return False
+  a, b = getattr(mine, 'hyper_params', None), getattr(theirs, 'hyper_params', None)
+  try:
+    return bool(a == b)
+  except Exception:  # noqa: BLE001 - e.g. array-valued: fall back to their text
+    return repr(a) == repr(b)
 
 
 #: ``[[tool.optim-migrate.check]]`` keys: what each value must be, as a predicate and in words.
@@ -557,13 +623,42 @@ def cmd_check(args) -> int:
     return EXIT_BAD_INPUT
 
 
-def check_output(path: str) -> pathlib.Path:
+def _trajectory_problem(path: pathlib.Path):
+  """Why ``path`` is not a trajectory file ``record`` wrote, or None (standard library only:
+  this runs in the old stack; reads the zip directory and the ``index`` array only)."""
+  if not zipfile.is_zipfile(path):
+    return 'not an .npz archive'
+  try:
+    with zipfile.ZipFile(path) as z:
+      raw = z.read('index.npy')
+    # numpy's .npy: magic, version, little-endian header length (2 bytes in 1.0, 4 after)
+    if raw[:6] != b'\x93NUMPY':
+      return 'its index is not a numpy array'
+    size = 2 if raw[6] == 1 else 4
+    data = raw[8 + size + int.from_bytes(raw[8:8 + size], 'little'):]
+    index = json.loads(data.decode())
+  except KeyError:
+    return 'an archive without record\'s index'
+  except (OSError, ValueError, IndexError, zipfile.BadZipFile, RuntimeError) as e:
+    return f'its index is unreadable: {e}'
+  if not (isinstance(index, dict) and isinstance(index.get('meta'), dict)
+          and 'legacy' in index['meta'] and isinstance(index.get('runs'), dict)):
+    return 'an archive without record\'s metadata'
+  return None
+
+
+def check_output(path: str, params: str | None = None) -> pathlib.Path:
   """``record``'s ``-o``, checked before anything is computed (standard library only: this
   runs in the old stack). Nothing is created.
 
+  An existing file is replaced only if it is a trajectory ``record`` wrote (an
+  ``.npz`` with its index and metadata), and never when it is the ``--params`` file
+  (also through another path or a symlink).
+
   Raises:
-    BadInput: its directory does not exist, is not a directory or is not writable, or
-      the path is a directory (names the path).
+    BadInput: its directory does not exist, is not a directory or is not writable, the
+      path is a directory, the ``--params`` file, or an existing file that is no
+      trajectory (``victim.py``) (names the path).
   """
   out = pathlib.Path(path)
   parent = out.parent
@@ -574,6 +669,22 @@ def check_output(path: str) -> pathlib.Path:
     raise BadInput(f'-o {path}: cannot write there: its directory {parent} {what}')
   if not os.access(parent, os.W_OK | os.X_OK):
     raise BadInput(f'-o {path}: cannot write there: its directory {parent} is not writable')
+  if params and out.exists() and pathlib.Path(params).exists():
+    try:
+      same = os.path.samefile(out, params)
+    except OSError:
+      same = False
+    if same:
+      raise BadInput(f'-o {path}: is the --params file {params}; record never replaces its '
+                     'input (write the trajectory to another file, e.g. traj.npz)')
+  if out.is_symlink() and not out.exists():
+    raise BadInput(f'-o {path}: a symlink to a missing file; not replaced (remove it or pick '
+                   'another name)')
+  if out.exists():
+    problem = _trajectory_problem(out) if out.is_file() else 'not a regular file'
+    if problem:
+      raise BadInput(f'-o {path}: exists and is not a trajectory written by record ({problem}); '
+                     'not replaced (remove it or pick another name)')
   return out
 
 
@@ -583,7 +694,7 @@ def cmd_record(args) -> int:
   from equivalence_tests import checker
   _with_defaults(args)
   try:
-    out = check_output(args.output)
+    out = check_output(args.output, args.params)
     check_run_options(args.steps, args.seed)
     if not args.legacy:
       raise BadInput('record needs --legacy')

@@ -29,6 +29,7 @@ Which Optax state field holds which legacy field is migration knowledge: it is i
 from __future__ import annotations
 
 import ast
+import math
 import os
 import pathlib
 import re
@@ -771,17 +772,22 @@ def to_legacy(train_state, optimizer_def) -> base.Optimizer:
 # the command: convert a file without a Python target
 
 
-def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
+def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[str, dict[str, str]]:
   """``"Adam(learning_rate=1e-3, beta1=0.9)"`` -> ``('Adam', {'learning_rate': '1e-3', ...})``.
 
   Positional arguments take the legacy order (``spec.SPECS[name].hyper_params``).
   Values must be literal numbers, booleans or None; a non-literal
-  ``learning_rate`` (e.g. ``config.lr``) is dropped, as it is not in the state.
+  ``learning_rate`` (e.g. ``config.lr``) is dropped, as it is not in the state,
+  unless ``learning_rate_injected``: ``inject_hyperparams`` stores the rate in
+  ``opt_state``, and a value this cannot evaluate would be written as 0.0.
 
   Raises:
     CheckpointError: not a call of a table entry (a bare ``Adam``: call it), an
-      unknown argument, a non-literal value, or a literal that is not a number,
-      True/False or None (``learning_rate='x'``; names the field and value).
+      unknown argument, one given twice (``Adam(1e-3, learning_rate=2)``), ``*``/``**``
+      unpacking, a non-literal value (the learning rate only with
+      ``learning_rate_injected``), a literal that is not a number, True/False or
+      None (``learning_rate='x'``), or a learning rate that is inf (``1e999``);
+      the message names the argument and value.
   """
   try:
     node = ast.parse(text.strip(), mode='eval').body
@@ -799,14 +805,26 @@ def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
   entry = spec.SPECS[name]
   pairs = []
   for i, a in enumerate(node.args):
+    if isinstance(a, ast.Starred):
+      raise CheckpointError(f'--optimizer {text!r}: cannot unpack {ast.unparse(a)}: give each '
+                            'argument as a literal')
     if i >= len(entry.hyper_params):
       raise CheckpointError(f'--optimizer {text!r}: too many positional arguments')
     pairs.append((entry.hyper_params[i].name, a))
   for kw in node.keywords:
+    if kw.arg is None:
+      raise CheckpointError(f'--optimizer {text!r}: cannot unpack **{ast.unparse(kw.value)}: '
+                            'give each argument as a literal')
     if kw.arg not in entry.hyper_param_names:
       raise CheckpointError(f'--optimizer {text!r}: {name} has no argument {kw.arg!r}; '
                             f'valid: {list(entry.hyper_param_names)}')
     pairs.append((kw.arg, kw.value))
+  seen = set()
+  for key, _ in pairs:  # Python: TypeError, multiple values for argument
+    if key in seen:
+      raise CheckpointError(f'--optimizer {text!r}: {key} is given twice (an error in Python: '
+                            'multiple values for one argument); give it once')
+    seen.add(key)
   args = {}
   for key, value in pairs:
     try:
@@ -815,6 +833,11 @@ def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
       ok, is_literal = False, False
     else:
       ok, is_literal = literal is None or isinstance(literal, (bool, int, float)), True
+    if ok and key == 'learning_rate' and isinstance(literal, float) and not math.isfinite(literal):
+      # legacy takes it and turns every parameter into NaN at the first step
+      written = ast.get_source_segment(text.strip(), value) or ast.unparse(value)
+      raise CheckpointError(f'--optimizer {text!r}: learning_rate={written} is {literal}, not a '
+                            'finite number')
     if ok:
       args[key] = ast.unparse(value)
     elif is_literal:  # 'x', [1e-3], 1j: never a hyper-parameter, the learning rate included
@@ -823,6 +846,12 @@ def parse_optimizer(text: str) -> tuple[str, dict[str, str]]:
     elif key != 'learning_rate':  # the learning rate is not in the state layout
       raise CheckpointError(f'--optimizer {text!r}: {key}={ast.unparse(value)} must be a number, '
                             f'True/False or None')
+    elif learning_rate_injected:  # ... except in inject_hyperparams' opt_state
+      raise CheckpointError(
+          f'--optimizer {text!r}: learning_rate={ast.unparse(value)} is not a literal number: '
+          'with --learning-rate-injected the converted state stores the learning rate '
+          '(opt_state.hyperparams.learning_rate) and it cannot be evaluated here; give its '
+          'value, e.g. learning_rate=1e-3')
   return name, args
 
 
@@ -910,7 +939,7 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
       name, args = infer_def(opt_sd['state']['param_states']), {}
       notes.append(f'{where or "/"}: optimizer inferred from its state fields: {name}')
     else:
-      name, args = parse_optimizer(optimizer)
+      name, args = parse_optimizer(optimizer, learning_rate_injected)
     if 'learning_rate' not in args or args['learning_rate'] == 'None':
       args = dict(args, learning_rate='0.0')  # not in the state layout; set it in the train step
     source = spec.SPECS[name].emit(args, learning_rate_injected)
@@ -930,13 +959,61 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
   return sd, notes
 
 
-def _atomic_target(dst: pathlib.Path, force: bool):
-  if (dst.exists() or dst.is_symlink()) and not force:
+def _msgpack_checkpoint_problem(path: pathlib.Path) -> str | None:
+  """Why the file ``path`` is not a flax msgpack checkpoint, or None. Reads only its start:
+  a msgpack map (a state dict) whose first key is a string."""
+  import msgpack
+  try:
+    with open(path, 'rb') as f:
+      head = f.read(1)
+      if not head:
+        return 'an empty file'
+      if not (0x80 <= head[0] <= 0x8f or head[0] in (0xde, 0xdf)):
+        shown = f' {chr(head[0])!r}' if 0x20 <= head[0] < 0x7f else ''
+        return f'it starts with byte {head[0]:#04x}{shown}; a checkpoint starts with a msgpack map'
+      f.seek(0)
+      unpacker = msgpack.Unpacker(f, raw=False, read_size=1 << 16, max_buffer_size=1 << 24)
+      if unpacker.read_map_header() and not isinstance(unpacker.unpack(), str):
+        return 'a msgpack map whose first key is not a string, not a state dict'
+  except OSError as e:
+    return f'cannot read it ({e.strerror or e})'
+  except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad bytes
+    return 'not a readable msgpack map'
+  return None
+
+
+def check_target(dst, force: bool = False) -> None:
+  """``dst`` may be written: it does not exist, or ``force`` and it is a checkpoint.
+
+  ``force`` replaces a flax msgpack checkpoint file, an orbax checkpoint directory
+  or a symlink (the link, never what it points to); never a folder of other
+  files or a file that is not a checkpoint (``victim.py``). Creates nothing.
+
+  Raises:
+    FileExistsError: ``dst`` exists and not ``force``, or is no checkpoint (names it).
+  """
+  dst = pathlib.Path(dst)
+  if not (dst.exists() or dst.is_symlink()):
+    return
+  if not force:
     raise FileExistsError(f'{dst}: already exists (pass --force to replace it)')
-  if dst.is_dir() and not dst.is_symlink() and not (_is_orbax(dst) or _is_orbax(dst / 'ckpt')):
-    # --force replaces a checkpoint, never a folder of other files
-    raise FileExistsError(f'{dst}: a directory that is not a checkpoint; force replaces only a '
-                          'checkpoint file or checkpoint directory')
+  if dst.is_symlink():
+    return
+  if dst.is_dir():
+    if not (_is_orbax(dst) or _is_orbax(dst / 'ckpt')):
+      # --force replaces a checkpoint, never a folder of other files
+      raise FileExistsError(f'{dst}: a directory that is not a checkpoint; force replaces only a '
+                            'checkpoint file or checkpoint directory')
+    return
+  problem = (_msgpack_checkpoint_problem(dst) if dst.is_file()
+             else 'not a regular file or directory')
+  if problem:
+    raise FileExistsError(f'{dst}: not a flax checkpoint file ({problem}); force replaces only '
+                          'a checkpoint file or checkpoint directory')
+
+
+def _atomic_target(dst: pathlib.Path, force: bool):
+  check_target(dst, force)
   dst.parent.mkdir(parents=True, exist_ok=True)
 
 

@@ -282,6 +282,77 @@ def test_record_refuses_an_unwritable_output_before_computing(tmp_path, capsys, 
     assert list((tmp_path / 'ro').iterdir()) == [] and calls == []
 
 
+def test_record_never_replaces_its_params_or_a_file_that_is_no_trajectory(tmp_path, capsys,
+                                                                            monkeypatch):
+  """Found by review: `record --params shapes.json -o shapes.json` replaced its own input
+  with an npz, and -o victim.py overwrote any file. Exit 2 naming -o, nothing computed or
+  modified; an earlier trajectory is still replaced."""
+  monkeypatch.chdir(tmp_path)
+  _shapes_file(tmp_path)
+  (tmp_path / 'link.json').symlink_to('shapes.json')
+  (tmp_path / 'sub').mkdir()
+  (tmp_path / 'victim.py').write_text('import os\n')
+  np.savez(tmp_path / 'weights.npz', w=np.ones(3, np.float32))  # an npz, not a trajectory
+  (tmp_path / 'gone.npz').symlink_to('missing.npz')
+  files = lambda: {p.name: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+  before = files()
+  calls = []
+  monkeypatch.setattr(checker, 'collect', lambda *a, **k: calls.append(a))
+  same = ('is the --params file {params}; record never replaces its input (write the '
+          'trajectory to another file, e.g. traj.npz)')
+  other = 'exists and is not a trajectory written by record ({why}); not replaced (remove it ' \
+          'or pick another name)'
+  for params, out, message in [
+      ('shapes.json', 'shapes.json', same),
+      ('shapes.json', 'sub/../shapes.json', same),
+      ('shapes.json', str(tmp_path / 'shapes.json'), same),
+      ('link.json', 'shapes.json', same),
+      ('shapes.json', 'link.json', same),
+      ('weights.npz', 'weights.npz', same),
+      ('shapes.json', 'victim.py', other.format(why='not an .npz archive')),
+      ('shapes.json', 'weights.npz', other.format(why="an archive without record's index")),
+      ('shapes.json', 'gone.npz', 'a symlink to a missing file; not replaced (remove it or pick '
+                                  'another name)')]:
+    assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', params, '--steps', '1',
+                     '--mode', 'single', '-o', out]) == 2, (params, out)
+    err = capsys.readouterr().err
+    assert err == f'optim-migrate record: -o {out}: {message.format(params=params)}\n', err
+  assert calls == [] and files() == before and (tmp_path / 'gone.npz').is_symlink()
+  monkeypatch.undo()
+  monkeypatch.chdir(tmp_path)
+  record = ['record', '--legacy', 'Adam(1e-3)', '--params', 'shapes.json', '--steps', '1',
+            '--mode', 'single', '-o', 't.npz']
+  assert cli.main(record) == 0
+  first = (tmp_path / 't.npz').read_bytes()
+  assert cli.main(record[:-6] + ['--steps', '2', '--mode', 'single', '-o', 't.npz']) == 0
+  assert (tmp_path / 't.npz').read_bytes() != first  # an earlier trajectory: replaced
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, 'gone.npz', 'sub',
+                                                               't.npz'])
+
+
+def test_check_against_refuses_a_legacy_def_other_than_the_recorded_one(tmp_path, capsys,
+                                                                      monkeypatch):
+  """Found by review: check --against t.npz --legacy "Momentum(0.1)" ignored --legacy (the
+  file recorded Adam). Another def or other hyper-parameters: exit 2 naming both; the same
+  def spelled otherwise is accepted."""
+  monkeypatch.chdir(tmp_path)
+  shapes = str(_shapes_file(tmp_path))
+  assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '2',
+                   '--mode', 'single', '-o', 't.npz']) == 0
+  capsys.readouterr()
+  against = ['check', '--against', 't.npz', '--tx', 'optax.adam(1e-3)']
+  for legacy in ('Momentum(0.1)', 'Adam(1e-3, beta1=0.8)', 'Adam(2e-3)', 'GradientDescent(1e-3)'):
+    assert cli.main(against + ['--legacy', legacy]) == 2, legacy
+    out, err = capsys.readouterr()
+    assert err == (f"optim-migrate check: --legacy {legacy!r} does not apply with --against: "
+                   "t.npz was recorded with --legacy 'Adam(1e-3)' (record again to check "
+                   'another)\n'), err
+    assert 'optimizer equivalence' not in out
+  for legacy in ('Adam(1e-3)', 'Adam(learning_rate=0.001)', 'Adam(1e-3, beta1=0.9)'):
+    assert cli.main(against + ['--legacy', legacy]) == 0, legacy
+    assert 'optimizer equivalence: OK' in capsys.readouterr().out
+
+
 def test_record_on_the_new_stack_says_it_records_the_shim(tmp_path, capsys, monkeypatch):
   """No real flax.optim here: record evaluates --legacy in optim_compat, and says so (stderr),
   since such a trajectory proves nothing about the code the user ran before."""

@@ -546,6 +546,91 @@ def _shim_checkpoint(path):
   return path
 
 
+@pytest.mark.parametrize('optimizer, injected, message', [
+    ('Adam(lr)', True, "learning_rate=lr is not a literal number: with --learning-rate-injected"),
+    ('Adam(learning_rate=x)', True, 'learning_rate=x is not a literal number'),
+    ('Adam(some.attr * 2)', True, 'learning_rate=some.attr * 2 is not a literal number'),
+    ('Adam(1e-3, learning_rate=2)', False, 'learning_rate is given twice'),
+    ('Adam(1e-3, learning_rate=2)', True, 'learning_rate is given twice'),
+    ('Adam(beta1=0.9, beta1=0.8)', False, 'beta1 is given twice'),
+    ('Adam(1e999)', False, 'learning_rate=1e999 is inf, not a finite number'),
+    ('Adam(learning_rate=-1e999)', True, 'learning_rate=-1e999 is -inf, not a finite number'),
+    ('Adam(*hps)', False, 'cannot unpack *hps'),
+    ('Adam(**hps)', True, 'cannot unpack **hps'),
+])
+def test_optimizer_argument_that_would_write_a_wrong_number_is_refused(tmp_path, capsys,
+                                                                       optimizer, injected,
+                                                                       message):
+  """Found by review: with --learning-rate-injected a learning rate from the user's code was
+  written as opt_state.hyperparams.learning_rate = 0.0 (exit 0), and a duplicated argument
+  silently took the last value; now exit 2 naming the argument, nothing written."""
+  src = _shim_checkpoint(tmp_path / 'checkpoint_0')
+  before = _sha(src)
+  flag = ['--learning-rate-injected'] if injected else []
+  for dst in (tmp_path / 'out', src.with_name('old_out')):
+    if dst.name == 'old_out':  # an existing checkpoint and --force: left as it was
+      assert _cli(src, dst, '--optimizer', 'Adam(0.5)', *flag) == 0
+      capsys.readouterr()
+      old = _sha(dst)
+    assert _cli(src, dst, '--optimizer', optimizer, *flag, '--force') == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"convert-checkpoint: --optimizer {optimizer!r}: ") and message in err
+    assert err.count('\n') == 1 and 'Traceback' not in err, err
+    assert dst.exists() == (dst.name == 'old_out')
+    if dst.name == 'old_out':
+      assert _sha(dst) == old
+  assert _sha(src) == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['checkpoint_0', 'old_out']
+  with pytest.raises(ck.CheckpointError, match='--optimizer'):
+    ck.convert_state_dict(ck.read_state_dict(src), optimizer, injected)
+
+
+def test_injected_learning_rate_literal_and_negative_are_stored_as_given(tmp_path, capsys):
+  """A literal rate is what inject_hyperparams stores; a negative one is kept (legacy
+  flax.optim 0.5.3 takes it: gradient ascent); without injection a rate from the user's
+  code is still accepted (the state does not hold it)."""
+  src = _shim_checkpoint(tmp_path / 'checkpoint_0')
+  for lr in (0.05, -0.001):
+    assert _cli(src, tmp_path / 'out', '--optimizer', f'Adam({lr})', '--learning-rate-injected',
+                '--force') == 0
+    stored = ck.read_state_dict(tmp_path / 'out')['opt_state']['hyperparams']['learning_rate']
+    assert stored == np.float32(lr)
+  assert _cli(src, tmp_path / 'out', '--optimizer', 'Adam(config.lr)', '--force') == 0
+
+
+@pytest.mark.parametrize('fmt', ['flax', 'orbax'])
+@pytest.mark.parametrize('kind, problem', [
+    ('source', "not a flax checkpoint file (it starts with byte 0x69 'i'; a checkpoint starts "
+               'with a msgpack map)'),
+    ('empty', 'not a flax checkpoint file (an empty file)'),
+    ('msgpack list', 'not a flax checkpoint file (it starts with byte 0x92; a checkpoint starts '
+                     'with a msgpack map)'),
+    ('folder', 'a directory that is not a checkpoint')])
+def test_force_never_replaces_a_file_or_folder_that_is_not_a_checkpoint(tmp_path, capsys, fmt,
+                                                                        kind, problem):
+  """Found by review: --force replaced victim.py with msgpack (a folder was refused, after the
+  '/: Adam -> TrainState(...)' progress line); now exit 2 with one line, before any output."""
+  src = _shim_checkpoint(tmp_path / 'checkpoint_0')
+  dst = tmp_path / 'victim.py'
+  if kind == 'folder':
+    dst.mkdir()
+    (dst / 'notes.txt').write_text('important')
+  else:
+    dst.write_bytes({'source': b'import os\n', 'empty': b'', 'msgpack list': b'\x92\x01\x02'}[kind])
+  before = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+  assert _cli(src, dst, '--optimizer', 'Adam(1e-3)', '--format', fmt, '--force') == 2
+  err = capsys.readouterr().err
+  assert err == (f'convert-checkpoint: {dst}: {problem}; force replaces only a checkpoint file or '
+                 'checkpoint directory\n'), err
+  assert {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()} == before
+  # a checkpoint there (what convert-checkpoint wrote, or a legacy one) is still replaced
+  if kind != 'folder':
+    dst.write_bytes(src.read_bytes())
+    assert _cli(src, dst, '--optimizer', 'Adam(1e-3)', '--format', fmt, '--force') == 0
+    assert _cli(src, dst, '--optimizer', 'Adam(1e-3)', '--force') == 0
+    assert ck.read_state_dict(dst)['opt_state']
+
+
 @pytest.mark.parametrize('fmt', ['flax', 'orbax'])
 def test_cli_refuses_a_missing_dst_directory_and_writes_nothing(tmp_path, capsys, fmt):
   """Found by review: convert-checkpoint created DST's missing folders, where record -o and

@@ -352,9 +352,28 @@ def test_dangling_symlink_skipped_in_a_tree_but_an_error_when_named(tmp_path):
   assert proc.returncode == 2 and f'{dangling}: no such file' in proc.stderr
 
 
-def test_demo_rejects_zero_steps():
-  proc = _cli('demo', '--steps', '0')
-  assert proc.returncode == 2 and '--steps' in proc.stderr
+@pytest.mark.parametrize('option, value', [('--steps', '0'), ('--devices', '0'),
+                                           ('--devices', '-2')])
+def test_demo_rejects_a_count_below_one_naming_the_option_and_value(tmp_path, option, value):
+  """Found by review: the message said '--steps and --devices must be >= 1' for either."""
+  proc = _cli('demo', option, value, cwd=tmp_path)
+  assert proc.returncode == 2
+  assert proc.stderr == f'demo: {option} {value}: must be >= 1\n', proc.stderr
+  assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
+
+
+@pytest.mark.parametrize('value', ['true', 'false', '0', '2.5'])
+def test_config_jobs_boolean_or_non_count_is_refused(tmp_path, value):
+  """Found by review: `jobs = true` was taken as 1 (a bool is an int in Python)."""
+  before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
+  (tmp_path / 'm.py').write_text(before)
+  config = tmp_path / 'pyproject.toml'
+  config.write_text(f'[tool.optim-migrate]\njobs = {value}\n')
+  proc = _cli('rewrite', '--write', str(tmp_path / 'm.py'), cwd=tmp_path)
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr == (f'rewrite: {config}: [tool.optim-migrate] jobs = {value}: must be an '
+                         'integer >= 1\n'), proc.stderr
+  assert (tmp_path / 'm.py').read_text() == before
 
 
 def _exec_after(case):
