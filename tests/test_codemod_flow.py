@@ -318,6 +318,16 @@ def test_a_run_over_part_of_a_repository_reads_and_names_the_rest(tmp_path):
       'a TrainState')
   assert 'train.py:2:1: OM100 [manual] imports create_optimizer' in proc.stderr
   assert '1 file(s) outside this run import what it converted' in proc.stderr
+  # an importer migrated earlier (by hand, here) is not reported
+  (tmp_path / 'migrated.py').write_text('from models.opt import create_optimizer\n\n\ndef run(p, g):\n'
+                                        '  return create_optimizer(p).apply_gradients(grads=g).params\n')
+  (tmp_path / 'models' / 'opt.py').write_text(
+      'from flax import optim\n\n\ndef create_optimizer(params):\n'
+      '  return optim.Momentum(learning_rate=0.1, beta=0.9).create(params)\n')
+  proc = _cli('rewrite', '--check', 'models/opt.py', cwd=tmp_path)
+  assert 'train.py:2:1: OM100' in proc.stderr and 'migrated.py' not in proc.stderr
+  proc = _cli('rewrite', '--write', 'models/opt.py', cwd=tmp_path)
+  (tmp_path / 'migrated.py').unlink()
   # 2. the importer alone, later: the migrated factory (not in the run) proves its optimizer
   proc = _cli('rewrite', '--write', 'train.py', cwd=tmp_path)
   assert proc.returncode == 1, proc.stderr
