@@ -887,6 +887,9 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self._hp_values: dict[int, str] = {}
     self._bad_hp: dict[int, str] = {}
     self._state_of_step: set[int] = set()
+    self._step_calls: list = []          # (visit_Module) calls of other modules' step functions
+    self._step_calls_enabled = False
+    self._wrapped_args: set[int] = set()  # `f` in `jax.jit(f)` / `jax.pmap(f, ...)`
 
   # -- what blocks the file ------------------------------------------------
   def visit_Module(self, node: cst.Module) -> None:
@@ -924,6 +927,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
                     'this file, and the rewrite would use that name for the module it imports: '
                     'rename it, then rerun (this file keeps its legacy optimizer code)'))
     self._step_calls = self._find_step_calls()
+    self._step_calls_enabled = self.a.flow is not None and bool(self.a.flow.steps)
+    self._wrapped_args = {id(c.args[0].value) for c in self.a._calls_by_func.values()
+                          if self._step_calls_enabled and c.args
+                          and self.qnames(c.func) & CALL_WRAPPERS}
     self.blocked = bool(
         self.opts.keep_legacy or conflicts or a.star_imports
         or any(not step.converted and self._own_optimizer(arg)
@@ -1551,11 +1558,40 @@ class _Rewriter(_Base, cst.CSTTransformer):
   # -- flags on references -------------------------------------------------
   def visit_Name(self, node: cst.Name) -> None:
     self._flag_reference(node)
+    if self._step_calls_enabled and (problem := self._step_value_problem(node)):
+      self.flag(node, 'OM100', problem)
 
   def visit_Attribute(self, node: cst.Attribute) -> None:
     self._flag_reference(node)
+    if self._step_calls_enabled and (problem := self._step_value_problem(node)):
+      self.flag(node, 'OM100', problem)
     if node.attr.value == 'step' and m.matches(node.value, m.Attribute(attr=m.Name('state'))):
       self._state_of_step.add(id(node.value))  # `.state.step` is flagged once, at `.step`
+
+  def _step_value_problem(self, node) -> Optional[str]:
+    """A step function of another module (:class:`codemod.flow.Step`) named here other than
+    in a call or a ``jax.jit`` / ``jax.pmap`` of it (``functools.partial(train_step, ...)``,
+    ``fn = steps.train_step``): its calls are not followed, so when it and this file's
+    optimizers end up on different sides of the migration, nothing else would say so."""
+    if not self._step_calls_enabled or id(node) in self.a.call_funcs or \
+        id(node) in self._wrapped_args:
+      return None
+    step = self._step_named(node)
+    if step is None:
+      return None
+    converts = not (self.blocked or self.unproven)
+    code = self._code(node)
+    if step.converted and self.blocked and self.a.uses_legacy:
+      return (f'`{code}` ({step.where}) is used as a value here, so its calls are not followed: '
+              f'this run converts it to take a TrainState as '
+              f'{", ".join(f"`{n}`" for _, n in step.params)}, while this file keeps its legacy '
+              'optimizer code: make sure no flax.optim Optimizer of this file reaches it '
+              + KEEPS_LEGACY)
+    if not step.converted and converts and (self.a.uses_legacy or self.a.flow_used):
+      return (f'`{code}` ({step.where}) keeps its legacy optimizer code ({step.why}) and is used '
+              'as a value here, so its calls are not followed: an optimizer this file now makes '
+              'a TrainState must not reach it: check, or migrate it there first')
+    return None
 
   def _flag_reference(self, node) -> None:
     if id(node) in self._bad_refs:
