@@ -1771,10 +1771,10 @@ class _Rewriter(_Base, cst.CSTTransformer):
     try:
       args = self._def_args(call, spec)
     except TypeError as e:
-      return 'OM100', str(e)
+      return 'OM100', f'{e} {KEEPS_LEGACY}'
     if 'learning_rate' not in args and not self.inject_lr:
       return 'OM100', (f'{name} has no learning rate and none is passed at apply time '
-                       'in this file; set learning_rate explicitly')
+                       f'in this file; set learning_rate explicitly {KEEPS_LEGACY}')
     return None
 
   def _multi_problem(self, call):
