@@ -1581,13 +1581,21 @@ class _Rewriter(_Base, cst.CSTTransformer):
       return None
     converts = not (self.blocked or self.unproven)
     code = self._code(node)
+    legacy_factories = [f for f in self.a.flow_used.values() if not f.converted]
+    if step.converted and legacy_factories:
+      return (f'`{code}` ({step.where}) is used as a value here, so its calls are not followed: '
+              f'this run converts it to take a TrainState as '
+              f'{", ".join(f"`{n}`" for _, n in step.params)}, while '
+              f'{", ".join(f.where for f in legacy_factories)} keeps its legacy optimizer code '
+              f'({legacy_factories[0].why}): make sure no optimizer made there reaches it')
     if step.converted and self.blocked and self.a.uses_legacy:
       return (f'`{code}` ({step.where}) is used as a value here, so its calls are not followed: '
               f'this run converts it to take a TrainState as '
               f'{", ".join(f"`{n}`" for _, n in step.params)}, while this file keeps its legacy '
               'optimizer code: make sure no flax.optim Optimizer of this file reaches it '
               + KEEPS_LEGACY)
-    if not step.converted and converts and (self.a.uses_legacy or self.a.flow_used):
+    if not step.converted and ((converts and self.a.uses_legacy)
+                               or any(f.converted for f in self.a.flow_used.values())):
       return (f'`{code}` ({step.where}) keeps its legacy optimizer code ({step.why}) and is used '
               'as a value here, so its calls are not followed: an optimizer this file now makes '
               'a TrainState must not reach it: check, or migrate it there first')
@@ -2112,6 +2120,11 @@ class _Rewriter(_Base, cst.CSTTransformer):
       message = self._flow_failure(original)
       if message is not None:
         self.flag(original, 'OM100', message)
+    if (self.unproven and original.attr.value in ('target', 'state') and self.a.apply_calls
+        and not self.a.defines_apply_gradient and self._holds_local(original.value)):
+      # the `.apply_gradient` of this name is flagged as unproven: so is its `.target` / `.state`
+      self.flag(original, 'OM100', self._unproven_message(original.value,
+                                                          f'`.{original.attr.value}`'))
     if self.blocked or self.unproven:
       return updated
     if id(original) in self._hp_values:
@@ -2403,8 +2416,8 @@ class MigrateCommand(CodemodCommand):
     # caller's own through), not a factory, even when it returns the updated one
     self.factories = dict.fromkeys(sorted(analysis.module_factories - set(analysis.steps)),
                                    converts)
-    self.steps = {name: (params, converts) for name, params in
-                  sorted(analysis.steps.items())} if analysis.uses_legacy else {}
+    # (a file that never imports flax.optim has steps too: kept as they are, flagged there)
+    self.steps = {name: (params, converts) for name, params in sorted(analysis.steps.items())}
     self.inject_lr = rewriter.inject_lr
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays. A file
     # that keeps its legacy code keeps its flax.optim imports, used or not: they say (to the
