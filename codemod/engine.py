@@ -77,6 +77,8 @@ class FileResult:
   #: module-level functions taking optimizers -> ``((position, parameter), ...)``, and
   #: whether the rewrite makes them TrainStates (read by ``codemod.flow``)
   steps: dict[str, tuple[tuple, bool]] = dataclasses.field(default_factory=dict)
+  #: module-level functions returning an optimizer in a tuple, list or dict -> converted
+  bundles: dict[str, bool] = dataclasses.field(default_factory=dict)
 
   def where(self, i: int) -> str:
     """The file (``nb.ipynb:cell3`` in a notebook) of finding ``i``."""
@@ -202,6 +204,7 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
                        ] if options.enabled('OM100') else []  # ignored like any OM100 item
     result.factories = dict.fromkeys(command.factories, False)
     result.steps = {f: (params, False) for f, (params, _) in command.steps.items()}
+    result.bundles = dict.fromkeys(command.bundles, False)
     return result
   converted = [f for f in command.findings if f.fixed and f.rule in _CONVERSIONS]
   # a flag that says the file keeps its legacy code, raised after other uses were converted
@@ -225,6 +228,7 @@ def _rewrite_module(module: cst.Module, source: str, path: str,
   result.findings = command.findings
   result.factories = command.factories
   result.steps = command.steps
+  result.bundles = command.bundles
   result.inject_lr = command.inject_lr
   return result
 

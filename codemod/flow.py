@@ -64,12 +64,15 @@ class Factory(_ModuleFunction):
       can be set in ``opt_state``; None: cannot tell (a migrated module whose
       ``tx`` is not written in the call).
     why: the first manual item of the defining file when not converted.
+    bundle: it returns its optimizer inside a tuple, list or dict (``return opt, lr``):
+      what a call gives is no optimizer itself, its items may be.
   """
   qualified: str
   path: str
   converted: bool
   inject_lr: Optional[bool]
   why: str = ''
+  bundle: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -451,10 +454,14 @@ def _scan(path, names, shown, options, flow_file, outside=False) -> tuple[list[F
     except cst.ParserSyntaxError:
       migrated = {}
     found = {function: (True, inject, '') for function, inject in migrated.items()}
+  bundles = [Factory(f'{name}.{function}', shown, converted and result.changed, None,
+                     '' if converted and result.changed else why, bundle=True)
+             for function, converted in result.bundles.items() for name, _ in names]
   steps = []
   for function, (params, converted) in result.steps.items():
     converted = converted and result.changed
     steps.extend(Step(f'{name}.{function}', shown, params, converted, '' if converted else why)
                  for name, _ in names)
   return ([Factory(f'{name}.{function}', shown, converted, inject, why)
-           for function, (converted, inject, why) in found.items() for name, _ in names], steps)
+           for function, (converted, inject, why) in found.items() for name, _ in names]
+          + bundles, steps)

@@ -330,6 +330,8 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
     if result.error or not result.changed or not names:
       continue
     what = {f: 'returns a TrainState' for f, ok in result.factories.items() if ok}
+    what.update({f: 'returns a TrainState in what it returns' for f, ok in result.bundles.items()
+                 if ok})
     what.update({f: 'takes a TrainState as ' + ', '.join(f'`{n}`' for _, n in params)
                  for f, (params, ok) in result.steps.items() if ok})
     if what:

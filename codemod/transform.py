@@ -134,13 +134,14 @@ class _Base:
       if isinstance(t, cst.Name) and (b := self.binding(t)):
         yield b
 
-  def factory_of_call(self, value):
-    """The other module's factory ``value`` calls (``create_optimizer(p)``), if any."""
+  def factory_of_call(self, value, bundle=False):
+    """The other module's factory ``value`` calls (``create_optimizer(p)``), if any
+    (``bundle``: one that returns its optimizer inside a tuple, list or dict instead)."""
     if self.an.flow is None or not isinstance(value, cst.Call):
       return None
     for q in sorted(self.qnames(value.func)):
       found = self.an.flow.resolve(q)
-      if found is not None:
+      if found is not None and found.bundle == bundle:
         return found
     return None
 
@@ -637,6 +638,8 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self._calls_by_func[id(node.func)] = node
     if (factory := self.factory_of_call(node)) is not None:
       self.flow_used[factory.qualified] = factory
+    elif (factory := self.factory_of_call(node, bundle=True)) is not None and factory.converted:
+      self.flow_used[factory.qualified] = factory  # `o, lr = make_pair(p)`: its items are flagged
     name = self.legacy_def(node)
     if name == WEIGHT_NORM:
       self._group_args.update(id(a) for a in node.args)
@@ -961,7 +964,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
     # function of this file that returns one in a tuple, list or dict: `o, lr = make(p)`)
     maybe = lambda e: self._is_optimizer(e) or self._mixed_chain(e) or (
         isinstance(e, cst.Call) and isinstance(e.func, cst.Name)
-        and e.func.value in self.a.bundle_factories)
+        and e.func.value in self.a.bundle_factories) or (
+        (f := self.factory_of_call(e, bundle=True)) is not None and f.converted)
     from_optimizer = [(targets, value, self._mentions(value, maybe))
                       for targets, value in self.a.assignments]
     in_found = lambda e: isinstance(e, cst.Name) and self.binding(e) in found
@@ -2392,6 +2396,8 @@ class MigrateCommand(CodemodCommand):
     self.factories: dict[str, bool] = {}
     #: module-level functions taking optimizers -> (their parameters, converted)
     self.steps: dict[str, tuple[tuple, bool]] = {}
+    #: module-level functions returning an optimizer in a tuple, list or dict -> converted
+    self.bundles: dict[str, bool] = {}
     self.inject_lr = False
     #: ``(module, text)``: a parsed module and the text it was parsed from, set by a caller
     #: that has both, so that the text is not generated again from the tree
@@ -2418,6 +2424,9 @@ class MigrateCommand(CodemodCommand):
                                    converts)
     # (a file that never imports flax.optim has steps too: kept as they are, flagged there)
     self.steps = {name: (params, converts) for name, params in sorted(analysis.steps.items())}
+    top = {fn.name.value for fn in analysis.top_functions}
+    self.bundles = dict.fromkeys(sorted(analysis.bundle_factories & top - set(analysis.steps)),
+                                 converts)
     self.inject_lr = rewriter.inject_lr
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays. A file
     # that keeps its legacy code keeps its flax.optim imports, used or not: they say (to the

@@ -388,3 +388,25 @@ def test_step_functions_kept_legacy_or_never_importing_flax_optim(tmp_path):
           'legacy optimizer code (OM100: this file never imports flax.optim') in err
   assert 'would rewrite own.py' in proc.stdout  # (its TODO only: it keeps its legacy code)
   assert 'pkg/steps2.py:2:9: OM100' in err and 'pkg/steps2.py:3:10: OM100' in err
+
+
+def test_another_modules_factory_returning_its_optimizer_in_a_tuple_or_dict(tmp_path):
+  """From the final review: `o, lr = make_pair(p)` with make_pair in another module converted
+  to return a TrainState inside a tuple: the items' legacy reads are flagged (the file was not
+  even parsed: it names no flax.optim word)."""
+  (tmp_path / 'pkg').mkdir()
+  (tmp_path / 'pkg' / '__init__.py').write_text('')
+  (tmp_path / 'pkg' / 'factory.py').write_text(
+      'from flax import optim\n\n\ndef make_pair(p):\n  opt = optim.Adam(1e-3).create(p)\n'
+      '  return opt, 1e-3\n\n\ndef make_dict(p):\n'
+      "  return {'opt': optim.Adam(1e-3).create(p)}\n")
+  (tmp_path / 'use.py').write_text(
+      'from pkg.factory import make_dict, make_pair\n\n\ndef run(params):\n'
+      '  o3, lr = make_pair(params)\n  d = make_dict(params)\n'
+      "  return o3.target, o3.state.step, d['opt'].target, make_pair(params)[0].target\n")
+  proc = _cli('rewrite', '--check', '.', cwd=tmp_path)
+  assert proc.returncode == 1
+  flagged = [line.split(' [manual] ')[0] for line in proc.stderr.splitlines() if '[manual]' in line]
+  assert flagged == ['use.py:7:10: OM100', 'use.py:7:21: OM100', 'use.py:7:36: OM100',
+                     'use.py:7:53: OM100'], proc.stderr
+  assert "if `d['opt']` is a flax.optim Optimizer, `.target` is `.params`" in proc.stderr
