@@ -114,22 +114,37 @@ class Flow:
     return self.steps.get(self._absolute(qname) or '')
 
   def _absolute(self, qname: str) -> Optional[str]:
-    if qname.startswith('.'):
-      if self.module is None:
-        return None
-      dots = len(qname) - len(qname.lstrip('.'))
-      package = self.module.split('.') if self.is_package else self.module.split('.')[:-1]
-      if dots - 1 > len(package):
-        return None
-      base = package[:len(package) - (dots - 1)]
-      qname = '.'.join([*base, qname[dots:]])
-    return qname
+    return absolute_name(qname, self.module, self.is_package)
 
   def mentioned(self, text: str) -> bool:
     """Could ``text`` call a factory or step function (its function and its module's last
     name appear)? A cheap prefilter, before any parse."""
     return any(f.function in text and f.qualified.rsplit('.', 2)[-2] in text
                for f in [*self.factories.values(), *self.steps.values()])
+
+
+def absolute_name(qname: str, module: Optional[str], is_package: bool) -> Optional[str]:
+  """``qname`` made absolute: a relative one (``.opt.f``, ``..m``) is resolved against the
+  module it is written in (``module``; ``is_package``: that module is a package's
+  ``__init__``); None when it climbs above the tree or there is no module."""
+  if not qname.startswith('.'):
+    return qname
+  if module is None:
+    return None
+  dots = len(qname) - len(qname.lstrip('.'))
+  package = module.split('.') if is_package else module.split('.')[:-1]
+  if dots - 1 > len(package):
+    return None
+  return '.'.join(filter(None, [*package[:len(package) - (dots - 1)], qname[dots:]]))
+
+
+def package_root(root: pathlib.Path) -> pathlib.Path:
+  """``root`` (absolute) raised past the packages it lies in (an ``__init__.py``), as
+  Python's import path would be."""
+  root = root.absolute()
+  while (root / '__init__.py').exists() and root.parent != root:
+    root = root.parent
+  return root
 
 
 def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path]) -> list[tuple[str, bool]]:
@@ -140,10 +155,7 @@ def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path]) -> list[tupl
   """
   out = []
   absolute = path.absolute()
-  for root in roots:
-    root = root.absolute()
-    while (root / '__init__.py').exists() and root.parent != root:
-      root = root.parent
+  for root in map(package_root, roots):
     try:
       rel = absolute.relative_to(root)
     except ValueError:
@@ -188,13 +200,7 @@ def imported_modules(text: str, module: Optional[str], is_package: bool) -> set[
   the run that an importer in it names."""
   found = set()
   for dots, name, names in _FROM.findall(text):
-    if dots:
-      if module is None:
-        continue
-      package = module.split('.') if is_package else module.split('.')[:-1]
-      if len(dots) - 1 > len(package):
-        continue
-      name = '.'.join(filter(None, [*package[:len(package) - (len(dots) - 1)], name]))
+    name = absolute_name(dots + name, module, is_package)
     if not name:
       continue
     found.add(name)
@@ -210,18 +216,27 @@ def imported_modules(text: str, module: Optional[str], is_package: bool) -> set[
   return found
 
 
+def read_texts(files) -> dict[pathlib.Path, str]:
+  """Each readable file's text (latin-1: any bytes; only words are looked for), by path.
+  An unreadable one is left out: the per-file run reports it."""
+  texts = {}
+  for path, _, _ in files:
+    try:
+      texts[path] = path.read_bytes().decode('latin-1')
+    except OSError:
+      continue
+  return texts
+
+
 def outside_modules(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]],
-                    roots: Iterable[pathlib.Path]) -> list[tuple[pathlib.Path, list, str]]:
+                    roots: Iterable[pathlib.Path], texts: Mapping[pathlib.Path, str],
+                    ) -> list[tuple[pathlib.Path, list, str]]:
   """Modules the run's files import that lie under one of ``roots`` but are not in the
   run (``rewrite train.py`` alone, or pre-commit's changed files): ``(path, module names,
   path shown)``, to be read by the pre-pass (never written), so that a module migrated
-  or kept legacy earlier still tells its importers what its functions return and take."""
-  roots = [r.absolute() for r in roots]
-  for i, root in enumerate(roots):
-    while (root / '__init__.py').exists() and root.parent != root:
-      root = root.parent
-    roots[i] = root
-  roots = list(dict.fromkeys(roots))
+  or kept legacy earlier still tells its importers what its functions return and take.
+  ``texts``: the files' texts (:func:`read_texts`)."""
+  roots = list(dict.fromkeys(map(package_root, roots)))
   inside = set()
   for path, _, _ in files:
     try:
@@ -230,14 +245,10 @@ def outside_modules(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]
       continue
   wanted = set()
   for path, names, _ in files:
-    if path.suffix != '.py':
-      continue
-    try:
-      text = path.read_bytes().decode('latin-1')
-    except OSError:
+    if path.suffix != '.py' or path not in texts:
       continue
     module, is_package = names[0] if names else (None, False)
-    wanted |= imported_modules(text, module, is_package)
+    wanted |= imported_modules(texts[path], module, is_package)
   out = []
   for name in sorted(wanted):
     parts = name.split('.')
@@ -368,7 +379,8 @@ MAX_ROUNDS = 3
 
 
 def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
-                outside: Iterable[pathlib.Path] = ()) -> tuple[dict[str, Factory], dict[str, Step]]:
+                outside: Iterable[pathlib.Path] = (), texts: Optional[Mapping] = None,
+                ) -> tuple[dict[str, Factory], dict[str, Step]]:
   """The factories and step functions of the tree, each ``{qualified name: ...}``.
 
   ``files``: each ``.py`` file of the run with its module names
@@ -378,15 +390,12 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   the run will rewrite it: with the flow of the others when it calls one of them
   (rounds to a fixed point; a file still changing after :data:`MAX_ROUNDS`
   counts as kept legacy). ``outside``: those of ``files`` the run reads but does not
-  rewrite (:func:`outside_modules`): their legacy functions stay legacy.
+  rewrite (:func:`outside_modules`): their legacy functions stay legacy. ``texts``: the
+  texts already read (:func:`read_texts`), by path; the others are read here.
   """
   outside = set(outside)
-  texts = {}
-  for path, _, _ in files:
-    try:
-      texts[path] = path.read_bytes().decode('latin-1')
-    except OSError:
-      continue  # reported by the per-file run
+  texts = {**(texts or {}),
+           **read_texts([f for f in files if texts is None or f[0] not in texts])}
   imported = set()
   for text in texts.values():
     if 'import' in text:

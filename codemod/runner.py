@@ -280,8 +280,9 @@ def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options) ->
   roots = flow_lib.roots_of(paths)
   named = _named(files, roots)
   # modules the files import that the run does not include are read (never written)
-  extra = flow_lib.outside_modules(named, [r for rs in roots.values() for r in rs])
-  factories, steps = flow_lib.build_flows(named + extra, options, [p for p, _, _ in extra])
+  texts = flow_lib.read_texts(named)
+  extra = flow_lib.outside_modules(named, [r for rs in roots.values() for r in rs], texts)
+  factories, steps = flow_lib.build_flows(named + extra, options, [p for p, _, _ in extra], texts)
   if not factories and not steps:
     return [None] * len(files)
   return [flow_lib.Flow(factories, names[0][0] if names else None,

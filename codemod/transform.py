@@ -427,9 +427,9 @@ class _Analyzer(_Base, cst.CSTVisitor):
         elif not m.matches(value, m.Name('None')):
           self.attr_other.add(chain)  # `self.opt = Thing()`: never rewritten blindly
     if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
-        and value.args and isinstance(value.args[0].value, cst.Name)
+        and value.args and value.args[0].keyword is None and not value.args[0].star
         and self.qnames(value.func) & CALL_WRAPPERS):
-      self._wrapped.append((node, value))
+      self._wrapped.append((node, value))  # (`jax.pmap(steps.train_step)` too: codemod.flow)
     self.assignments.append((targets, value))
     if len(targets) == 1 and isinstance(targets[0], cst.Name) and (b := self.binding(targets[0])):
       block = self._blocks[-1] if self._blocks else None
@@ -890,7 +890,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self._hp_values: dict[int, str] = {}
     self._bad_hp: dict[int, str] = {}
     self._state_of_step: set[int] = set()
-    self._step_calls: list = []          # (visit_Module) calls of other modules' step functions
+    self._step_calls: dict = {}          # (visit_Module) calls of other modules' step functions
     self._step_calls_enabled = False
     self._wrapped_args: set[int] = set()  # `f` in `jax.jit(f)` / `jax.pmap(f, ...)`
 
@@ -937,7 +937,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     self.blocked = bool(
         self.opts.keep_legacy or conflicts or a.star_imports
         or any(not step.converted and self._own_optimizer(arg)
-               for _, step, _, arg in self._step_calls)
+               for uses in self._step_calls.values() for step, _, arg in uses)
         or self.mixed_lr or self._bad_refs or self._bad_hp
         or any(self._def_problem(c) for c in a.def_calls)
         or any(self._create_problem(c) for c in a.create_calls)
@@ -1140,18 +1140,16 @@ class _Rewriter(_Base, cst.CSTTransformer):
     """Calls of another module's step function (:class:`codemod.flow.Step`) with the
     arguments given to its optimizer parameters: ``[(call, step, parameter, argument)]``.
     Direct (``train_step(opt, b)``, ``steps.train_step(...)``) or through ``jax.jit`` /
-    ``jax.pmap`` (``p_step = jax.pmap(train_step)``, ``jax.jit(train_step)(opt, b)``)."""
+    ``jax.pmap`` (``p_step = jax.pmap(train_step)``, ``jax.jit(train_step)(opt, b)``).
+    Keyed by ``id(call)``."""
     if self.a.flow is None or not self.a.flow.steps:
-      return []
+      return {}
     aliases = {}
-    for targets, value in self.a.assignments:
-      if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
-          and value.args and value.args[0].keyword is None and not value.args[0].star
-          and self.qnames(value.func) & CALL_WRAPPERS
-          and (step := self._step_named(value.args[0].value)) is not None
-          and (b := self.binding(targets[0])) is not None):
+    for assign, wrap in self.a._wrapped:
+      if (step := self._step_named(wrap.args[0].value)) is not None and \
+          (b := self.binding(assign.targets[0].target)) is not None:
         aliases[b] = step
-    found = []
+    found = {}
     for call in self.a._calls_by_func.values():
       func = call.func
       if isinstance(func, cst.Call) and func.args and self.qnames(func.func) & CALL_WRAPPERS:
@@ -1164,7 +1162,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
         continue
       for position, name in step.params:
         if (arg := call_argument(call, position, name)) is not None:
-          found.append((call, step, name, arg))
+          found.setdefault(id(call), []).append((step, name, arg))
     return found
 
   def _step_named(self, expr):
@@ -1182,9 +1180,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
     the step keeps its legacy code and gets a TrainState, or it is converted and gets a
     flax.optim Optimizer (this file, or the factory that made it, keeps its legacy code)."""
     problems = []
-    for c, step, name, arg in self._step_calls:
-      if c is not call:
-        continue
+    for step, name, arg in self._step_calls.get(id(call), ()):
       code, factory = self._code(arg), self.factory_of(arg)
       if not step.converted and self._own_optimizer(arg):
         problems.append(f'`{code}` is passed to {step.where}, which keeps its legacy optimizer '
