@@ -209,6 +209,8 @@ def load_params(spec: str):
   if not spec:
     raise BadInput('--params is required')
   path = pathlib.Path(spec)
+  if (spec.endswith('.npz') or spec.endswith('.json')) and path.exists() and not path.is_file():
+    raise BadInput(f'--params {spec}: not a regular file')  # a FIFO would block forever
   if spec.endswith('.npz'):
     if path.is_file() and not zipfile.is_zipfile(path):
       raise BadInput(f'--params {spec}: not an .npz archive (numpy.savez writes one)')
@@ -216,11 +218,19 @@ def load_params(spec: str):
     try:
       data = np.load(path)
       for key in data.files:
+        parts = key.split('/')
+        if '' in parts:
+          raise BadInput(f'--params {spec}: key {key!r} has an empty part (keys are a/b/c)')
         node = tree
-        *parents, leaf = key.split('/')
-        for k in parents:
+        for i, k in enumerate(parts[:-1]):
           node = node.setdefault(k, {})
-        node[leaf] = data[key]
+          if not isinstance(node, dict):
+            raise BadInput(f'--params {spec}: keys {"/".join(parts[:i + 1])!r} and {key!r} '
+                           'clash: one is a leaf, the other goes below it')
+        if parts[-1] in node:
+          raise BadInput(f'--params {spec}: keys {key!r} and {key + "/..."!r} clash: one is a '
+                         'leaf, the other goes below it')
+        node[parts[-1]] = data[key]
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
       raise BadInput(f'--params {spec}: cannot read: {e}') from None
     return tree

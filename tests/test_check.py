@@ -662,3 +662,22 @@ def test_command_line_run_options_apply_to_entries_without_their_own(tmp_path, m
                     'tx = "optax.adam(1e-3)"\nsteps = 100000\n')
   assert cli.main(['check', '--config', str(config), '--seed', '42948']) == 2  # ok for 20 steps
   assert "entry [long]: --seed 42948: must be between 0 and" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('keys', [['a/b', 'a'], ['a', 'a/b'], ['a//b'], ['/c']])
+def test_npz_params_with_clashing_or_empty_keys_are_refused(tmp_path, capsys, keys):
+  """From the final review: `a/b` beside `a` silently dropped `a/b` (or crashed, by order)."""
+  path = tmp_path / 'p.npz'
+  np.savez(path, **{k: np.ones(2, np.float32) for k in keys})
+  assert cli.main(['check', '--legacy', 'Adam(1e-3)', '--tx', 'optax.adam(1e-3)',
+                   '--params', str(path)]) == 2
+  err = capsys.readouterr().err
+  assert 'clash' in err or 'empty part' in err, err
+
+
+def test_params_that_is_a_fifo_is_refused_not_read(tmp_path, capsys):
+  fifo = tmp_path / 'ff.json'
+  os.mkfifo(fifo)
+  assert cli.main(['check', '--legacy', 'Adam(1e-3)', '--tx', 'optax.adam(1e-3)',
+                   '--params', str(fifo)]) == 2
+  assert 'not a regular file' in capsys.readouterr().err
