@@ -17,6 +17,7 @@ from typing import Sequence
 
 import libcst as cst
 import libcst.helpers
+import libcst.matchers
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from libcst.metadata import ImportAssignment, ScopeProvider
@@ -253,16 +254,99 @@ def _add_reads(body: Sequence[cst.BaseStatement]) -> int:
   return min(i + 1, len(body))
 
 
+def _module_name(node) -> str:
+  return cst.helpers.get_full_name_for_node(node) or ''
+
+
+def _legacy_import(node) -> bool:
+  """``node`` imports flax.optim (``import flax.optim[.x]``, ``from flax.optim[.x] import
+  ...``, ``from flax import optim``)."""
+  if isinstance(node, cst.Import):
+    return any(_module_name(a.name) == 'flax.optim' or
+               _module_name(a.name).startswith('flax.optim.') for a in node.names)
+  if not isinstance(node, cst.ImportFrom) or node.module is None or node.relative:
+    return False
+  module = _module_name(node.module)
+  if module == 'flax.optim' or module.startswith('flax.optim.'):
+    return True
+  return module == 'flax' and not isinstance(node.names, cst.ImportStar) and any(
+      a.evaluated_name == 'optim' for a in node.names)
+
+
+def _jax_import(node) -> bool:
+  names = ([_module_name(a.name) for a in node.names] if isinstance(node, cst.Import) else
+           [_module_name(node.module)] if node.module is not None and not node.relative else [])
+  return any(n.split('.')[0] in ('jax', 'flax') for n in names)
+
+
+def _imports_in(stmt):
+  if isinstance(stmt, cst.SimpleStatementLine):
+    return list(_import_nodes(stmt))
+  return list(libcst.matchers.findall(stmt, libcst.matchers.Import() | libcst.matchers.ImportFrom()))
+
+
+def insertion_start(body: Sequence[cst.BaseStatement]) -> int:
+  """Where the new imports' block starts: the index of the first statement of the
+  module that ``AddImportsVisitor`` is shown, so that it adds after that run of imports.
+
+  The run is the one holding the first flax.optim import (the imports it replaces
+  are read there, after any set-up line before it: ``os.environ['XLA_FLAGS'] = ...``,
+  a notebook's ``!pip install``), else the first run that imports jax or flax, else the
+  module's leading run. A flax.optim import inside a compound statement (``try:``)
+  puts the new imports right after that statement.
+  """
+  anchor = next((i for i, st in enumerate(body) if any(map(_legacy_import, _imports_in(st)))),
+                None)
+  if anchor is None:
+    anchor = next((i for i, st in enumerate(body) if _import_only(st)
+                   and any(map(_jax_import, _import_nodes(st)))), None)
+  if anchor is None:
+    return 0
+  if not _import_only(body[anchor]):
+    return anchor + 1
+  while anchor > 0 and _import_only(body[anchor - 1]):
+    anchor -= 1
+  return anchor
+
+
+def _present(statements, item) -> bool:
+  """An import among ``statements`` already binds what ``item`` (an ``ImportItem``) adds."""
+  for st in statements:
+    for node in _import_nodes(st):
+      if isinstance(node, cst.Import) and item.obj_name is None:
+        if any(a.evaluated_name == item.module_name and a.evaluated_alias == item.alias
+               for a in node.names):
+          return True
+      elif (isinstance(node, cst.ImportFrom) and item.obj_name is not None and not node.relative
+            and node.module is not None and _module_name(node.module) == item.module_name
+            and not isinstance(node.names, cst.ImportStar)):
+        if any(a.evaluated_name == item.obj_name and a.evaluated_alias == item.alias
+               for a in node.names):
+          return True
+  return False
+
+
 def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
-  """Same result as ``AddImportsVisitor(context).transform_module(tree)`` (the imports
-  to add are in ``context.scratch``, as LibCST keeps them).
+  """``AddImportsVisitor``'s result (the imports to add are in ``context.scratch``, as
+  LibCST keeps them), placed after the run of imports :func:`insertion_start` picks
+  rather than always after the module's leading run.
 
   LibCST's visitor copies and walks the whole module it is given, with a
   matcher transformer, to act on its first few statements; it is given those
-  (:func:`_add_reads`) and the rest is put back after its result.
+  (:func:`_add_reads`) and the rest is put back after its result. Imports the
+  statements before that run already make are not added again.
   """
-  n = _add_reads(tree.body)
-  if n == len(tree.body):
+  body = list(tree.body)
+  start = insertion_start(body)
+  if start:
+    key = AddImportsVisitor.CONTEXT_KEY
+    context.scratch[key] = [i for i in context.scratch.get(key, [])
+                            if not _present(body[:start], i)]
+    if not context.scratch[key]:
+      return tree
+  rest = body[start:]
+  n = _add_reads(rest) if rest else 0
+  if start == 0 and n == len(body):
     return AddImportsVisitor(context).transform_module(tree)
-  part = AddImportsVisitor(context).transform_module(tree.with_changes(body=tree.body[:n]))
-  return tree.with_changes(body=[*part.body, *tree.body[n:]])
+  part = AddImportsVisitor(context).transform_module(cst.Module(body=rest[:n]))
+  return tree.with_changes(body=[*body[:start], *part.body, *rest[n:]])

@@ -146,8 +146,9 @@ def rewrite_notebook(text: str, path: str, options: Options | None = None):
     old = cell.get('source', '')
     old_text = ''.join(old) if isinstance(old, list) else old
     src = new_sources.get(i, '')
-    if not old_text.endswith('\n') and src.endswith('\n'):
-      src = src[:-1]
+    trailing = len(old_text) - len(old_text.rstrip('\n'))
+    if len(src) - len(src.rstrip('\n')) > trailing:  # (LibCST's blank line after added imports)
+      src = src.rstrip('\n') + '\n' * trailing
     if src != old_text:
       cell['source'] = src.splitlines(keepends=True) if isinstance(old, list) else src
   indent = 1

@@ -63,6 +63,30 @@ FROZEN = 'frozen'
 KEEPS_LEGACY = '(this file keeps its legacy optimizer code)'
 
 
+#: Longest code excerpt a message quotes (longer ones are cut, multi-line ones folded).
+EXCERPT_CHARS = 80
+_QUOTED = re.compile(r'`([^`]*)`')
+
+
+def one_line(message: str) -> str:
+  """``message`` as one line, for a ``# TODO`` comment and a report entry.
+
+  A quoted source excerpt (between backticks) that spans lines (a call written
+  over several lines) is folded onto one line and, past :data:`EXCERPT_CHARS`
+  characters, cut with ``...``; any other line break becomes a space. A comment
+  holding a line break would not be a comment (LibCST refuses to build it).
+  """
+  def fold(match):
+    text = match.group(1)
+    if '\n' not in text and '\r' not in text and len(text) <= EXCERPT_CHARS:
+      return match.group(0)
+    text = ' '.join(text.split())
+    if len(text) > EXCERPT_CHARS:
+      text = text[:EXCERPT_CHARS - 3].rstrip() + '...'
+    return f'`{text}`'
+  return ' '.join(_QUOTED.sub(fold, message).splitlines())
+
+
 def legacy_symbol(qname: str) -> Optional[str]:
   """``'Adam'`` for ``flax.optim.Adam`` or ``flax.optim.adam.Adam``; a submodule
   name for ``flax.optim.adam``; None for anything else."""
@@ -238,6 +262,7 @@ class _Analyzer(_Base, cst.CSTVisitor):
     self.mixed_defs: dict[int, str] = {}  # id(def call) -> name that then holds the optimizer
     self.star_imports: list = []  # `from flax.optim import *`: its names cannot be resolved
     self.legacy_imports: list = []  # import statements of flax.optim
+    self.annotated_fields: set[str] = set()  # class fields annotated `flax.optim.Optimizer`
 
   # -- imports: only whether flax.optim is imported ----------------------
   def visit_Import(self, node: cst.Import) -> bool:
@@ -378,6 +403,12 @@ class _Analyzer(_Base, cst.CSTVisitor):
   def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
     if self.symbol(node.annotation.annotation) == 'Optimizer':
       self.opt_vars.update(self.name_bindings([node.target]))
+    if (self._class_depth and not self._function_stack and isinstance(node.target, cst.Name)
+        and any(self.symbol(n) in ('Optimizer', 'ReplicatedOptimizer') for n in m.findall(
+            node.annotation, m.Name() | m.Attribute()))):
+      # `optimizer: optim.Optimizer` (also Optional[...]) in a dataclass / NamedTuple: a
+      # proof that `<anything>.optimizer` holds one, wherever it is read in this file
+      self.annotated_fields.add(node.target.value)
     if node.value is not None and (self.legacy_def(node.value) or self.is_user_def(node.value)):
       self.def_vars.update(dict.fromkeys(self.name_bindings([node.target]), node.value))
 
@@ -1416,6 +1447,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def flag(self, node, rule, message):
     if not self.opts.enabled(rule):
       return
+    message = one_line(message)
     text = f'{TODO_PREFIX}{rule}: {message}'
     if self._pending and text in self._pending[-1]:
       return  # once per statement
@@ -1425,6 +1457,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
   def note(self, rule, message):
     """An inline TODO on the current statement (no report entry)."""
     if self._pending:
+      message = one_line(message)
       text = f'{TODO_PREFIX}{rule}: {message}'
       if text not in self._pending[-1]:
         self._pending[-1].append(text)
@@ -1438,6 +1471,8 @@ class _Rewriter(_Base, cst.CSTTransformer):
         return self.a.flow_vars[b].converted
       # in a file without flax.optim only the flow proves anything
       return b in self.a.opt_vars and self.a.uses_legacy
+    if self._annotated_field(expr):
+      return True
     if (chain := attr_chain(expr)) is not None:  # `self.optimizer`: apply_gradient'ed here
       return (chain in self.a.attr_chains and chain not in self.a.attr_other
               and (self.a.uses_legacy or chain in self.a.attr_flow))
@@ -1470,11 +1505,21 @@ class _Rewriter(_Base, cst.CSTTransformer):
         self.binding(value) in (self.a.params | self.a.loop_vars | self.maybe_vars)
         or self.binding(value) in (self.a.rebound & self.a.opt_vars))
 
+  def _annotated_field(self, expr) -> bool:
+    """``x.optimizer`` where this file's class declares ``optimizer: optim.Optimizer``
+    (and no chain ending in that attribute is assigned anything but an optimizer)."""
+    if not (isinstance(expr, cst.Attribute) and expr.attr.value in self.a.annotated_fields
+            and self.a.uses_legacy):
+      return False
+    return not any(c.rsplit('.', 1)[-1] == expr.attr.value for c in self.a.attr_other)
+
   def _mixed_chain(self, expr) -> bool:
     """Maybe an optimizer (flagged, not converted): ``self.optimizer`` that gets
     ``.apply_gradient`` here but is also assigned something else, or another chain
     ending in the same attribute (``trainer.optimizer`` beside ``self.optimizer``, also
     on a call's result: ``make_trainer(p).optimizer``)."""
+    if self._annotated_field(expr):
+      return False
     chain = attr_chain(expr)
     if chain is None:
       # `T(p).optimizer`, `make_trainer(p).optimizer`, `trainers[0].optimizer`: an attribute
@@ -2270,6 +2315,29 @@ def _legacy_imports(tree: cst.Module):
             yield module, obj, alias.asname.name.value if alias.asname else None
 
 
+class _PlainFlaxImport(cst.CSTTransformer):
+  """``import flax.optim`` -> ``import flax`` (the line still binds ``flax`` for
+  ``flax.linen`` and the like, and Flax >= 0.6 has no ``flax.optim`` to import)."""
+
+  def leave_Import(self, original, updated):
+    names = [a.with_changes(name=cst.Name('flax')) if a.asname is None and (
+        _dotted(a.name) == LEGACY or _dotted(a.name).startswith(LEGACY + '.')) else a
+             for a in updated.names]
+    return updated.with_changes(names=names)
+
+
+def _dotted(node) -> str:
+  return cst.Module(body=[]).code_for_node(node)
+
+
+def _plain_flax_imports(tree: cst.Module) -> cst.Module:
+  """``tree`` with each ``import flax.optim`` the migration kept (its ``flax`` is
+  used) turned into ``import flax``."""
+  if not re.search(r'\bimport[^\n#]*\bflax\.optim\b', tree.code):
+    return tree
+  return tree.visit(_PlainFlaxImport())
+
+
 class _Substitute(cst.CSTTransformer):
   """Replace placeholder names in a parsed template with real nodes."""
 
@@ -2427,11 +2495,12 @@ class MigrateCommand(CodemodCommand):
     # RemoveImportsVisitor drops only imports left unused: a legacy import in use stays. A file
     # that keeps its legacy code keeps its flax.optim imports, used or not: they say (to the
     # reader and to later runs' cross-module flow) that its optimizers are flax.optim ones
-    removals = [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
-                *_legacy_imports(tree)] if (analysis.uses_legacy and not analysis.only_imports
+    # (only flax.optim's own imports: an `import flax` the migration left unused stays)
+    removals = [('flax', 'optim', None), ('flax.optim', None, None), *_legacy_imports(tree)] if (analysis.uses_legacy and not analysis.only_imports
                                             and not rewriter.blocked) \
         else []  # an import nothing uses may be a re-export: kept, flagged
-    return _fix_imports(self.context, result, removals)
+    result = _fix_imports(self.context, result, removals)
+    return _plain_flax_imports(result) if removals else result
 
 
 #: Words a top-level statement needs for any rule to see it (or a name another such statement binds).
