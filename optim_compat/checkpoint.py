@@ -12,7 +12,10 @@ A legacy checkpoint of an ``Optimizer`` is the state dict (legacy flax.optim
 written by ``flax.training.checkpoints.save_checkpoint`` as msgpack
 (``flax.serialization.to_bytes``) to ``<dir>/checkpoint_<step>``, possibly inside
 a container (a tuple, dict, namedtuple or dataclass holding the optimizer beside
-``model_state``, ``ema``, ``step`` ...).
+``model_state``, ``ema``, ``step`` ...). After the migration the same call
+writes the ``TrainState`` (``{'step', 'params', 'opt_state'}``) as an orbax
+directory (flax >= 0.7), or msgpack where orbax is turned off; both are read
+back here too (the program's next run restores its own save).
 
 * :func:`restore_legacy` turns such a checkpoint into the caller's target (a
   ``TrainState`` built with the tx the codemod emits for that def, a shim
@@ -153,15 +156,7 @@ def read_state_dict(path, step: int | None = None) -> dict:
   import msgpack
   file = _checkpoint_file(pathlib.Path(path), step)
   if file.is_dir():  # orbax (e.g. written by a migrated program, or --format orbax)
-    from flax.training import checkpoints
-    try:
-      state = checkpoints.restore_checkpoint(str(file.absolute()), target=None)
-    except Exception as e:
-      raise CheckpointError(f'{file}: not a readable orbax checkpoint ({type(e).__name__}: '
-                            f'{e})') from None
-    if not isinstance(state, dict):
-      raise CheckpointError(f'{file}: holds a {type(state).__name__}, not a state dict')
-    return state
+    return _read_orbax(file)
   size = file.stat().st_size
   if size == 0:
     raise CheckpointError(f'{file}: empty file, not a flax checkpoint')
@@ -198,6 +193,56 @@ def read_state_dict(path, step: int | None = None) -> dict:
   if _has_chunks(state):  # leaves over 1 GiB: let flax reassemble them
     state = serialization.msgpack_restore(file.read_bytes())
   return state
+
+
+def _read_orbax(file: pathlib.Path) -> dict:
+  """An orbax checkpoint directory as a flax state dict with numpy leaves.
+
+  Every array is read to host memory as numpy, whatever devices wrote it (a
+  ``pmap``-replicated save of 8 devices reads in a 1-device process). Orbax
+  gives a tuple (``TrainState.opt_state``, a ``chain``) back as a list and an
+  empty tuple or namedtuple (optax ``EmptyState()``, ``MaskedNode()``) as
+  ``None``; lists become ``{'0': ..., '1': ...}`` here, as
+  ``flax.serialization.to_state_dict`` writes them, and ``None`` is matched
+  against the target's empty nodes by :func:`_conform`.
+
+  Raises:
+    CheckpointError: not a readable orbax checkpoint (names the directory).
+  """
+  import orbax.checkpoint as ocp
+  path = file.absolute()
+  try:
+    checkpointer = ocp.PyTreeCheckpointer()
+    meta = checkpointer.metadata(path)
+    meta = getattr(meta, 'item_metadata', meta)  # orbax >= 0.11: StepMetadata
+    meta = getattr(meta, 'tree', meta)
+    array_meta = getattr(getattr(ocp, 'metadata', None), 'ArrayMetadata', ())
+    args = jax.tree_util.tree_map(
+        lambda m: ocp.RestoreArgs(restore_type=np.ndarray) if isinstance(m, array_meta)
+        else ocp.RestoreArgs(), meta)
+    state = checkpointer.restore(path, restore_args=args)
+  except Exception:  # noqa: BLE001 - another orbax version: its own reader, device arrays
+    from flax.training import checkpoints
+    try:
+      state = checkpoints.restore_checkpoint(str(path), target=None)
+    except Exception as e:  # noqa: BLE001
+      raise CheckpointError(f'{file}: not a readable orbax checkpoint ({type(e).__name__}: '
+                            f'{e})') from None
+  state = _as_state_dict(state)
+  if not isinstance(state, dict):
+    raise CheckpointError(f'{file}: holds a {type(state).__name__}, not a state dict')
+  return state
+
+
+def _as_state_dict(tree):
+  """Lists and tuples as ``{'0': ..}`` dicts (flax's state-dict form), arrays as numpy."""
+  if isinstance(tree, Mapping):
+    return {str(k): _as_state_dict(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return {str(i): _as_state_dict(v) for i, v in enumerate(tree)}
+  if isinstance(tree, jax.Array):
+    return np.asarray(tree)
+  return tree
 
 
 def _pack_stream(obj, write, packer, where=''):
@@ -286,16 +331,54 @@ def _join(where: str, key: tuple) -> str:
   return '/'.join([where.strip('/')] * bool(where.strip('/')) + [str(k) for k in key]) or '/'
 
 
+def _no_arrays(tree) -> bool:
+  """Whether a state-dict sub-tree holds no data: only empty nodes (``{}``) and ``None``."""
+  if tree is None:
+    return True
+  return isinstance(tree, Mapping) and all(_no_arrays(v) for v in tree.values())
+
+
+def _fill_empty(expected, found):
+  """``found`` with the empty nodes of ``expected`` where it has ``None`` or nothing.
+
+  An empty tuple or namedtuple (optax ``EmptyState()``, ``MaskedNode()``, the
+  state of ``add_decayed_weights`` or ``set_to_zero``) is ``{}`` in a state dict
+  but ``None`` in an orbax checkpoint, and a sub-tree holding only such nodes
+  (``chain(EmptyState(), EmptyState())``) may come back as one ``None``; either
+  way there is no data to lose. Anything holding an array is left to
+  :func:`_conform` to check.
+  """
+  if not isinstance(expected, Mapping):
+    return found
+  if (found is None or (isinstance(found, Mapping) and not found)) and _no_arrays(expected):
+    return _empty_like(expected)
+  if not isinstance(found, Mapping):
+    return found
+  out = dict(found)
+  for k, e in expected.items():
+    if k in found:
+      out[k] = _fill_empty(e, found[k])
+    elif _no_arrays(e):
+      out[k] = _empty_like(e)
+  return out
+
+
+def _empty_like(tree):
+  return {k: _empty_like(v) for k, v in tree.items()} if isinstance(tree, Mapping) else tree
+
+
 def _conform(expected, found, where: str, replicas: int | None = None):
   """``found`` checked against ``expected`` (state dicts): same keys, shapes, dtypes.
 
   With ``replicas``, a found leaf of shape ``(replicas,) + expected`` is
-  replaced by its first copy (device 0, a numpy view).
+  replaced by its first copy (device 0, a numpy view). ``None`` where
+  ``expected`` has only empty nodes is taken as those (:func:`_fill_empty`).
 
   Raises:
     CheckpointError: naming the first differing path (sorted order) with the
       expected and found shape/dtype.
   """
+  found = _fill_empty(expected, found)
   fe, ff = _flat(expected), _flat(found)
   out = {}
   for key in sorted(set(fe) | set(ff), key=lambda k: tuple(map(str, k))):
@@ -328,13 +411,16 @@ def _conform(expected, found, where: str, replicas: int | None = None):
   return traverse_util.unflatten_dict(out)
 
 
-def _strip_replicas(opt_sd, where: str):
-  """``(opt_sd, n)``: a replicated save (step of shape ``(n,)``) reduced to device 0."""
-  step = np.asarray(opt_sd['state']['step'])
+def _strip_replicas(opt_sd, where: str, step_key=('state', 'step')):
+  """``(opt_sd, n)``: a replicated save (step of shape ``(n,)``) reduced to device 0.
+
+  ``step_key``: where the step is (``('step',)`` in a ``TrainState`` state dict).
+  """
+  step = np.asarray(_get(opt_sd, step_key))
   if step.ndim == 0:
     return opt_sd, None
   if step.ndim != 1:
-    raise CheckpointError(f'{_join(where, ("state", "step"))}: expected an int scalar (or one '
+    raise CheckpointError(f'{_join(where, step_key)}: expected an int scalar (or one '
                           f'per device), found {_describe(step)}')
   n = step.shape[0]
   warnings.warn(f'{_join(where, ())}: saved from a replicated optimizer (leading device axis '
@@ -546,17 +632,70 @@ def _is_train_state_sd(sd) -> bool:
   return isinstance(sd, Mapping) and set(sd) >= {'step', 'params', 'opt_state'}
 
 
+def _replicas(step) -> int | None:
+  """``n`` for a step of shape ``(n,)`` (one per device: a replicated optimizer), else None."""
+  shape = np.shape(step)
+  return shape[0] if len(shape) == 1 else None
+
+
+def _target_replicas(target, where: str, saved: int | None) -> int | None:
+  """The device count of a replicated target (``jax_utils.replicate``: step of shape
+  ``(n,)``), checked against the checkpoint's (``saved``).
+
+  Raises:
+    CheckpointError: a replicated target and a checkpoint that is not, or is from
+      another device count.
+  """
+  step = target.step if isinstance(target, train_state_lib.TrainState) else target.state.step
+  n = _replicas(step)
+  if n is not None and saved != n:
+    found = f'saved from {saved} devices' if saved else 'not replicated'
+    raise CheckpointError(f'{_join(where, ())}: the target is replicated over {n} devices (step '
+                          f'of shape ({n},)) but the checkpoint is {found}: restore into the '
+                          'unreplicated state, then replicate it (jax_utils.replicate)')
+  return n
+
+
+def _index(tree, i):
+  """Device ``i``'s copy of every array leaf of a replicated state dict."""
+  if isinstance(tree, Mapping):
+    return {k: _index(v, i) for k, v in tree.items()}
+  return tree if tree is None else tree[i]
+
+
 def _restore_one(opt_sd, target, where: str, optimizer=None):
   """One legacy optimizer state dict into a ``TrainState`` or shim ``Optimizer`` target
-  (a ``TrainState`` state dict into a ``TrainState`` target: checked, then as is)."""
+  (a ``TrainState`` state dict into a ``TrainState`` target: checked, then as is).
+
+  A replicated checkpoint (step of shape ``(n,)``) into an unreplicated target is
+  reduced to device 0 (:class:`ReplicatedCheckpointWarning`); into a target
+  replicated over the same ``n`` devices, every device's copy is restored.
+  Returns ``(restored, n or None)``.
+  """
   if isinstance(target, train_state_lib.TrainState) and _is_train_state_sd(opt_sd):
+    saved = _replicas(opt_sd['step'])
+    if _target_replicas(target, where, saved) is None and saved is not None:
+      opt_sd, _ = _strip_replicas(opt_sd, where, ('step',))
     found = _conform(serialization.to_state_dict(target), opt_sd, where)
-    return serialization.from_state_dict(target, found), None
+    return serialization.from_state_dict(target, found), saved
   if not is_legacy_optimizer(opt_sd):
     raise CheckpointError(f'{_join(where, ())}: not a legacy flax.optim Optimizer state dict '
                           f"(expected keys {{'target', 'state': {{'step', 'param_states'}}}}, "
                           f'found {sorted(opt_sd) if isinstance(opt_sd, Mapping) else type(opt_sd).__name__})')
-  opt_sd, replicas = _strip_replicas(opt_sd, where)
+  if not isinstance(target, (train_state_lib.TrainState, base.Optimizer)):
+    raise TypeError(f'target must be a flax TrainState, an optim_compat Optimizer or a container '
+                    f'of them, not {type(target).__name__}')
+  saved = _replicas(opt_sd['state']['step'])
+  n = _target_replicas(target, where, saved)
+  if n is not None and isinstance(target, train_state_lib.TrainState):
+    # every device's copy restored on its own, then stacked again: exact, even if they differ
+    parts = [_restore_one(_index(opt_sd, i), jax.tree_util.tree_map(lambda x: x[i], target),
+                          where, optimizer)[0] for i in range(n)]
+    return jax.tree_util.tree_map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *parts), n
+  if n is None:
+    opt_sd, replicas = _strip_replicas(opt_sd, where)
+  else:
+    replicas = n
   step = np.asarray(opt_sd['state']['step'])
   if step.dtype.kind not in 'iu':
     raise CheckpointError(f'{_join(where, ("state", "step"))}: expected an integer step, '
@@ -564,9 +703,6 @@ def _restore_one(opt_sd, target, where: str, optimizer=None):
   if isinstance(target, base.Optimizer):
     found = _conform(serialization.to_state_dict(target), opt_sd, where)
     return serialization.from_state_dict(target, found), replicas
-  if not isinstance(target, train_state_lib.TrainState):
-    raise TypeError(f'target must be a flax TrainState, an optim_compat Optimizer or a container '
-                    f'of them, not {type(target).__name__}')
   params = serialization.from_state_dict(
       target.params, _conform(serialization.to_state_dict(target.params), opt_sd['target'],
                               _join(where, ('target',))))
@@ -615,16 +751,20 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
       state dict. As ``restore_checkpoint``, a missing path or a directory
       with no checkpoint yet returns ``target`` unchanged (a fresh run), and a
       checkpoint already in the ``TrainState`` layout (saved after the
-      migration) is restored as is. Legacy layout (module docstring), at the
-      root or inside a container; a replicated save (step of shape ``(n,)``,
-      every leaf with a leading device axis) is reduced to device 0 with a
-      :class:`ReplicatedCheckpointWarning`.
+      migration: msgpack, or orbax as modern ``save_checkpoint`` writes it,
+      whose empty optax states read back as None) is restored as is. Legacy
+      layout (module docstring), at the root or inside a container. A
+      replicated save (step of shape ``(n,)``, every leaf with a leading device
+      axis) is reduced to device 0 with a :class:`ReplicatedCheckpointWarning`,
+      or, into a target replicated over the same ``n`` devices
+      (``jax_utils.replicate`` before the restore), restored device by device.
     target: a ``flax.training.train_state.TrainState`` built with the tx the
       codemod emits for the def (``spec.tx_from_source(SPECS[name].emit(...))``;
       ``optax.multi_transform`` of those for MultiOptimizer / ``focus=``), or
       with ``optim_compat.to_optax(def)`` (any def, WeightNorm included), a
       shim ``Optimizer``, or a container (dict, tuple, namedtuple, dataclass)
-      holding them. Only its structure, shapes and dtypes are used.
+      holding them; replicated or not. Only its structure, shapes and dtypes
+      are used.
     optimizer: the legacy def (instance, name or ``"Name(...)"``) when the
       target's opt_state cannot tell it (rarely needed).
     step: with a directory, which ``checkpoint_<step>`` (default: latest).
@@ -639,7 +779,8 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
   Raises:
     CheckpointError: unreadable file; no legacy optimizer where the target has
       one; structure mismatch (names the first differing path with expected and
-      found shape/dtype); legacy state the target's opt_state has no place for.
+      found shape/dtype); legacy state the target's opt_state has no place for;
+      a replicated target and a checkpoint not saved from as many devices.
     TypeError: a target that is none of the above.
   """
   if isinstance(path_or_state_dict, Mapping):
