@@ -285,16 +285,21 @@ def rule_list() -> str:
 def cmd_rule(args) -> int:
   rules = _rules()
   if args.all:
-    print('\n\n'.join(rule_text(i) for i in rules))
-    return EXIT_OK
-  if args.id is None:
-    print(rule_list())
-    return EXIT_OK
+    text = '\n\n'.join(rule_text(i) for i in rules)
+  elif args.id is None:
+    text = rule_list()
+  else:
+    try:
+      text = rule_text(args.id)
+    except KeyError as e:
+      print(f'rule: {e.args[0]}', file=sys.stderr)
+      return EXIT_ERROR
   try:
-    print(rule_text(args.id))
-  except KeyError as e:
-    print(f'rule: {e.args[0]}', file=sys.stderr)
-    return EXIT_ERROR
+    print(text)
+    sys.stdout.flush()
+  except BrokenPipeError:  # `optim-migrate rule --all | head`: the reader left, not an error
+    import os
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
   return EXIT_OK
 
 
