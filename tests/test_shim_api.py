@@ -274,6 +274,114 @@ def test_gradient_tree_or_shape_mismatch_names_the_path():
   assert stepped.target['dense']['kernel'].shape == (3, 2)
 
 
+NONE_GRAD = ("gradient at ['dense']['bias'] is None (the parameter there is a float32[2] "
+             "array): every parameter needs a gradient array; pass zeros (jnp.zeros_like) for "
+             "one that gets none, or leave it out of the optimizer (MultiOptimizer or "
+             "create(focus=...) leave unselected parameters alone)")
+
+
+@pytest.mark.parametrize('name', sorted(optim.SPECS))
+def test_a_none_or_non_array_gradient_leaf_is_named(name):
+  """From the review (issue 15): a None gradient leaf gave a raw ``TypeError: unsupported
+  operand type(s) for *: 'float' and 'NoneType'`` (legacy 0.5.3 failed the same way, deep in
+  its rule); the error now names the pytree path and its parameter, also under jit."""
+  opt = getattr(optim, name)(learning_rate=0.1).create(_params())
+  grads = _grads(opt.target)
+  grads['dense']['bias'] = None
+  for apply in (lambda o, g: o.apply_gradient(g), jax.jit(lambda o, g: o.apply_gradient(g))):
+    with pytest.raises(TypeError) as info:
+      apply(opt, grads)
+    assert str(info.value) == NONE_GRAD
+  grads['dense']['bias'] = 'zeros'
+  with pytest.raises(TypeError, match=r"^gradient at \['dense'\]\['bias'\] is a str 'zeros', "
+                                      r"not an array or a number \(the parameter there is a "
+                                      r"float32\[2\] array\)$"):
+    opt.apply_gradient(grads)
+
+
+def test_none_gradients_where_legacy_takes_them_still_work():
+  """Measured in legacy 0.5.3: a None gradient is fine for a leaf no MultiOptimizer group (or
+  focus) selects, for a None parameter leaf (an empty subtree), and in a user def that
+  handles it; the shim keeps all three. A selected leaf is named by its full path."""
+  p = _params()
+  only_kernel = traverse_util.ModelParamTraversal(lambda path, _: 'kernel' in path)
+  for opt in (optim.MultiOptimizer((only_kernel, optim.Adam(0.1))).create(p),
+              optim.Adam(0.1).create(p, focus=only_kernel)):
+    g = _grads(p)
+    g['dense']['bias'], g['scale'] = None, None
+    out = opt.apply_gradient(g)
+    np.testing.assert_array_equal(out.target['dense']['bias'], p['dense']['bias'])
+    assert not np.array_equal(out.target['dense']['kernel'], p['dense']['kernel'])
+    g['dense']['kernel'] = None
+    with pytest.raises(TypeError, match=r"^gradient at \['dense'\]\['kernel'\] is None \(the "
+                                        r"parameter there is a float32\[3, 2\] array\)"):
+      opt.apply_gradient(g)
+  with_none = optim.Adam(0.1).create({'w': jnp.ones(2), 'frozen': None})
+  out = with_none.apply_gradient({'w': jnp.ones(2), 'frozen': None})
+  assert out.target['frozen'] is None and int(out.state.step) == 1
+  # create(None): legacy steps it (target None, step 1); the shim raised 'rules need params'
+  empty = optim.Momentum(0.1).create(None).apply_gradient(None)
+  assert empty.target is None and int(empty.state.step) == 1
+
+  @__import__('flax').struct.dataclass
+  class _HP:
+    learning_rate: float
+
+  class SkipNone(optim.OptimizerDef):
+    def init_param_state(self, param):
+      return ()
+
+    def apply_param_gradient(self, step, hyper_params, param, state, grad):
+      return (param if grad is None else param - hyper_params.learning_rate * grad), state
+  out = SkipNone(_HP(0.5)).create({'a': jnp.ones(2), 'b': jnp.ones(2)}).apply_gradient(
+      {'a': jnp.ones(2), 'b': None})
+  np.testing.assert_array_equal(out.target['a'], np.float32([0.5, 0.5]))
+  np.testing.assert_array_equal(out.target['b'], np.float32([1, 1]))
+  # WeightNorm names it too (it failed inside jax.vjp)
+  wn = optim.WeightNorm(optim.Momentum(0.1)).create({'k': jnp.ones((3, 2))})
+  with pytest.raises(TypeError, match=r"^gradient at \['k'\] is None"):
+    wn.apply_gradient({'k': None})
+
+
+@pytest.mark.parametrize('target, message', [
+    ('hello', "Adam.create(target): target is a str 'hello', not a pytree of arrays (the "
+              "parameters to optimize)"),
+    ({'a': jnp.ones(3), 'b': 'x'}, "Adam.create(target): the leaf at ['b'] is a str 'x', not an "
+                                   "array or a number (the parameters to optimize)"),
+    ({'a': object}, "Adam.create(target): the leaf at ['a'] is a type <class 'object'>, not an "
+                    "array or a number (the parameters to optimize)"),
+    ({'a': 1.0}, "Adam.create(target): the leaf at ['a'] is a Python float (1.0), not an array: "
+                 "Adam's update reads each parameter's dtype and shape (legacy flax.optim 0.5.3 "
+                 "failed with AttributeError); pass jnp.asarray(...)"),
+    (3, "Adam.create(target): target is a Python int (3), not an array: Adam's update reads "
+        "each parameter's dtype and shape (legacy flax.optim 0.5.3 failed with AttributeError); "
+        "pass jnp.asarray(...)")])
+def test_create_names_a_target_that_is_not_a_tree_of_arrays(target, message):
+  """From the review (issue 15): Adam.create('hello') said ``data type 'hello' not
+  understood`` (numpy read the string as a dtype name)."""
+  with pytest.raises(TypeError) as info:
+    optim.Adam(0.1).create(target)
+  assert str(info.value) == message
+
+
+def test_create_checks_what_each_rule_needs():
+  with pytest.raises(TypeError, match=r"^GradientDescent.create\(target\): target is a str "
+                                      r"'hello', not a pytree of arrays"):
+    optim.GradientDescent(0.1).create('hello')  # legacy took it, then failed at the first step
+  for name in ('LAMB', 'AdaBelief', 'Adafactor'):
+    with pytest.raises(TypeError, match=rf"^{name}.create\(target\): the leaf at \['a'\] is a "
+                                        r"Python float \(1.0\), not an array"):
+      getattr(optim, name)(0.1).create({'a': 1.0})
+  # Python numbers where the legacy rule takes them (measured in 0.5.3: float32 results)
+  for name in ('Momentum', 'Adagrad', 'RMSProp', 'LARS', 'Adadelta'):
+    out = getattr(optim, name)(learning_rate=0.1).create({'a': 1.0}).apply_gradient({'a': 0.5})
+    assert out.target['a'].dtype == jnp.float32, name
+  # a MultiOptimizer group checks the leaves it selects, by their full path
+  only_a = traverse_util.ModelParamTraversal(lambda path, _: 'a' in path)
+  with pytest.raises(TypeError, match=r"^Adam.create\(target\): the leaf at \['a'\] is a str"):
+    optim.Adam(0.1).create({'a': 'x', 'b': jnp.ones(2)}, focus=only_a)
+
+
 @pytest.mark.parametrize('make', [lambda: optim.Adam(learning_rate='1e-3'),
                                   lambda: optim.Momentum(0.1, beta=[0.9]),
                                   lambda: optim.LARS(0.1).create(_params()).apply_gradient(
