@@ -74,6 +74,12 @@ class OptimizerDef:
   def apply_gradient(self, hyper_params, params, state, grads):
     """One update of the whole tree; returns ``(new_params, new_state)``.
 
+    Dtypes are legacy flax.optim 0.5.3's: a rule computes ``p - X`` in the wider of
+    the param's and the gradient's dtype, so bfloat16 / float16 params given
+    float32 gradients come back float32 (and so do their state fields), except
+    under Adafactor, which casts the new params back to the params' dtype. (An
+    Optax ``TrainState`` keeps the params' dtype: ``optax.apply_updates`` casts.)
+
     Raises:
       ValueError: ``grads`` do not match the structure of ``params`` (the
         message shows both structures).
@@ -97,12 +103,18 @@ class OptimizerDef:
       new_params_flat, new_states_flat = list(zip(*out)) if out else ((), ())
       return (treedef.unflatten(new_params_flat),
               OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
-    tx = transforms.from_legacy_rule(self, hyper_params, self._spec.param_update)
+    rule = self._spec.param_update
+    new_param_rule = getattr(rule, 'new_param', None)  # the new value itself, exactly
+    tx = transforms.from_legacy_rule(self, hyper_params, new_param_rule or rule)
     opt_state = transforms.LegacyRuleState(state.step, state.param_states)
     updates, new_opt_state = tx.update(grads, opt_state, params)
-    # `p + u` without optax.apply_updates' cast back to p's dtype: legacy returns the
-    # rule's result dtype (an int32 leaf under SGD becomes float32, as in 0.5.3)
-    new_params = jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
+    if new_param_rule is not None:
+      new_params = updates
+    else:
+      # `p + u` without optax.apply_updates' cast back to p's dtype: legacy returns the
+      # rule's result dtype (an int32 leaf under SGD becomes float32, as in 0.5.3; bfloat16
+      # params given float32 gradients become float32)
+      new_params = jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
     return new_params, OptimizerState(new_opt_state.count, new_opt_state.param_states)
 
   def update_hyper_params(self, **hyper_param_overrides):
@@ -169,6 +181,11 @@ class Optimizer(struct.PyTreeNode):
 
     Keyword overrides (e.g. ``learning_rate=lr``, traced values allowed) apply
     to this call only, as in legacy flax.optim.
+
+    Dtypes follow legacy flax.optim 0.5.3: bfloat16 / float16 params given
+    float32 gradients come back float32, state included (Adafactor: in the
+    params' own dtype), where an Optax ``TrainState`` keeps the params' dtype
+    (each def's docstring, "Differences", gives the measured gap).
 
     Raises:
       TypeError: unknown hyper-parameter name.
@@ -442,6 +459,9 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     """Legacy per-leaf protocol: ``(new_param, new_state)`` for one leaf."""
+    new_param_rule = getattr(entry.param_update, 'new_param', None)
+    if new_param_rule is not None:
+      return new_param_rule(self, step, hyper_params, param, state, grad)
     update, new_state = entry.param_update(self, step, hyper_params, param, state, grad)
     return param + update, new_state
 
