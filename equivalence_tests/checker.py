@@ -43,6 +43,7 @@ with ``cloudpickle`` and the subprocess gets this process's ``sys.path``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pickle
 import subprocess
@@ -219,13 +220,21 @@ def _tiny_grads(seed):
 def mixed_scales(shape, dtype) -> np.ndarray:
   """The factors ``'mixed'`` multiplies a leaf's random draw by (``shape``, in ``dtype``):
   ``MIXED_SCALES[i % 3]`` for flat (row-major) element ``i``, or all ones for a dtype too
-  narrow for the tiny bands (float16, see ``MIXED_MIN_TINY``)."""
-  dtype = np.dtype(dtype)
+  narrow for the tiny bands (float16, see ``MIXED_MIN_TINY``). Read-only (cached: every
+  step and device share it)."""
+  return _mixed_scales(tuple(int(d) for d in shape), np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed_scales(shape: tuple, dtype: np.dtype) -> np.ndarray:
   size = int(np.prod(shape, dtype=np.int64))
   if float(jnp.finfo(dtype).tiny) > MIXED_MIN_TINY:
-    return np.ones(shape, dtype)
-  bands = np.asarray(MIXED_SCALES, np.float64)[np.arange(size) % len(MIXED_SCALES)]
-  return bands.reshape(shape).astype(dtype)
+    out = np.ones(shape, dtype)
+  else:
+    bands = np.asarray(MIXED_SCALES, np.float64)[np.arange(size) % len(MIXED_SCALES)]
+    out = bands.reshape(shape).astype(dtype)
+  out.setflags(write=False)
+  return out
 
 
 def narrow_leaves(params) -> list[str]:
