@@ -35,7 +35,11 @@ the user-facing check never scans.
 
 Gradient shares are multiples of 2**-12 (``core.reference_grads``), so their
 mean over up to 8 devices is exact: any difference between device counts is
-the optimizer's arithmetic, not the averaging. Device counts the process lacks
+the optimizer's arithmetic, not the averaging. The default draws, ``'mixed'``,
+scale a leaf's elements by 1, 2**-24 and 2**-50 in turn (exact powers of two, so
+the means stay exact, and squares stay normal numbers in float32 / bfloat16: no
+flush-to-zero question), which puts every leaf partly in the regimes where an
+epsilon's placement or size decides the update. Device counts the process lacks
 (jax already started with fewer CPU devices) run in a subprocess with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``; the objects travel
 with ``cloudpickle`` and the subprocess gets this process's ``sys.path``.
