@@ -1876,7 +1876,7 @@ class _Rewriter(_Base, cst.CSTTransformer):
       distance = f'stock Optax, preferred: measured {stock.measured}'
     else:
       distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
-                  f'measured <= {spec.stock_max_ulp} ulp from legacy: {spec.differences}')
+                  f'measured <= {spec.stock_max_ulp} ulp from legacy') + f': {spec.differences}'
     if 'optim_compat.' in source:  # a faithful transformation (intrinsic difference)
       self._add_import('optim_compat')
     self.fixed(original, 'OM001', f'flax.optim.{name}(...) -> {source} ({distance})')
