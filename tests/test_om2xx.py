@@ -144,6 +144,21 @@ def test_lookalikes_are_left_alone(source):
   assert result.new == source and result.findings == []
 
 
+def test_an_import_after_the_use_is_not_used_for_the_new_name():
+  # the annotation is evaluated before `import jax` runs (a late import, a later notebook cell)
+  source = 'import jax.numpy as jnp\ndef f(x: jnp.DeviceArray):\n  return x\nimport jax\n'
+  result = _rewrite(source)
+  assert [(f.rule, f.fixed) for f in result.findings] == [('OM224', False)]
+  assert 'no name for module `jax` here' in result.findings[0].message
+  assert result.new.endswith('def f(x: jnp.DeviceArray):\n  return x\nimport jax\n')
+
+
+def test_a_relocated_import_keeps_its_comments():
+  source = '# helpers\nfrom jax import tree_map  # pytree map\ny = tree_map(abs, 1)\n'
+  assert _rewrite(source).new == ('# helpers\nfrom jax.tree_util import tree_map  # pytree map\n'
+                                  'y = tree_map(abs, 1)\n')
+
+
 def test_a_name_conflict_keeps_the_old_local_name():
   source = 'from jax import tree_multimap\ntree_map = None\ny = tree_multimap(f, a, b)\n'
   assert _rewrite(source).new == ('from jax.tree_util import tree_map as tree_multimap\n'

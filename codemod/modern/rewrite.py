@@ -308,10 +308,15 @@ class _Rewriter(cst.CSTTransformer):
     (``import jax``, ``import jax.numpy as jnp``, ``import numpy as np``, ``import flax``) when
     its name is bound nowhere in the module; None when neither is possible."""
     scope = self.get_metadata(ScopeProvider, node, None)
+    here = self.get_metadata(PositionProvider, node, None)
     if scope is not None:
       best = None
       for assignments in _scope_chain_imports(scope):
         for a in assignments:
+          at = self.get_metadata(PositionProvider, a.node, None)
+          if at is None or here is None or (at.start.line, at.start.column) >= \
+              (here.start.line, here.start.column):
+            continue  # an import after the use (a late import, a later notebook cell)
           for q in a.get_qualified_names_for(a.name):
             if (module == q.name or module.startswith(q.name + '.')) and \
                 self._only_binding(scope, a.name, q.name):
@@ -487,8 +492,10 @@ class _Rewriter(cst.CSTTransformer):
       self._dropped.add(id(marker))
       return marker
     if not body:
-      first, *rest = extra
-      return cst.FlattenSentinel([first.with_changes(leading_lines=updated.leading_lines), *rest])
+      first, *rest = extra  # the line's comments (above it, after it) stay with its first part
+      return cst.FlattenSentinel([first.with_changes(
+          leading_lines=updated.leading_lines, trailing_whitespace=updated.trailing_whitespace),
+          *rest])
     line = updated.with_changes(body=_fix_semicolons(body))
     return cst.FlattenSentinel([line, *extra]) if extra else line
 
@@ -676,7 +683,8 @@ class _Rewriter(cst.CSTTransformer):
       expr = self.module_expr(original, module)
       if expr is None:
         self.flag(original, 'OM224', f'`{old}` -> `{new}`: no name for module `{module}` here '
-                  '(it is bound to something else): import it and rerun')
+                  '(bound to something else, or imported only after this line): import it '
+                  'above and rerun')
         return updated
       replacement = _dotted([*_names(expr), attr])
       self._drop_if_unused(original.value)
