@@ -22,8 +22,7 @@ from typing import Optional, Sequence
 import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
-from libcst.metadata import (ExpressionContext, ExpressionContextProvider, ImportAssignment,
-                             ParentNodeProvider, PositionProvider, QualifiedNameProvider,
+from libcst.metadata import (ImportAssignment, PositionProvider, QualifiedNameProvider,
                              ScopeProvider)
 
 from codemod.modern import table
@@ -151,7 +150,9 @@ def _line_map(current: str, original: str):
 # -- facts: one read-only pass ----------------------------------------------------------
 class _Facts(cst.CSTVisitor):
   """Assignments (target -> value), ``self.x = ...`` per class, local functions, the
-  module's imports, and the names bound anywhere."""
+  module's imports, the names bound anywhere, and the little structure the rewrite asks
+  about (statements and their blocks, assignment targets, annotations) in place of LibCST's
+  parent and expression-context metadata (they cost a third of the pass)."""
 
   METADATA_DEPENDENCIES = (ScopeProvider,)
 
@@ -167,16 +168,69 @@ class _Facts(cst.CSTVisitor):
     self.plain_jax_import = False  # `import jax` at module level
     self._classes: list[cst.ClassDef] = []
     self._stmt: list[cst.CSTNode] = []
+    self._blocks: list[int] = []
+    self.statement_of: dict[int, cst.CSTNode] = {}   # id(Name) -> its innermost statement
+    self.block_of: dict[int, int] = {}               # id(statement) -> id(its block)
+    self.owner: dict[int, cst.CSTNode] = {}          # id(block) -> the statement it belongs to
+    self.stores: set[int] = set()                    # ids of assignment / loop / del targets
+    self.attr_names: set[int] = set()                # ids of the `.x` Names of attributes
+    self.annotated: set[int] = set()                 # ids of Names / Attributes in annotations
+    self.assign_of: dict[int, cst.Assign] = {}       # id(value) -> its Assign
+    self._annotation = 0
 
   def on_visit(self, node):
     if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+      if self._blocks:
+        self.block_of[id(node)] = self._blocks[-1]
       self._stmt.append(node)
+    elif isinstance(node, (cst.Module, cst.IndentedBlock, cst.SimpleStatementSuite)):
+      if self._stmt:
+        self.owner[id(node)] = self._stmt[-1]
+      self._blocks.append(id(node))
+    elif isinstance(node, cst.Annotation):
+      self._annotation += 1
+    elif isinstance(node, cst.Name):
+      if self._stmt:
+        self.statement_of[id(node)] = self._stmt[-1]
+      if self._annotation:
+        self.annotated.add(id(node))
+    elif isinstance(node, cst.Attribute):
+      self.attr_names.add(id(node.attr))
+      if self._annotation:
+        self.annotated.add(id(node))
     return super().on_visit(node)
 
   def on_leave(self, original):
     if isinstance(original, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
       self._stmt.pop()
+    elif isinstance(original, (cst.Module, cst.IndentedBlock, cst.SimpleStatementSuite)):
+      self._blocks.pop()
+    elif isinstance(original, cst.Annotation):
+      self._annotation -= 1
     return super().on_leave(original)
+
+  def _store(self, target) -> None:
+    self.stores.add(id(target))
+    if isinstance(target, (cst.Tuple, cst.List)):
+      for el in target.elements:
+        self._store(el.value)
+    elif isinstance(target, cst.StarredElement):
+      self._store(target.value)
+
+  def visit_AugAssign(self, node):
+    self._store(node.target)
+
+  def visit_For(self, node):
+    self._store(node.target)
+
+  def visit_CompFor(self, node):
+    self._store(node.target)
+
+  def visit_AsName(self, node):
+    self._store(node.name)
+
+  def visit_Del(self, node):
+    self._store(node.target)
 
   def visit_Module(self, node):
     scopes = {s for s in self.metadata[ScopeProvider].values() if s is not None}
@@ -209,10 +263,13 @@ class _Facts(cst.CSTVisitor):
 
   def visit_Assign(self, node):
     stmt = self._stmt[-1] if self._stmt else node
+    self.assign_of[id(node.value)] = node
     for target in node.targets:
+      self._store(target.target)
       self._target(target.target, node.value, stmt)
 
   def visit_AnnAssign(self, node):
+    self._store(node.target)
     if node.value is not None:
       self._target(node.target, node.value, self._stmt[-1] if self._stmt else node)
 
@@ -231,8 +288,7 @@ class _Facts(cst.CSTVisitor):
 
 # -- the rewrite -------------------------------------------------------------------------
 class _Rewriter(cst.CSTTransformer):
-  METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider,
-                           ParentNodeProvider, ExpressionContextProvider)
+  METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider)
 
   def __init__(self, context: CodemodContext, facts: _Facts, options: Options,
                module: cst.Module):
@@ -298,8 +354,7 @@ class _Rewriter(cst.CSTTransformer):
     return found[0] if found else None
 
   def _loads(self, node) -> bool:
-    return self.get_metadata(ExpressionContextProvider, node, ExpressionContext.LOAD) \
-        is ExpressionContext.LOAD
+    return id(node) not in self.facts.stores
 
   # -- names of modules at a site --------------------------------------------------------
   def module_expr(self, node, module: str) -> Optional[cst.BaseExpression]:
@@ -387,31 +442,32 @@ class _Rewriter(cst.CSTTransformer):
       return None
     return best[1], best[2]
 
-  def _loops(self, node) -> list:
+  def _parent_statement(self, stmt):
+    """The compound statement whose block holds ``stmt`` (None at module level)."""
+    block = self.facts.block_of.get(id(stmt))
+    return self.facts.owner.get(block) if block is not None else None
+
+  def _loops(self, stmt) -> list:
     found = []
-    while node is not None and not isinstance(node, (cst.FunctionDef, cst.Lambda)):
-      if isinstance(node, (cst.For, cst.While)):
-        found.append(node)
-      node = self.get_metadata(ParentNodeProvider, node, None)
+    while stmt is not None and not isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+      if isinstance(stmt, (cst.For, cst.While)):
+        found.append(stmt)
+      stmt = self._parent_statement(stmt)
     return found
 
-  def _statement_of(self, node):
-    while node is not None and not isinstance(node, (cst.SimpleStatementLine,
-                                                     cst.BaseCompoundStatement)):
-      node = self.get_metadata(ParentNodeProvider, node, None)
-    return node
+  def _statement_of(self, name):
+    return self.facts.statement_of.get(id(name))
 
   def _encloses(self, stmt, use_stmt) -> bool:
     """``stmt`` lies in the block of ``use_stmt`` or of one of its enclosing statements."""
-    block = self.get_metadata(ParentNodeProvider, stmt, None)
+    block = self.facts.block_of.get(id(stmt))
     node = use_stmt
     while node is not None:
-      parent = self.get_metadata(ParentNodeProvider, node, None)
-      if parent is block:
+      if self.facts.block_of.get(id(node)) == block:
         return True
-      if isinstance(parent, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+      node = self._parent_statement(node)
+      if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
         return False
-      node = parent
     return False
 
   def is_jax_value(self, expr, depth: int = 0) -> bool:
@@ -584,13 +640,7 @@ class _Rewriter(cst.CSTTransformer):
     return 'OM204'
 
   def _in_annotation(self, node) -> bool:
-    while node is not None:
-      if isinstance(node, cst.Annotation):
-        return True
-      if isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement)):
-        return False
-      node = self.get_metadata(ParentNodeProvider, node, None)
-    return False
+    return id(node) in self.facts.annotated
 
   # -- OM202: statements that only enable omnistaging --------------------------------------
   def _drop(self, expr: cst.Expr) -> bool:
@@ -652,8 +702,7 @@ class _Rewriter(cst.CSTTransformer):
     return updated
 
   def leave_Name(self, original, updated):
-    parent = self.get_metadata(ParentNodeProvider, original, None)
-    if isinstance(parent, cst.Attribute) and parent.attr is original:
+    if id(original) in self.facts.attr_names:
       return updated
     if not self._loads(original):
       return updated
@@ -936,8 +985,8 @@ class _Rewriter(cst.CSTTransformer):
                     lpar=updated.lpar, rpar=updated.rpar)
 
   def _unpacked_in_two(self, call: cst.Call) -> bool:
-    parent = self.get_metadata(ParentNodeProvider, call, None)
-    if not isinstance(parent, cst.Assign) or parent.value is not call:
+    parent = self.facts.assign_of.get(id(call))
+    if parent is None:
       return False
     targets = [t.target for t in parent.targets]
     return len(targets) == 1 and isinstance(targets[0], (cst.Tuple, cst.List)) and \
