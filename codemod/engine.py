@@ -23,6 +23,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
+from codemod.modern import rewrite as om2xx
 from codemod.rules import TODO_PREFIX, Options
 from codemod.transform import KEEPS_LEGACY, Finding, MigrateCommand
 
@@ -52,7 +53,12 @@ def may_need_rewrite(text: str) -> bool:
 
 def wanted(text: str, flow=None) -> bool:
   """:func:`may_need_rewrite`, or ``text`` may call a factory of ``flow`` (another module's
-  optimizer, :class:`codemod.flow.Flow`): the files worth a parse."""
+  optimizer, :class:`codemod.flow.Flow`), or the OM2xx family may apply to it (removed JAX /
+  Flax APIs, :func:`codemod.modern.rewrite.may_apply`): the files worth a parse."""
+  return _flax_optim_wanted(text, flow) or om2xx.may_apply(text)
+
+
+def _flax_optim_wanted(text: str, flow=None) -> bool:
   return may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
 
 
@@ -112,15 +118,17 @@ def rewrite_source(source: str, path: str = '<string>',
     the source does not parse or the rewrite failed.
   """
   result = FileResult(path, source)
-  if not wanted(source, flow):
+  if not _flax_optim_wanted(source, flow):
     result.new = source
-    return _open_todos(result, options)
-  try:
-    module = cst.parse_module(source)
-  except cst.ParserSyntaxError as e:
-    result.error = _parse_error(path, source, e)
-    return result
-  return _open_todos(_rewrite_module(module, source, path, options, flow), options)
+  else:
+    try:
+      module = cst.parse_module(source)
+    except cst.ParserSyntaxError as e:
+      result.error = _parse_error(path, source, e)
+      return result
+    result = _rewrite_module(module, source, path, options, flow)
+  # the OM2xx family (removed JAX / Flax APIs, codemod.modern) on what that pass left
+  return _open_todos(om2xx.apply(result, options, _parse_error), options)
 
 
 def _open_todos(result: FileResult, options: Options | None) -> FileResult:
@@ -401,7 +409,7 @@ def _rewrite_notebook_file(path: pathlib.Path, options) -> FileResult:
   except (OSError, UnicodeDecodeError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
   result = FileResult(str(path), text)
-  if not may_need_rewrite(text):
+  if not wanted(text):
     result.new = text
     return result
   try:

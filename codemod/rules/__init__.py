@@ -51,6 +51,11 @@ RULES = {r.id: r for r in (
     Rule('OM105', 'manual', 'pre-Linen `flax.nn` model: migrate the model to Linen first'),
 )}
 
+# the OM2xx family (JAX / Flax APIs removed beside flax.optim): its table is data only
+from codemod.modern import table as _om2xx  # noqa: E402
+
+RULES.update({i: Rule(i, safety, summary) for i, safety, summary in _om2xx.RULES})
+
 TODO_PREFIX = '# TODO(optim-migrate): '
 
 
