@@ -4,6 +4,7 @@ Plain Python data: imported by the recorder in the old-stack virtualenv and by
 the tests on the modern stack. Each case is ``(case_id, def_name, kwargs)``;
 the ids name the golden files ``golden/<case_id>.npz``.
 """
+import collections
 
 CASES = (
     ('sgd_default', 'GradientDescent', {'learning_rate': 0.1}),
@@ -298,3 +299,111 @@ SEED = 0
 
 #: ``case_id -> (case_id, def_name, kwargs)``
 CASE_BY_ID = {c[0]: c for c in CASES}
+
+
+GoldenBound = collections.namedtuple('GoldenBound', 'legacy legacy_state shim shim_state emitted')
+GoldenBound.__doc__ = """A case's cross-machine bounds against its golden file, in ulps of each
+leaf's largest magnitude (bfloat16 ulps for the :data:`DTYPES` cases; ``core.compare``).
+
+``legacy``: live flax.optim 0.5.3 (old stack), the recorded params; ``legacy_state``:
+its final per-parameter state (each state leaf's own largest magnitude); ``shim`` /
+``shim_state``: ``optim_compat`` on the modern stack; ``emitted``: the code the
+codemod writes (its Optax source; ``to_optax`` of a user def), ``None`` where it
+writes none or the table names a divergence (``spec.OptimizerSpec.diverges_on``).
+"""
+
+
+#: ``case_id -> GoldenBound``: how far a run on another machine (another CPU) may be
+#: from the committed golden file. The golden files were recorded on one CPU; another
+#: one vectorises reductions (norms, means, sums) with another width and order, and
+#: has FMA or not, so its numbers differ by a few roundings: every comparison with a
+#: golden file uses these bounds, never bitwise (bitwise asserts are kept for two
+#: computations of one run, e.g. the shim vs live flax.optim).
+#:
+#: Measured 2026-12-01 on "Intel(R) Xeon(R) Processor" (lscpu model name; AVX-512 with
+#: FP16 and AMX: Sapphire Rapids or later; the golden files reproduce bitwise there) by
+#: ``python -m equivalence_tests.golden_drift --impl real|shim|emitted`` under these
+#: XLA_FLAGS, each standing in for another CPU's codegen:
+#:   none (this CPU);
+#:   --xla_backend_extra_options=-force-vector-width=2|4|16 (LLVM's loop vectoriser at
+#:     another width: the reduction order of another vector width; the failure mode seen
+#:     on an AMD EPYC with AVX-512: norms and reductions move, elementwise defs do not);
+#:   --xla_backend_optimization_level=0 (no multiply-add contraction or fusion: as a CPU
+#:     without FMA);
+#:   modern stack only (jaxlib 0.4.13 has neither flag): --xla_cpu_max_isa=AVX2 and
+#:     =AVX (no FMA, no AVX2), --xla_cpu_prefer_vector_width=512.
+#: Each bound is max(2 w, w + 2) rounded up, w the worst distance over those runs (the
+#: per-run figures: ``golden_drift``'s module docstring names the script; the table is in
+#: the crosscpu report). Left out: --xla_cpu_enable_fast_math (not a CPU: it reassociates
+#: freely; up to 286 ulp in a WeightNorm state).
+GOLDEN_BOUNDS = {
+    # case_id: GoldenBound(legacy, legacy_state, shim, shim_state, emitted)
+    'sgd_default': GoldenBound(8, 2, 8, 2, 8),
+    'sgd_small_lr': GoldenBound(6, 2, 6, 2, 6),
+    'sgd_large_lr': GoldenBound(4, 2, 4, 2, 4),
+    'momentum_default': GoldenBound(5, 3, 5, 3, 5),
+    'momentum_beta': GoldenBound(6, 4, 6, 4, 6),
+    'momentum_wd_nesterov': GoldenBound(4, 4, 4, 4, 4),
+    'adam_default': GoldenBound(4, 8, 4, 8, 4),
+    'adam_betas': GoldenBound(4, 8, 8, 8, 6),
+    'adam_wd': GoldenBound(4, 8, 4, 8, 12),
+    'adam_bf16': GoldenBound(2, 2, 2, 2, 34),
+    'adam_bf16_default_beta2': GoldenBound(2, 2, 2, 2, None),
+    'adabelief_bf16_default_beta2': GoldenBound(2, 2, 2, 2, None),
+    'adabelief_default': GoldenBound(6, 4, 6, 10, 6),
+    'adabelief_eps': GoldenBound(4, 4, 5, 8, 4),
+    'adabelief_wd': GoldenBound(6, 4, 6, 8, 14),
+    'adadelta_default': GoldenBound(5, 7, 5, 10, 5),
+    'adadelta_params': GoldenBound(4, 14, 4, 14, 4),
+    'adadelta_wd': GoldenBound(4, 14, 4, 14, 14),
+    'adagrad_default': GoldenBound(3, 8, 3, 8, 3),
+    'adagrad_eps': GoldenBound(4, 8, 4, 8, 4),
+    'adagrad_large': GoldenBound(4, 8, 4, 8, 4),
+    'rmsprop_default': GoldenBound(4, 4, 4, 4, 6),
+    'rmsprop_eps': GoldenBound(4, 6, 4, 6, 5),
+    'rmsprop_centered': GoldenBound(4, 6, 4, 6, 5),
+    'lamb_default': GoldenBound(4, 8, 4, 8, 4),
+    'lamb_params': GoldenBound(4, 8, 4, 8, 4),
+    'lamb_wd': GoldenBound(4, 8, 3, 8, 3),
+    'lars_params': GoldenBound(4, 12, 4, 12, 4),
+    'lars_nesterov': GoldenBound(4, 8, 4, 8, 4),
+    'lars_wd': GoldenBound(4, 6, 4, 6, 4),
+    'adafactor_default': GoldenBound(5, 6, 4, 6, 4),
+    'adafactor_momentum': GoldenBound(12, 6, 12, 6, 12),
+    'adafactor_plain': GoldenBound(6, 6, 6, 6, 6),
+    'multi_momentum_adam': GoldenBound(8, 4, 8, 4, None),
+    'multi_lars_lamb': GoldenBound(4, 10, 3, 5, None),
+    'focus_adam_head': GoldenBound(3, 8, 4, 8, None),
+    'weightnorm_adam': GoldenBound(10, 16, 8, 18, None),
+    'weightnorm_momentum': GoldenBound(10, 10, 7, 12, None),
+    'weightnorm_default': GoldenBound(14, 9, 8, 8, None),
+    'adam_lr_schedule': GoldenBound(3, 8, 4, 8, 4),
+    'momentum_beta_override': GoldenBound(5, 4, 5, 4, None),
+    'multi_keyword_lr': GoldenBound(4, 4, 4, 4, None),
+    'multi_group_hyper_params': GoldenBound(4, 8, 4, 8, None),
+    'user_sign_momentum': GoldenBound(4, 2, 4, 2, 4),
+    'user_global_clip_sgd': GoldenBound(10, 2, 6, 2, 6),
+    'adam_nonfinite': GoldenBound(4, 8, 4, 8, 4),
+    'lamb_nonfinite': GoldenBound(4, 8, 4, 8, 4),
+}
+
+
+def golden_bound(case_id: str) -> GoldenBound:
+  """The :data:`GOLDEN_BOUNDS` row of a case.
+
+  Raises:
+    KeyError: ``case_id`` has no row (every case of :data:`CASES` has one).
+  """
+  try:
+    return GOLDEN_BOUNDS[case_id]
+  except KeyError:
+    raise KeyError(f'no cross-machine golden bound for case {case_id!r} '
+                   '(equivalence_tests/cases.py GOLDEN_BOUNDS)') from None
+
+
+#: The "other CPU" CI runs (``tests/test_golden.py``, ``tests/test_legacy_stack.py``):
+#: ``stack -> XLA_FLAGS``, flags each jaxlib accepts (an unknown one aborts jax at start).
+OTHER_CODEGEN = {
+    'legacy': '--xla_backend_extra_options=-force-vector-width=4',  # jaxlib 0.4.13
+    'modern': '--xla_cpu_max_isa=AVX',
+}

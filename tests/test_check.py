@@ -784,10 +784,11 @@ def test_project_grid_every_case_every_device_count(project_grid):
       r = project_grid[case_id][key]
       assert r['replicas']['legacy'], (case_id, key)
       assert r['shim_vs_fewest_devices'] <= 4, (case_id, key, r)  # measured <= 4 (WeightNorm)
-      # golden: recorded with XLA's default optimisation, the grid runs without it
-      # (measured <= 6 in float32 (Adafactor); 0 for Adam in bfloat16, whose gradient
-      # shares are bfloat16 too, so its params stay bfloat16 on every device count)
-      assert r['shim_vs_golden'] <= (1 if low else 8), (case_id, key, r)
+      # golden: recorded with XLA's default optimisation on another machine, the grid runs
+      # without it: the case's cross-machine bound, which covers that codegen (measured
+      # here <= 6 in float32 (Adafactor); 0 for Adam in bfloat16, whose gradient shares
+      # are bfloat16 too, so its params stay bfloat16 on every device count)
+      assert r['shim_vs_golden'] <= cases.golden_bound(case_id).shim, (case_id, key, r)
       if entry is not None:
         assert r['replicas']['tx'], (case_id, key)
         bound = entry.stock_max_ulp_low_precision if low else entry.stock_max_ulp

@@ -700,7 +700,10 @@ def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypat
                                      'adafactor_momentum'])
 def test_prefer_stock_optax_measured_difference(case_id):
   """--prefer-stock-optax: the stock source, run against real flax.optim's golden trajectory,
-  is as far off as the table says (the report repeats this number), and no further."""
+  is as far off as the table says (the report repeats this number): an intrinsic difference,
+  still over 1000 ulp, and within ``spec.STOCK_MEASURED_REL`` of the figure measured on the
+  CPU ``spec.STOCK_MEASURED_ON`` names (another CPU rounds a little differently: an AMD EPYC
+  gave 493505.5 ulp for adagrad_large, stated 493505.25)."""
   from equivalence_tests import cases, core, record_golden
   from optim_compat import spec
   _, name, kwargs = next(c for c in cases.CASES if c[0] == case_id)
@@ -710,7 +713,9 @@ def test_prefer_stock_optax_measured_difference(case_id):
   traj = core.run_optax(spec.tx_from_source(source), cases.params_for(case_id), cases.STEPS,
                         cases.SEED, record=cases.RECORDED_STEPS)
   worst, _ = core.compare(traj, record_golden.load(case_id)[0])
-  assert 1000 < worst <= alt.max_ulp  # intrinsic, and within the stated measurement
+  assert worst > 1000  # intrinsic
+  if alt.max_ulp != float('inf'):  # (LAMB's is unbounded: a leaf legacy keeps at 0 moves)
+    assert abs(worst - alt.max_ulp) <= spec.STOCK_MEASURED_REL * alt.max_ulp, (worst, alt.max_ulp)
   result = engine.rewrite_source(
       f'from flax import optim\nopt = optim.{name}({", ".join(f"{k}={v!r}" for k, v in kwargs.items())}).create(p)\n',
       's.py',
@@ -998,13 +1003,12 @@ def test_multi_group_hyper_params_converted_code_matches_real_flax_optim_golden(
   """MultiOptimizer with per-group learning rates at apply time (``hyper_params=[...]``), the
   golden case ``multi_group_hyper_params`` recorded from real flax.optim 0.5.3: the converted
   fixture, executed under jit for the 20 recorded steps with the case's schedule, stays within
-  the migration table's bound of each group's def (LAMB 2 ulp, Adagrad bitwise); unselected
-  leaves never move. The fixture's legacy source run on the shim matches the golden too, so
-  the fixture is that case."""
+  the case's cross-machine bound against the golden file (``cases.golden_bound``: the shim's,
+  whose rules the converted code's transformations run); unselected leaves never move. The
+  fixture's legacy source run on the shim matches the golden too, so the fixture is that case."""
   import jax
   import jax.numpy as jnp
   from equivalence_tests import cases, core, record_golden
-  from optim_compat import spec
   case_id = 'multi_group_hyper_params'
   golden, _ = record_golden.load(case_id)
   schedule = cases.APPLY[cases.CASE_BY_ID[case_id][2]['apply']][0]
@@ -1014,7 +1018,7 @@ def test_multi_group_hyper_params_converted_code_matches_real_flax_optim_golden(
   exec(compile((folder / 'before.py').read_text().replace(
       'from flax import optim', 'import optim_compat as optim'), 'before.py', 'exec'), legacy_ns)
   new_ns = _exec_after('om008_multi_group_hyper_params')
-  bound = max(spec.SPECS['LAMB'].stock_max_ulp, spec.SPECS['Adagrad'].stock_max_ulp)
+  bound = cases.golden_bound(case_id).shim
   for ns, params_of, step_of in ((new_ns, lambda s: s.params, lambda s: s.step),
                                  (legacy_ns, lambda o: o.target, lambda o: o.state.step)):
     state = ns['make'](jax.tree_util.tree_map(jnp.asarray, params))

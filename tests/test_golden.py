@@ -1,24 +1,33 @@
-"""Shim and emitted Optax chains vs golden trajectories of real flax.optim 0.5.3."""
+"""Shim and emitted Optax chains vs golden trajectories of real flax.optim 0.5.3.
+
+The golden files were recorded on one machine; these runs may be on another CPU,
+so every comparison with them is within the case's cross-machine bound
+(``cases.golden_bound``), never bitwise. Bitwise asserts here are between two
+computations of this run (the emitted chain vs the shim).
+"""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import optim_compat as optim
-from equivalence_tests import cases, core, grid, record_golden
+from equivalence_tests import cases, core, golden_drift, grid, record_golden
 from optim_compat import spec
 
-MAX_ULP = 4  # shim on the modern stack vs legacy golden, ulps of each leaf's largest |value|
-# The final per-parameter state (moments, accumulators) after 20 steps: measured <= 5 ulp
-# (Adadelta's acc_delta compounds jax 0.10's different sqrt/divide bits).
-MAX_ULP_STATE = 8
+ROOT = __import__('pathlib').Path(__file__).resolve().parents[1]
 IDS = [c[0] for c in cases.CASES]
 
 
 @pytest.mark.parametrize('case_id,def_name,kwargs', cases.CASES, ids=IDS)
 def test_shim_matches_golden(case_id, def_name, kwargs):
   golden, golden_state = record_golden.load(case_id)
+  bound = cases.golden_bound(case_id)
   traj, opt = cases.run_case(optim, case_id, record=cases.RECORDED_STEPS)
   worst, where = core.compare(traj, golden, cases.DTYPES.get(case_id))
-  assert worst <= MAX_ULP, f'{case_id}: {worst} ulp at step/leaf {where}'
+  assert worst <= bound.shim, f'{case_id}: {worst} ulp at step/leaf {where}'
   # the final optimizer state too (moments are checkpoint data)
   from flax import serialization, traverse_util
   flat = {'/'.join(k): v for k, v in traverse_util.flatten_dict(
@@ -27,7 +36,7 @@ def test_shim_matches_golden(case_id, def_name, kwargs):
   for key, value in golden_state.items():
     if value.size and key != 'step':
       assert core.ulp_distance(core.storable(flat[key]), value,
-                               dtype=cases.DTYPES.get(case_id)) <= MAX_ULP_STATE, key
+                               dtype=cases.DTYPES.get(case_id)) <= bound.shim_state, key
 
 
 # single-def cases the codemod converts: no focus, and per-call overrides of the learning
@@ -49,11 +58,13 @@ def test_emitted_optax_chain_matches_golden(case_id, def_name, kwargs):
   worst, where = core.compare(traj, golden, dtype)
   if case_id in entry.diverges_on:  # a named difference: it must still be there, and named
     assert worst > 1000 and case_id in entry.differences, (worst, entry.differences)
+    assert cases.golden_bound(case_id).emitted is None
     return
-  bound = entry.stock_max_ulp if dtype is None else entry.stock_max_ulp_low_precision
-  assert worst <= bound, f'{source}: {worst} ulp at {where}'
-  if bound == 0:
-    assert core.bitwise_equal(traj, golden)
+  assert worst <= cases.golden_bound(case_id).emitted, f'{source}: {worst} ulp at {where}'
+  if (entry.stock_max_ulp if dtype is None else entry.stock_max_ulp_low_precision) == 0:
+    # the table says bitwise: the emitted chain and the shim, both run here, agree bitwise
+    shim_traj, _ = cases.run_case(optim, case_id, record=cases.RECORDED_STEPS)
+    assert core.bitwise_equal(traj, shim_traj), source
 
 
 USER = [c for c in cases.CASES if c[1].startswith('user:')]
@@ -66,7 +77,7 @@ def test_to_optax_of_a_user_def_matches_golden(case_id, def_name, kwargs):
   traj = core.run_optax(optim.to_optax(opt_def), cases.params_for(case_id), cases.STEPS,
                         cases.SEED, record=cases.RECORDED_STEPS)
   worst, where = core.compare(traj, record_golden.load(case_id)[0])
-  assert worst <= MAX_ULP, f'{case_id}: {worst} ulp at {where}'
+  assert worst <= cases.golden_bound(case_id).emitted, f'{case_id}: {worst} ulp at {where}'
 
 
 def test_nonfinite_cases_really_carry_nan_and_inf():
@@ -143,3 +154,48 @@ def test_legacy_bfloat16_with_default_beta2_never_trains(case_id, nans):
     assert not moved.any(), path
   # Adam: elements whose first gradient is exactly 0 become 0/0 = NaN
   assert np.isnan(golden[cases.STEPS]['encoder/dense/kernel']).sum() == nans
+
+
+def test_every_case_has_cross_machine_bounds():
+  """One row per recorded case; an emitted bound exactly where the codemod writes code
+  whose numbers are legacy's (none for a named divergence, the test above asserts it)."""
+  assert set(cases.GOLDEN_BOUNDS) == set(cases.CASE_BY_ID)
+  for case in cases.CASES:
+    case_id, def_name, _ = case
+    emitted = ((grid.converted(case) and case_id not in spec.SPECS[def_name].diverges_on)
+               or def_name.startswith('user:'))
+    bound = cases.golden_bound(case_id)
+    assert (bound.emitted is not None) == emitted, case_id
+    assert min(b for b in bound if b is not None) > 0, case_id
+
+
+#: Representative cases run under another codegen (norms and reductions, and elementwise
+#: defs, which move without FMA; a few, to keep it cheap; WeightNorm has no emitted form).
+OTHER_CODEGEN_CASES = ('lamb_wd', 'lars_wd', 'adafactor_momentum', 'weightnorm_default',
+                       'adam_wd', 'adagrad_large')
+
+
+@pytest.mark.parametrize('impl', ['shim', 'emitted'])
+def test_golden_bounds_hold_under_another_codegen(impl):
+  """"Another CPU" here: XLA limited to AVX (no FMA, no AVX2, vectors of at most 256 bits;
+  this CPU has AVX-512), so multiply-adds round twice. The numbers really move (else this
+  proves nothing) and stay within the bounds every golden comparison above uses."""
+  def drift(flags, case_ids):
+    env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=flags, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, '-W', 'ignore', '-m', 'equivalence_tests.golden_drift',
+                           '--impl', impl, '--cases', *case_ids],
+                          capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)['cases']
+    assert sorted(out) == sorted(case_ids)
+    return out
+  out = drift(cases.OTHER_CODEGEN['modern'],
+              [c for c in OTHER_CODEGEN_CASES if impl == 'shim' or cases.golden_bound(c).emitted])
+  probe = 'adafactor_momentum'  # measured: 1.5 ulp from its golden file here, 6 under AVX
+  default = drift('', [probe])
+  assert out[probe]['digest'] != default[probe]['digest'], 'the flags changed no bits'
+  for case_id, r in out.items():
+    bound = cases.golden_bound(case_id)
+    assert r['params'] <= (bound.shim if impl == 'shim' else bound.emitted), (case_id, r, bound)
+    if impl == 'shim':
+      assert r['state'] <= bound.shim_state, (case_id, r, bound)
