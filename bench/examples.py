@@ -110,11 +110,12 @@ def run_env(variant: str, patch_log: pathlib.Path, selected: list[str] | None = 
   return env
 
 
-def prepare_tree(variant: str, src: pathlib.Path, runs: pathlib.Path, pythons: dict) -> pathlib.Path:
-  """Copy the examples to ``runs/<variant>/linen_examples``, rewrite them if the variant says so,
-  and generate the tfds metadata with the variant's stack. Returns the run root."""
+def prepare_tree(variant: str, src: pathlib.Path, runs: pathlib.Path, pythons: dict,
+                 name: str | None = None) -> pathlib.Path:
+  """Copy the examples to ``runs/<name or variant>/linen_examples``, rewrite them if the variant says
+  so, and generate the tfds metadata with the variant's stack. Returns the run root."""
   spec = patches_lib.VARIANTS[variant]
-  root = runs / variant
+  root = runs / (name or variant)
   shutil.rmtree(root, ignore_errors=True)
   root.mkdir(parents=True)
   shutil.copytree(src, root / 'linen_examples')
@@ -169,6 +170,30 @@ def run_tests(example: str, variant: str, root: pathlib.Path, pythons: dict,
   return results_lib.RunResult(example, variant, tests, status=status, patches_used=used)
 
 
+def merge_runs(path: pathlib.Path, new: list[results_lib.RunResult]) -> list[results_lib.RunResult]:
+  """Replace the (example, variant) entries of the runs saved at ``path`` with ``new``; save; return all."""
+  old = []
+  if path.exists():
+    for d in json.loads(path.read_text()):
+      d['tests'] = [results_lib.TestResult(**t) for t in d['tests']]
+      old.append(results_lib.RunResult(**d))
+  keys = {(r.example, r.variant) for r in new}
+  runs = [r for r in old if (r.example, r.variant) not in keys] + new
+  order = {v: i for i, v in enumerate(patches_lib.VARIANTS)}
+  runs.sort(key=lambda r: (EXAMPLES.index(r.example), order[r.variant]))
+  path.write_text(json.dumps([r.__dict__ | {'tests': [t.__dict__ for t in r.tests]} for r in runs], indent=1))
+  return runs
+
+
+def tests_section(runs: list[results_lib.RunResult]) -> str:
+  variants = [v for v in patches_lib.VARIANTS if any(r.variant == v for r in runs)]
+  examples = [e for e in EXAMPLES if any(r.example == e for r in runs)]
+  return '\n'.join(['## Tests per example (passed / tests)', '',
+                    results_lib.table(runs, variants, examples), '',
+                    '## Failures (first error line)', '', results_lib.failures(runs) or 'none', '',
+                    '## Harness patches', '', patch_table(runs, variants), ''])
+
+
 def patch_table(runs: list[results_lib.RunResult], variants: list[str]) -> str:
   rows = ['| patch | restores | harness stand-in | an OM2xx rule could remove it | used by (example: variants) |',
           '|---|---|---|---|---|']
@@ -192,6 +217,8 @@ def main(argv=None) -> int:
   ap.add_argument('--variants', default=','.join(patches_lib.VARIANTS))
   ap.add_argument('--timeout', type=int, default=900, help='seconds per example and variant')
   ap.add_argument('--misses', action='store_true', help='run each migrated train / eval step once')
+  ap.add_argument('--misses-trees', default='misses-after-fixed',
+                  help='comma-separated: misses-before (old stack control), misses-after, misses-after-fixed')
   ap.add_argument('--same-numbers', type=int, default=0, metavar='STEPS')
   ap.add_argument('--no-tests', action='store_true', help='skip the test runs (with --misses / --same-numbers)')
   ap.add_argument('--write-results', action='store_true', help='write bench/examples_results.md')
@@ -215,37 +242,32 @@ def main(argv=None) -> int:
   runs_dir = cache / 'examples-runs'
   runs: list[results_lib.RunResult] = []
   roots = {}
-  for v in variants:
+  for v in ([] if args.no_tests else variants):
     roots[v] = prepare_tree(v, src, runs_dir, pythons)
-    if args.no_tests:
-      continue
     for ex in examples:
       runs.append(run_tests(ex, v, roots[v], pythons, args.timeout))
-  sections = []
   if runs:
-    sections += ['## Tests per example (passed / tests)', '',
-                 results_lib.table(runs, variants, examples), '',
-                 '## Failures (first error line)', '', results_lib.failures(runs) or 'none', '',
-                 '## Harness patches', '', patch_table(runs, variants), '']
-    (runs_dir / 'runs.json').write_text(json.dumps([r.__dict__ | {'tests': [t.__dict__ for t in r.tests]}
-                                                    for r in runs], indent=1))
+    runs = merge_runs(runs_dir / 'runs.json', runs)
+    (runs_dir / 'section-tests.md').write_text(tests_section(runs))
   if args.misses:
     from examples_harness import misses
-    sections += misses.run(examples, src, runs_dir, pythons, run_env, log)
+    (runs_dir / 'section-misses.md').write_text(
+        '\n'.join(misses.run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
+                   trees=args.misses_trees.split(','))))
   if args.same_numbers:
     from examples_harness import same_numbers
-    sections += same_numbers.run(args.same_numbers, src, runs_dir, pythons, run_env, log)
-  text = '\n'.join(sections)
+    (runs_dir / 'section-same-numbers.md').write_text(
+        '\n'.join(same_numbers.run(args.same_numbers, src, runs_dir, pythons, run_env, prepare_tree, log,
+                         examples=examples)))
+  parts = [runs_dir / f'section-{n}.md' for n in ('tests', 'misses', 'same-numbers')]
+  text = '\n'.join(p.read_text() for p in parts if p.exists())
   print(text)
   if args.write_results:
     (HERE / 'examples_results.md').write_text(_results_header(src) + text + '\n')
-  ok = True
   by = {(r.example, r.variant): r for r in runs}
-  for ex in examples:
-    b, a = by.get((ex, 'before')), by.get((ex, 'after'))
-    if b and a and (a.passed() < b.passed()):
-      ok = False
-  return 0 if ok else 1
+  same = [ex for ex in examples if (ex, 'before') in by and (ex, 'after') in by
+          and [t.outcome for t in by[(ex, 'before')].tests] == [t.outcome for t in by[(ex, 'after')].tests]]
+  return 0 if runs and len(same) == len(examples) else 1
 
 
 def _results_header(src: pathlib.Path) -> str:

@@ -13,7 +13,7 @@ from examples_harness import patches, results  # noqa: E402
 
 
 def test_after_allows_only_patches_no_om2xx_rule_can_remove():
-  assert patches.allowed('after') == ['old_stack_checkpoints', 'lstmcell', 'mask', 'hashable_arrays', 'tf_options_threading']
+  assert patches.allowed('after') == ['old_stack_checkpoints', 'optim_dynamic_scale', 'lstmcell', 'mask', 'hashable_arrays', 'tf_options_threading']
   assert patches.allowed('before-unpatched') == []
   every = patches.allowed('before')
   assert every == list(patches.PATCHES) and 'tree_multimap' in every

@@ -18,7 +18,10 @@ import shutil
 import subprocess
 
 NEAR = 4
+TITLES = {'misses-before': 'before (old stack, unmodified)', 'misses-after': 'after (modern, rewritten)',
+          'misses-after-fixed': 'after, flagged lines fixed as their TODO says'}
 TODO = 'TODO(optim-migrate)'
+KEPT = 'this file keeps its legacy optimizer code'
 #: TODO text -> (old, new) applied to the next code line by the 'fixed' tree
 MECHANICAL = [("`.target` is `.params`", '.target', '.params'),
               ("`.state.step` is `.step`", '.state.step', '.step')]
@@ -62,7 +65,8 @@ def classify(records: list[dict], tree: pathlib.Path) -> list[dict]:
       path = tree / 'linen_examples' / f['file']
       lines = path.read_text().splitlines() if path.exists() else []
       rec.update(where=f"{f['file']}:{f['line']}", text=(f['text'] or '').strip(),
-                 flagged=is_flagged(lines, f['line']))
+                 flagged=is_flagged(lines, f['line']),
+                 kept_legacy=any(KEPT in ln for ln in lines))
     out.append(rec)
   return out
 
@@ -84,27 +88,26 @@ def _driver(example, tree, py, env):
   return json.loads(out.read_text())
 
 
-def run(examples, src, runs_dir, pythons, run_env, log) -> list[str]:
-  """Run the drivers on the three trees; return the markdown section."""
-  import importlib
-  examples_mod = importlib.import_module('__main__')
-  trees = {}
-  for name, variant in (('misses-before', 'before'), ('misses-after', 'after+om2xx-patches')):
-    root = examples_mod.prepare_tree(variant, src, runs_dir, pythons)
-    dest = runs_dir / name
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.move(str(root), str(dest))
-    trees[name] = (dest, variant)
-  fixed = runs_dir / 'misses-after-fixed'
-  shutil.rmtree(fixed, ignore_errors=True)
-  shutil.copytree(trees['misses-after'][0], fixed)
+def run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
+        trees=('misses-before', 'misses-after', 'misses-after-fixed')) -> list[str]:
+  """Run the drivers on the named trees; return the markdown section."""
+  variant_of = {'misses-before': 'before', 'misses-after': 'after+om2xx-patches',
+                'misses-after-fixed': 'after+om2xx-patches'}
+  bad = [t for t in trees if t not in variant_of]
+  if bad:
+    raise SystemExit(f'--misses-trees: unknown tree {bad[0]!r} (known: {", ".join(variant_of)})')
+  made = {}
   n_fixed = 0
-  for path in sorted((fixed / 'linen_examples').rglob('*.py')):
-    text, n = fix_flagged(path.read_text())
-    if n:
-      path.write_text(text)
-      n_fixed += n
-  trees['misses-after-fixed'] = (fixed, 'after+om2xx-patches')
+  for name in trees:
+    root = prepare_tree(variant_of[name], src, runs_dir, pythons, name=name)
+    if name == 'misses-after-fixed':
+      for path in sorted((root / 'linen_examples').rglob('*.py')):
+        text, n = fix_flagged(path.read_text())
+        if n:
+          path.write_text(text)
+          n_fixed += n
+    made[name] = (root, variant_of[name])
+  trees = made
   table = {}
   for ex in examples:
     for name, (tree, variant) in trees.items():
@@ -115,29 +118,29 @@ def run(examples, src, runs_dir, pythons, run_env, log) -> list[str]:
       bad = [r for r in recs if not r['ok']]
       log(f'misses: {ex} / {name}: {len(recs) - len(bad)}/{len(recs)} phases ok')
   (runs_dir / 'misses.json').write_text(json.dumps({f'{k[0]}|{k[1]}': v for k, v in table.items()}, indent=1))
-  return markdown(table, examples, n_fixed)
+  return markdown(table, examples, n_fixed, list(trees))
 
 
-def markdown(table, examples, n_fixed) -> list[str]:
+def markdown(table, examples, n_fixed, names) -> list[str]:
   lines = ['## Train / eval steps run once (misses)', '',
            f'`misses-after-fixed` applies the fix each flagged line\'s TODO states ({n_fixed} lines), to reach '
            'what lies behind it. A failure is **unflagged** when no `# TODO(optim-migrate)` is on its line or '
            f'the {NEAR} above.', '',
-           '| example | phase | before (old stack) | after | after, flagged lines fixed |', '|---|---|---|---|---|']
+           '| example | phase | ' + ' | '.join(TITLES[n] for n in names) + ' |', '|---|---|' + '---|' * len(names)]
   for ex in examples:
     phases = []
-    for name in ('misses-before', 'misses-after', 'misses-after-fixed'):
+    for name in names:
       for r in table.get((ex, name), []):
         if r['phase'] not in phases:
           phases.append(r['phase'])
     for ph in phases:
       cells = []
-      for name in ('misses-before', 'misses-after', 'misses-after-fixed'):
+      for name in names:
         rec = next((r for r in table.get((ex, name), []) if r['phase'] == ph), None)
         cells.append(_cell(rec))
       lines.append(f'| {ex} | {ph} | ' + ' | '.join(cells) + ' |')
   unflagged = [(ex, name, r) for (ex, name), recs in table.items() if name != 'misses-before'
-               for r in recs if not r['ok'] and r.get('flagged') is False]
+               for r in recs if not r['ok'] and r.get('flagged') is False and not r.get('kept_legacy')]
   lines += ['', '### Unflagged misses', '']
   seen = set()
   for ex, name, r in unflagged:
@@ -164,6 +167,8 @@ def _cell(rec) -> str:
   if rec['ok']:
     return 'ok'
   where = rec.get('where')
-  mark = '' if where is None else (' (flagged)' if rec.get('flagged') else ' **(unflagged)**')
+  mark = '' if where is None else (' (flagged)' if rec.get('flagged') else
+                                    ' (in a file the codemod kept legacy, flagged there)' if rec.get('kept_legacy')
+                                    else ' **(unflagged)**')
   err = re.sub(r'\s+', ' ', rec.get('error', ''))[:160].replace('|', '\\|')
   return f"{err}{' at `' + where + '`' if where else ''}{mark}"

@@ -29,6 +29,8 @@ class Patch:
 PATCHES: dict[str, Patch] = {p.name: p for p in [
     Patch('old_stack_checkpoints', 'flax 0.5.3 `flax.training.checkpoints` on jax 0.4.13 (the old stack itself, not the examples)',
           'jax.experimental.gda_serialization.serialization -> array_serialization.serialization, and a GlobalDeviceArray class nothing is an instance of', False),
+    Patch('optim_dynamic_scale', 'flax.optim.DynamicScale (flax 0.3; gone from flax.optim by 0.5.3: the old stack itself)',
+          'flax.optim.dynamic_scale.DynamicScale, where flax 0.5.3 keeps it (OM006 rewrites the name for AFTER)', False),
     Patch('omnistaging', 'jax.config.enable_omnistaging()', 'a no-op (omnistaging is always on)', True),
     Patch('jax_config_module', 'from jax.config import config', "a 'jax.config' module whose `config` is jax.config", True),
     Patch('tree_map', 'jax.tree_map', 'jax.tree_util.tree_map', True),
@@ -48,7 +50,7 @@ PATCHES: dict[str, Patch] = {p.name: p for p in [
           'calls fun on the padded arguments: the logical shapes are not applied (the padding is computed on; the example masks its loss and metrics itself)',
           False, faithful=False),
     Patch('hashable_arrays', 'iterating a jax array and using the elements as dict keys', 'jax arrays hash by value (0-d) as jax 0.2 DeviceArrays did', False),
-    Patch('tf_options_threading', 'ds.options().experimental_threading.<x> = ... (TF)', 'tf.data.Options.experimental_threading, an alias of .threading', False),
+    Patch('tf_options_threading', 'ds.options().experimental_threading.<x> = ... (TF)', 'tf.data.Options.experimental_threading: the threading options of a fresh Options (mutating them has no effect, as TF <= 2.15 had)', False),
 ]}
 
 #: The variants of a run: the stack, whether the sources are rewritten, and the patches allowed.

@@ -50,16 +50,12 @@ def compare(actual: dict, expected: dict) -> dict:
               params_ulp=worst, worst_leaf=where, leaves=len(keys), bitwise=bitwise)
 
 
-def run(steps, src, runs_dir, pythons, run_env, log) -> list[str]:
-  import importlib
+def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAMPLES) -> list[str]:
+  examples = [e for e in EXAMPLES if e in examples]
   from examples_harness import misses
-  examples_mod = importlib.import_module('__main__')
   trees = {}
   for name, variant, fix in RUNS:
-    root = examples_mod.prepare_tree(variant, src, runs_dir, pythons)
-    dest = runs_dir / f'same-{name}'
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.move(str(root), str(dest))
+    dest = prepare_tree(variant, src, runs_dir, pythons, name=f'same-{name}')
     if fix:
       for path in sorted((dest / 'linen_examples').rglob('*.py')):
         text, n = misses.fix_flagged(path.read_text())
@@ -68,7 +64,7 @@ def run(steps, src, runs_dir, pythons, run_env, log) -> list[str]:
     trees[name] = (dest, variant)
   trainer = pathlib.Path(__file__).resolve().parent / 'trainer.py'
   out: dict = {}
-  for ex in EXAMPLES:
+  for ex in examples:
     params_file = runs_dir / f'same-{ex}-init.npz'
     params_file.unlink(missing_ok=True)
     for name, variant, _ in RUNS:
@@ -90,7 +86,7 @@ def run(steps, src, runs_dir, pythons, run_env, log) -> list[str]:
       else:
         out[(ex, name)] = dict(np.load(res))
       log(f'same numbers: {ex} / {name}: {"ok" if isinstance(out[(ex, name)], dict) else out[(ex, name)]}')
-  return markdown(out, steps)
+  return markdown(out, steps, examples)
 
 
 def _fmt(c) -> str:
@@ -102,13 +98,13 @@ def _fmt(c) -> str:
           f"params {c['params_ulp']:.3g} ulp (worst `{c['worst_leaf']}`)")
 
 
-def markdown(out, steps) -> list[str]:
+def markdown(out, steps, examples=EXAMPLES) -> list[str]:
   lines = ['## Same numbers', '',
            f'{steps} train steps from the same initial params on the same batches (dropout off). Ulps of each '
            "leaf's largest magnitude (final params; the loss curve as one leaf, float32).", '',
            '| example | final loss (legacy, old stack) | migrated (modern) vs legacy (old) | zero-edit (modern) vs legacy (old) | migrated vs zero-edit (both modern) |',
            '|---|---|---|---|---|']
-  for ex in EXAMPLES:
+  for ex in examples:
     leg, zer, mig = (out.get((ex, n)) for n in ('legacy', 'zero-edit', 'migrated'))
     cells = []
     for a, b in ((mig, leg), (zer, leg), (mig, zer)):

@@ -162,7 +162,8 @@ def wmt(steps, params_file, workdir):
   with mock(32):
     opt, args, kwargs = catch_setup(train, lambda: train.train_and_evaluate(config, workdir))
   opt = init_or_load(opt, params_file)
-  p_step = _pmapped(real_step, args, kwargs)
+  # p_train_step(optimizer, batch, dropout_rng=...) of partial(train_step, config=, learning_rate_fn=, ...)
+  p_step = _pmapped(real_step, (), {k: v for k, v in kwargs.items() if k != 'dropout_rng'})
   ropt = jax_utils.replicate(opt)
   losses = []
   for s in range(steps):
@@ -172,7 +173,8 @@ def wmt(steps, params_file, workdir):
     inputs = np.where(pos < lengths[0][:, None], rng.randint(1, 64, size=(8, 16)), 0).astype(np.int32)
     targets = np.where(pos < lengths[1][:, None], rng.randint(1, 64, size=(8, 16)), 0).astype(np.int32)
     batch = {'inputs': inputs[None], 'targets': targets[None]}
-    ropt, metrics = p_step(ropt, batch, dropout_rng=jax.random.split(jax.random.PRNGKey(s), 1))
+    # returns (optimizer, metrics, new dropout rng)
+    ropt, metrics = p_step(ropt, batch, dropout_rng=jax.random.split(jax.random.PRNGKey(s), 1))[:2]
     m = jax.device_get(metrics)
     losses.append(float(m['loss'][0] / m['denominator'][0]))
   return losses, flat(params_of(jax_utils.unreplicate(ropt)), 'params/')
@@ -192,7 +194,8 @@ def pixelcnn(steps, params_file, workdir):
     (opt, ema), args, kwargs = catch_setup(train, lambda: train.train_and_evaluate(config, workdir))
   opt = init_or_load(opt, params_file)
   ema = params_of(opt)
-  p_step = _pmapped(real_step, args, kwargs)
+  # p_train_step(optimizer, ema, batch, rng) of partial(train_step, config, learning_rate_fn)
+  p_step = _pmapped(real_step, args[:2], {})
   ropt, rema = jax_utils.replicate((opt, ema))
   losses = []
   for s in range(steps):

@@ -110,6 +110,15 @@ def _install(name):
         pass
     sys.meta_path.insert(0, Finder())
     return True
+  if name == 'optim_dynamic_scale':
+    try:
+      import flax.optim as optim
+    except ImportError:
+      return False  # the modern stack: the codemod or the shim provide it
+    if 'DynamicScale' in optim.__dict__:
+      return False
+    from flax.optim import dynamic_scale  # flax 0.5.3 keeps the class in this submodule
+    return _add_module_attrs(optim, name, {'DynamicScale': dynamic_scale.DynamicScale})
   if name == 'omnistaging':
     if hasattr(jax.config, 'enable_omnistaging'):
       return False
@@ -177,7 +186,13 @@ def _install(name):
     if flax.config.flax_return_frozendict:
       return False
     flax.config.update('flax_return_frozendict', True)
-    _log(name, 'used')   # cannot tell when it matters: counted as used once installed
+    from flax.core import frozen_dict
+    orig = frozen_dict.FrozenDict.pop
+
+    def pop(self, *args, **kwargs):  # the call that needs a FrozenDict (dict.pop returns no pair)
+      _log(name, 'used')
+      return orig(self, *args, **kwargs)
+    frozen_dict.FrozenDict.pop = pop
     return True
   if name == 'mha_positional_mask':
     import inspect
@@ -244,8 +259,10 @@ def _install(name):
       return False
 
     def experimental_threading(self):
+      # TF <= 2.15 let the example mutate the options ds.options() returned, with no effect on
+      # the dataset; today that raises. A fresh, unattached Options keeps the no-effect.
       _log(name, 'used')
-      return self.threading
+      return tf.data.Options().threading
     tf.data.Options.experimental_threading = property(experimental_threading)
     return True
   raise ValueError(f'EXAMPLES_PATCHES: unknown patch {name!r}')
