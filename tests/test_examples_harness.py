@@ -93,3 +93,38 @@ def test_table_counts_tests_of_a_module_that_failed_collection_from_another_vari
       '| pixelcnn | 2/3 | 1/3 |', '| ppo | not run | 0/1 |', '| vae | not run | 0/0 (no-tests) |']
   fails = results.failures([before, after])
   assert "- **pixelcnn / after**\n  - `model_test`: error: `AttributeError: module 'jax' has no attribute 'tree_map'`" in fails
+
+
+def test_fix_flagged_applies_what_the_todo_says_to_the_code_line_under_it():
+  from examples_harness import misses
+  src = ('  # TODO(optim-migrate): OM100: if `optimizer` is a flax.optim Optimizer, `.state.step` is `.step` on a TrainState\n'
+         '  step_offset = int(optimizer.state.step)\n'
+         '    # TODO(optim-migrate): OM100: if `optimizer` is a flax.optim Optimizer, `.target` is `.params` on a TrainState\n'
+         '    # another comment\n'
+         '    aux, grad = grad_fn(optimizer.target)\n'
+         '  params = state.optimizer.target\n'
+         '  # TODO(optim-migrate): OM102: learning_rate at apply time ...\n'
+         '  optimizer = optimizer.apply_gradient(grad, learning_rate=lr)\n')
+  out, n = misses.fix_flagged(src)
+  assert n == 2
+  assert out.splitlines()[1] == '  step_offset = int(optimizer.step)'
+  assert out.splitlines()[4] == '    aux, grad = grad_fn(optimizer.params)'
+  assert out.splitlines()[5] == '  params = state.optimizer.target'      # no TODO above it: left alone
+  assert out.splitlines()[7].endswith('apply_gradient(grad, learning_rate=lr)')
+  lines = out.splitlines()
+  assert misses.is_flagged(lines, 5) and misses.is_flagged(lines, 2)
+  assert not misses.is_flagged(lines, 6, near=0) and misses.is_flagged(lines, 6, near=4)
+  assert not misses.is_flagged(['x = 1'] * 10 + ['  # TODO(optim-migrate): a'] + ['y'] * 5, 16)
+
+
+def test_same_numbers_compare_in_ulps_of_each_leafs_largest_magnitude():
+  import numpy as np
+  from examples_harness import same_numbers
+  base = {'loss': np.array([2.0, 1.0]), 'params/a': np.array([1.0, 0.5], np.float32),
+          'params/b': np.array([8.0], np.float32)}
+  assert same_numbers.compare(dict(base), base)['bitwise']
+  moved = dict(base, **{'params/b': np.array([8.0 + 3 * np.spacing(np.float32(8.0))], np.float32)})
+  got = same_numbers.compare(moved, base)
+  assert (got['params_ulp'], got['worst_leaf'], got['loss_ulp'], got['bitwise']) == (3.0, 'params/b', 0.0, False)
+  with pytest.raises(KeyError, match="'params/b' is in one run only"):
+    same_numbers.compare({'loss': base['loss'], 'params/a': base['params/a']}, base)
