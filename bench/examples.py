@@ -121,14 +121,14 @@ def prepare_tree(variant: str, src: pathlib.Path, runs: pathlib.Path, pythons: d
   shutil.copytree(src, root / 'linen_examples')
   if spec['rewrite']:
     cli = pythons['modern'].parent / 'optim-migrate'
-    proc = subprocess.run(['nice', str(cli), 'rewrite', '--write', '--jobs', '1',
+    proc = subprocess.run([*stacks.nice(), str(cli), 'rewrite', '--write', '--jobs', '1',
                            '--report', str(root / 'rewrite-report.json'), 'linen_examples'],
                           cwd=root, capture_output=True, text=True)
     (root / 'rewrite.log').write_text(proc.stdout + proc.stderr)
     if proc.returncode not in (0, 1):
       raise SystemExit(f'optim-migrate rewrite failed (exit {proc.returncode}); see {root / "rewrite.log"}')
   py = pythons[spec['stack']]
-  proc = subprocess.run(['nice', str(py), str(HERE / 'examples_harness' / 'tfds_meta.py'),
+  proc = subprocess.run([*stacks.nice(), str(py), str(HERE / 'examples_harness' / 'tfds_meta.py'),
                          str(root / '.tfds' / 'metadata')],
                         capture_output=True, text=True, env=run_env(variant, root / 'meta-patches.jsonl', []))
   if proc.returncode != 0:
@@ -151,7 +151,7 @@ def run_tests(example: str, variant: str, root: pathlib.Path, pythons: dict,
   patch_log = out / 'patches.jsonl'
   junit = out / 'junit.xml'
   py = pythons[patches_lib.VARIANTS[variant]['stack']]
-  cmd = ['nice', '-n', '10', 'timeout', '--kill-after=30', str(timeout), str(py), '-m', 'pytest', '-q',
+  cmd = [*stacks.nice(), 'timeout', '--kill-after=30', str(timeout), str(py), '-m', 'pytest', '-q',
          '-p', 'no:cacheprovider', '--continue-on-collection-errors', '-o', 'junit_family=xunit1',
          f'--junitxml={junit}', '.']
   t0 = time.time()
@@ -220,6 +220,8 @@ def main(argv=None) -> int:
   ap.add_argument('--misses-trees', default='misses-after-fixed',
                   help='comma-separated: misses-before (old stack control), misses-after, misses-after-fixed')
   ap.add_argument('--same-numbers', type=int, default=0, metavar='STEPS')
+  ap.add_argument('--report-only', action='store_true',
+                  help='with --same-numbers: rebuild its section from the outputs in the cache, run nothing')
   ap.add_argument('--no-tests', action='store_true', help='skip the test runs (with --misses / --same-numbers)')
   ap.add_argument('--write-results', action='store_true', help='write bench/examples_results.md')
   args = ap.parse_args(argv)
@@ -254,7 +256,11 @@ def main(argv=None) -> int:
     (runs_dir / 'section-misses.md').write_text(
         '\n'.join(misses.run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
                    trees=args.misses_trees.split(','))))
-  if args.same_numbers:
+  if args.same_numbers and args.report_only:
+    from examples_harness import same_numbers
+    (runs_dir / 'section-same-numbers.md').write_text(
+        '\n'.join(same_numbers.report(args.same_numbers, runs_dir, examples)))
+  elif args.same_numbers:
     from examples_harness import same_numbers
     (runs_dir / 'section-same-numbers.md').write_text(
         '\n'.join(same_numbers.run(args.same_numbers, src, runs_dir, pythons, run_env, prepare_tree, log,

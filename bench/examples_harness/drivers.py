@@ -110,12 +110,18 @@ def pixelcnn(workdir):
   with phase('sample.generate_sample: restore') as rec:
     sample.generate_sample(config, workdir)
   train.restore_checkpoint = orig
-  if 'out' in captured and saved is not None:
+  if 'out' not in captured or saved is None:
+    rec['restore_vs_saved'] = f'not compared: restored {"out" in captured}, checkpoint found {saved is not None}'
+    return
+  try:
     import flax
     opt, ema = captured['out']
+    saved = {str(k): v for k, v in saved.items()}
     rec['ema_vs_saved'] = leaves_equal(ema, saved['1'])
     state = flax.serialization.to_state_dict(opt)
     rec['optimizer_vs_saved'] = {k: leaves_equal(state.get(k), saved['0'].get(k)) for k in saved['0']}
+  except Exception as e:  # pylint: disable=broad-except
+    rec['restore_vs_saved'] = f'not compared: {type(e).__name__}: {e}'[:300]
 
 
 def imagenet(workdir):

@@ -17,6 +17,8 @@ import re
 import shutil
 import subprocess
 
+from examples_harness import stacks
+
 NEAR = 4
 TITLES = {'misses-before': 'before (old stack, unmodified)', 'misses-after': 'after (modern, rewritten)',
           'misses-after-fixed': 'after, flagged lines fixed as their TODO says'}
@@ -79,7 +81,7 @@ def _driver(example, tree, py, env):
   out = tree / 'results' / f'{example}.json'
   out.parent.mkdir(parents=True, exist_ok=True)
   drv = pathlib.Path(__file__).resolve().parent / 'drivers.py'
-  proc = subprocess.run(['nice', '-n', '10', 'timeout', '900', str(py), str(drv), example, str(work), str(out)],
+  proc = subprocess.run([*stacks.nice(), 'timeout', '900', str(py), str(drv), example, str(work), str(out)],
                         cwd=exdir, capture_output=True, text=True, env=env)
   (tree / 'results' / f'{example}.log').write_text(proc.stdout + proc.stderr)
   if not out.exists():
@@ -152,7 +154,7 @@ def markdown(table, examples, n_fixed, names) -> list[str]:
   if not unflagged:
     lines.append('none')
   extra = [(ex, name, r) for (ex, name), recs in table.items() for r in recs
-           if any(k.endswith('_vs_saved') for k in r)]
+           if any(k.endswith('_vs_saved') for k in r)]  # pixelcnn's sample.py restore
   if extra:
     lines += ['', '### Restore checks', '']
     for ex, name, r in extra:

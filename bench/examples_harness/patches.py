@@ -50,7 +50,8 @@ PATCHES: dict[str, Patch] = {p.name: p for p in [
           'calls fun on the padded arguments: the logical shapes are not applied (the padding is computed on; the example masks its loss and metrics itself)',
           False, faithful=False),
     Patch('hashable_arrays', 'iterating a jax array and using the elements as dict keys', 'jax arrays hash by value (0-d) as jax 0.2 DeviceArrays did', False),
-    Patch('tf_options_threading', 'ds.options().experimental_threading.<x> = ... (TF)', 'tf.data.Options.experimental_threading: the threading options of a fresh Options (mutating them has no effect, as TF <= 2.15 had)', False),
+    Patch('tf_options_threading', 'ds.options().experimental_threading.<x> = ... (TF: raises today)',
+          'Dataset.options() returns a mutable copy (the mutation has no effect on the dataset, as in the TF of 2020)', False),
 ]}
 
 #: The variants of a run: the stack, whether the sources are rewritten, and the patches allowed.

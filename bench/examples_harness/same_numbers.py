@@ -12,6 +12,8 @@ from __future__ import annotations
 import pathlib
 import shutil
 import subprocess
+
+from examples_harness import stacks
 import sys
 
 import numpy as np
@@ -23,7 +25,8 @@ RUNS = (('legacy', 'before', False), ('zero-edit', 'zero-edit', False), ('migrat
 def compare(actual: dict, expected: dict) -> dict:
   """Loss and final-param differences of ``actual`` against ``expected`` (both trainer.py outputs).
 
-  Returns {'loss_ulp', 'loss_max_abs', 'loss_max_rel', 'params_ulp', 'worst_leaf', 'leaves', 'bitwise'}.
+  Returns {'loss_ulp', 'loss_max_abs', 'loss_max_rel', 'params_ulp', 'worst_leaf', 'params_max_rel'
+  (max |diff| / max |leaf| over leaves), 'leaves', 'bitwise'}.
 
   Raises:
     KeyError: the two runs have different leaves (names the first).
@@ -39,15 +42,18 @@ def compare(actual: dict, expected: dict) -> dict:
   missing = [k for k in keys if k not in actual] + [k for k in actual if k != 'loss' and k not in expected]
   if missing:
     raise KeyError(f'leaf {missing[0]!r} is in one run only')
-  worst, where = 0.0, None
+  worst, where, rel = 0.0, None, 0.0
   for k in keys:
     d = ulp_distance(actual[k], expected[k])
     if where is None or d > worst:
       worst, where = d, k
+    scale = float(np.max(np.abs(expected[k]))) if np.size(expected[k]) else 0.0
+    if scale > 0:
+      rel = max(rel, float(np.max(np.abs(np.asarray(actual[k], np.float64) - expected[k]))) / scale)
   bitwise = all(np.array_equal(actual[k], expected[k]) for k in keys) and np.array_equal(la, le)
   return dict(loss_ulp=loss_ulp, loss_max_abs=float(diff.max()) if diff.size else 0.0,
               loss_max_rel=float((diff / np.maximum(np.abs(le), 1e-30)).max()) if diff.size else 0.0,
-              params_ulp=worst, worst_leaf=where, leaves=len(keys), bitwise=bitwise)
+              params_ulp=worst, worst_leaf=where, params_max_rel=rel, leaves=len(keys), bitwise=bitwise)
 
 
 def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAMPLES) -> list[str]:
@@ -75,7 +81,7 @@ def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAM
       res = tree / f'{ex}-{steps}.npz'
       res.unlink(missing_ok=True)
       stack = 'old' if variant == 'before' else 'modern'
-      proc = subprocess.run(['nice', '-n', '10', 'timeout', '1800', str(pythons[stack]), str(trainer), ex,
+      proc = subprocess.run([*stacks.nice(), 'timeout', '1800', str(pythons[stack]), str(trainer), ex,
                              str(steps), str(params_file), str(res), str(work)],
                             cwd=tree / 'linen_examples' / ex, capture_output=True, text=True,
                             env=run_env(variant, tree / f'{ex}-patches.jsonl'))
@@ -89,13 +95,24 @@ def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAM
   return markdown(out, steps, examples)
 
 
+def report(steps, runs_dir, examples=EXAMPLES) -> list[str]:
+  """The section from the outputs an earlier run left in ``runs_dir`` (a missing one reads 'not run')."""
+  out = {}
+  for ex in [e for e in EXAMPLES if e in examples]:
+    for name, _, _ in RUNS:
+      res = runs_dir / f'same-{name}' / f'{ex}-{steps}.npz'
+      if res.exists():
+        out[(ex, name)] = dict(np.load(res))
+  return markdown(out, steps, [e for e in EXAMPLES if e in examples])
+
+
 def _fmt(c) -> str:
   if isinstance(c, str):
     return c
   if c['bitwise']:
     return 'bitwise'
   return (f"loss {c['loss_ulp']:.3g} ulp (max rel {c['loss_max_rel']:.2g}); "
-          f"params {c['params_ulp']:.3g} ulp (worst `{c['worst_leaf']}`)")
+          f"params {c['params_ulp']:.3g} ulp (worst `{c['worst_leaf']}`; max rel {c['params_max_rel']:.2g})")
 
 
 def markdown(out, steps, examples=EXAMPLES) -> list[str]:

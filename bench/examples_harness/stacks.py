@@ -37,6 +37,13 @@ def pins(stack: str) -> list[str]:
   raise ValueError(f'unknown stack {stack!r} (old or modern)')
 
 
+def nice() -> list[str]:
+  """A ``nice`` prefix that runs a child at niceness 10 whatever this process's own niceness is
+  (nested ``nice -n 10`` calls would push it to 19, where the other jobs of a shared machine starve it)."""
+  import os
+  return ['nice', '-n', str(max(0, 10 - os.nice(0)))]
+
+
 def python(venv: pathlib.Path) -> pathlib.Path:
   return venv / 'bin' / 'python'
 
@@ -55,7 +62,7 @@ def ensure(stack: str, venv: pathlib.Path, log=print) -> pathlib.Path:
   steps = [] if python(venv).exists() else [[sys.executable, '-m', 'venv', str(venv)]]
   steps.append([str(python(venv)), '-m', 'pip', 'install', '-q', '--disable-pip-version-check', *want])
   for cmd in steps:
-    proc = subprocess.run(['nice', *cmd], capture_output=True, text=True)
+    proc = subprocess.run([*nice(), *cmd], capture_output=True, text=True)
     if proc.returncode != 0:
       raise RuntimeError(f'building the {stack} stack failed: {" ".join(cmd)}\n'
                          f'{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')

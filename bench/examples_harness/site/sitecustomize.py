@@ -255,15 +255,25 @@ def _install(name):
       import tensorflow as tf
     except ImportError:
       return False
-    if hasattr(tf.data.Options(), 'experimental_threading'):
-      return False
+    ds_cls = tf.data.Dataset
+    try:
+      opts = ds_cls.range(1).options()
+      threading = opts.experimental_threading if hasattr(opts, 'experimental_threading') else None
+      if threading is not None:
+        threading.private_threadpool_size = 2
+        return False
+    except ValueError:
+      pass
+    orig = ds_cls.options
 
-    def experimental_threading(self):
-      # TF <= 2.15 let the example mutate the options ds.options() returned, with no effect on
-      # the dataset; today that raises. A fresh, unattached Options keeps the no-effect.
+    def options(self):
+      # TF <= 2.15 recomputed the options at each call, so the example's mutation had no effect;
+      # today the returned object is immutable and raises. A mutable copy keeps the no-effect.
       _log(name, 'used')
-      return tf.data.Options().threading
-    tf.data.Options.experimental_threading = property(experimental_threading)
+      return tf.data.Options().merge(orig(self))
+    ds_cls.options = options
+    if not hasattr(tf.data.Options(), 'experimental_threading'):
+      tf.data.Options.experimental_threading = property(lambda self: self.threading)
     return True
   raise ValueError(f'EXAMPLES_PATCHES: unknown patch {name!r}')
 
