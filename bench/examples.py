@@ -220,8 +220,9 @@ def main(argv=None) -> int:
   ap.add_argument('--misses-trees', default='misses-after-fixed',
                   help='comma-separated: misses-before (old stack control), misses-after, misses-after-fixed')
   ap.add_argument('--same-numbers', type=int, default=0, metavar='STEPS')
+  ap.add_argument('--tree-suffix', default='', help='name the run trees <variant><suffix> (parallel invocations)')
   ap.add_argument('--report-only', action='store_true',
-                  help='with --same-numbers: rebuild its section from the outputs in the cache, run nothing')
+                  help='with --misses / --same-numbers: rebuild their sections from the outputs in the cache, run nothing')
   ap.add_argument('--no-tests', action='store_true', help='skip the test runs (with --misses / --same-numbers)')
   ap.add_argument('--write-results', action='store_true', help='write bench/examples_results.md')
   args = ap.parse_args(argv)
@@ -245,13 +246,17 @@ def main(argv=None) -> int:
   runs: list[results_lib.RunResult] = []
   roots = {}
   for v in ([] if args.no_tests else variants):
-    roots[v] = prepare_tree(v, src, runs_dir, pythons)
+    roots[v] = prepare_tree(v, src, runs_dir, pythons, name=v + args.tree_suffix)
     for ex in examples:
       runs.append(run_tests(ex, v, roots[v], pythons, args.timeout))
   if runs:
     runs = merge_runs(runs_dir / 'runs.json', runs)
     (runs_dir / 'section-tests.md').write_text(tests_section(runs))
-  if args.misses:
+  if args.misses and args.report_only:
+    from examples_harness import misses
+    (runs_dir / 'section-misses.md').write_text(
+        '\n'.join(misses.report(examples, runs_dir, args.misses_trees.split(','))))
+  elif args.misses:
     from examples_harness import misses
     (runs_dir / 'section-misses.md').write_text(
         '\n'.join(misses.run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
@@ -281,7 +286,16 @@ def _results_header(src: pathlib.Path) -> str:
           f'Written by `python bench/examples.py --write-results` ({time.strftime("%Y-%m-%d")}); sources: '
           f'google/flax `{COMMIT}` `linen_examples/` (not in this repository).\n\n'
           f'Stacks: old = {", ".join(stacks.pins("old"))}; modern = {", ".join(stacks.pins("modern")[:-2])}, '
-          f'this project (editable).\n\n')
+          f'this project (editable).\n\n'
+          'Variants: **before** = old stack, sources unmodified; **after** = modern stack after one '
+          '`optim-migrate rewrite --write`, only the harness patches no OM2xx rule could remove; '
+          '**after+om2xx-patches** = the same with every harness patch (until the OM2xx rules land); '
+          '**zero-edit** = modern stack, sources unmodified, `optim_compat.install()` first, every harness patch. '
+          'Each example\'s own tests run with pytest in its directory, one example at a time, '
+          '`--continue-on-collection-errors` (so one module that fails to import does not hide the others\' tests; '
+          'upstream CI stopped there) and without upstream\'s `filterwarnings = error` (today\'s stacks warn about '
+          'many deprecations). A test module that fails to import counts as one failed item, out of the tests the '
+          'module has where another variant collected it.\n\n')
 
 
 if __name__ == '__main__':

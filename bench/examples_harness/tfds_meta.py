@@ -25,7 +25,10 @@ def write(out_dir: str) -> list[str]:
   from tensorflow_datasets.core.utils import gcs_utils
   gcs_utils._is_gcs_disabled = True  # pylint: disable=protected-access
   written = []
+  small = os.environ.get('EXAMPLES_TFDS_SPLIT_SIZE')  # e.g. 1: epoch ends (and evals) come at once
   for name, splits in DATASETS.items():
+    if small:
+      splits = {s: int(small) for s in splits}
     builder = tfds.builder(name, data_dir=out_dir)
     infos = []
     for split, n in splits.items():
