@@ -1,0 +1,70 @@
+"""The two virtualenvs the examples run in (built outside the repository).
+
+``old``: the project's LEGACY_PINS (jax 0.4.13, flax 0.5.3 with the real
+flax.optim, numpy<2) plus the examples' test dependencies at versions that
+install on Python 3.11 with numpy<2. ``modern``: today's jax / flax / optax,
+this project (editable) and the same dependencies at current versions.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from equivalence_tests.legacy_env import LEGACY_PINS  # noqa: E402
+
+#: Test dependencies of the examples (flax v0.3.0 setup.py ``tests_require``
+#: and the examples' requirements.txt), minus pytype / pytest-cov / svn / atari-py
+#: (atari-py does not build on 3.11; ppo's two Atari tests need ROMs anyway).
+OLD_EXTRAS = ('tensorflow==2.15.0', 'tensorflow-text==2.15.0', 'tensorflow-datasets==4.9.3',
+              'clu==0.0.9', 'ml-collections==0.1.1', 'sentencepiece==0.2.0', 'pillow<11',
+              'gym==0.26.2', 'opencv-python-headless==4.8.1.78', 'pytest<9', 'absl-py',
+              'protobuf<4.24')
+MODERN_EXTRAS = ('tensorflow==2.21.0', 'tensorflow-text==2.21.1', 'tensorflow-datasets==4.9.10',
+                 'clu==0.0.12', 'ml-collections==1.1.0', 'sentencepiece==0.2.1', 'pillow',
+                 'gym==0.26.2', 'opencv-python-headless==4.12.0.88', 'pytest', 'absl-py',
+                 'tensorboard')
+
+
+def pins(stack: str) -> list[str]:
+  if stack == 'old':
+    return [*LEGACY_PINS, *OLD_EXTRAS]
+  if stack == 'modern':
+    return [*MODERN_EXTRAS, '-e', str(REPO)]
+  raise ValueError(f'unknown stack {stack!r} (old or modern)')
+
+
+def nice() -> list[str]:
+  """A ``nice`` prefix that runs a child at niceness 10 whatever this process's own niceness is
+  (nested ``nice -n 10`` calls would push it to 19, where the other jobs of a shared machine starve it)."""
+  import os
+  return ['nice', '-n', str(max(0, 10 - os.nice(0)))]
+
+
+def python(venv: pathlib.Path) -> pathlib.Path:
+  return venv / 'bin' / 'python'
+
+
+def ensure(stack: str, venv: pathlib.Path, log=print) -> pathlib.Path:
+  """Build ``venv`` for ``stack`` unless its marker says it is built with these pins.
+
+  Raises:
+    RuntimeError: a pip step failed (its output's tail is in the message).
+  """
+  want = pins(stack)
+  marker = venv / 'examples-pins.json'
+  if marker.exists() and json.loads(marker.read_text()) == want:
+    return python(venv)
+  log(f'building the {stack} stack in {venv} (pip; several minutes the first time)')
+  steps = [] if python(venv).exists() else [[sys.executable, '-m', 'venv', str(venv)]]
+  steps.append([str(python(venv)), '-m', 'pip', 'install', '-q', '--disable-pip-version-check', *want])
+  for cmd in steps:
+    proc = subprocess.run([*nice(), *cmd], capture_output=True, text=True)
+    if proc.returncode != 0:
+      raise RuntimeError(f'building the {stack} stack failed: {" ".join(cmd)}\n'
+                         f'{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
+  marker.write_text(json.dumps(want))
+  return python(venv)

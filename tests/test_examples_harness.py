@@ -1,0 +1,130 @@
+"""The pure logic of bench/examples.py (no TF, no example sources): patch selection, patch
+logs, pytest JUnit parsing and the summary table."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'bench'))
+
+from examples_harness import patches, results  # noqa: E402
+
+
+def test_after_allows_only_patches_no_om2xx_rule_can_remove():
+  assert patches.allowed('after') == ['old_stack_checkpoints', 'optim_dynamic_scale', 'lstmcell', 'mask', 'hashable_arrays', 'tf_options_threading']
+  assert patches.allowed('before-unpatched') == []
+  every = patches.allowed('before')
+  assert every == list(patches.PATCHES) and 'tree_multimap' in every
+  assert patches.allowed('zero-edit') == every
+  with pytest.raises(KeyError, match="unknown variant 'afterr'; known: before-unpatched, before"):
+    patches.allowed('afterr')
+
+
+def test_read_log_groups_events_and_names_bad_lines(tmp_path):
+  log = tmp_path / 'p.jsonl'
+  assert patches.read_log(log) == {}
+  log.write_text('\n'.join(json.dumps(r) for r in [
+      {'patch': 'mask', 'event': 'installed'}, {'patch': 'mask', 'event': 'used'},
+      {'patch': 'tree_map', 'event': 'installed'}]) + '\n\n')
+  assert patches.read_log(log) == {'mask': {'installed', 'used'}, 'tree_map': {'installed'}}
+  log.write_text('{"patch": "mask", "event": "used"}\nnot json\n')
+  with pytest.raises(ValueError, match=r'p\.jsonl:2: not a patch log record'):
+    patches.read_log(log)
+  log.write_text('{"patch": "nope", "event": "used"}\n')
+  with pytest.raises(ValueError, match=r"p\.jsonl:1: unknown patch 'nope'"):
+    patches.read_log(log)
+
+
+def _junit_of(tmp_path, files):
+  """Run a real pytest on ``files`` with the harness's JUnit options; return the parsed results."""
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+  junit = tmp_path / 'junit.xml'
+  subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                  '--continue-on-collection-errors', '-o',
+                  'junit_family=xunit1', f'--junitxml={junit}', '.'], cwd=tmp_path,
+                 capture_output=True, text=True, check=False)
+  return results.parse_junit(junit)
+
+
+def test_parse_junit_of_a_real_pytest_run(tmp_path):
+  got = _junit_of(tmp_path, {
+      'a_test.py': ('import unittest\n'
+                    'class T(unittest.TestCase):\n'
+                    '  def test_ok(self): pass\n'
+                    '  def test_bad(self):\n'
+                    '    raise AttributeError("TrainState has no attribute target")\n'),
+      'b_test.py': 'import jax_that_is_not_there\n'})
+  by = {t.name: t for t in got}
+  assert by['a_test.py::T::test_ok'].outcome == 'passed'
+  bad = by['a_test.py::T::test_bad']
+  assert (bad.outcome, bad.first_line) == ('failed', 'AttributeError: TrainState has no attribute target')
+  coll = [t for t in got if results.is_collection_error(t)]
+  assert len(coll) == 1 and results.file_of(coll[0]) == 'b_test'
+  assert coll[0].first_line == "ModuleNotFoundError: No module named 'jax_that_is_not_there'"
+
+
+def test_parse_junit_names_a_bad_file(tmp_path):
+  bad = tmp_path / 'junit.xml'
+  bad.write_text('<testsuite><testcase')
+  with pytest.raises(ValueError, match='junit.xml: not JUnit XML'):
+    results.parse_junit(bad)
+
+
+def _t(name, outcome='passed', first=''):
+  return results.TestResult(name, outcome, first)
+
+
+def test_table_counts_tests_of_a_module_that_failed_collection_from_another_variant():
+  before = results.RunResult('pixelcnn', 'before', [
+      _t('model_test.py::M::test_a'), _t('model_test.py::M::test_b'),
+      _t('train_test.py::T::test_train', 'failed', 'AttributeError: x')])
+  after = results.RunResult('pixelcnn', 'after', [
+      _t('model_test', 'error', "AttributeError: module 'jax' has no attribute 'tree_map'"),
+      _t('train_test.py::T::test_train')])
+  never = results.RunResult('ppo', 'after', [_t('ppo_lib_test', 'error', 'ImportError: gym')])
+  assert results.expected_counts([before, after, never]) == {'pixelcnn': 3, 'ppo': 1}
+  text = results.table([before, after, never, results.RunResult('vae', 'after', [], status='no-tests')],
+                       ['before', 'after'], ['pixelcnn', 'ppo', 'vae'])
+  assert text.splitlines() == [
+      '| example | before | after |', '|---|---|---|',
+      '| pixelcnn | 2/3 | 1/3 |', '| ppo | not run | 0/1 |', '| vae | not run | 0/0 (no-tests) |']
+  fails = results.failures([before, after])
+  assert "- **pixelcnn / after**\n  - `model_test`: error: `AttributeError: module 'jax' has no attribute 'tree_map'`" in fails
+
+
+def test_fix_flagged_applies_what_the_todo_says_to_the_code_line_under_it():
+  from examples_harness import misses
+  src = ('  # TODO(optim-migrate): OM100: if `optimizer` is a flax.optim Optimizer, `.state.step` is `.step` on a TrainState\n'
+         '  step_offset = int(optimizer.state.step)\n'
+         '    # TODO(optim-migrate): OM100: if `optimizer` is a flax.optim Optimizer, `.target` is `.params` on a TrainState\n'
+         '    # another comment\n'
+         '    aux, grad = grad_fn(optimizer.target)\n'
+         '  params = state.optimizer.target\n'
+         '  # TODO(optim-migrate): OM102: learning_rate at apply time ...\n'
+         '  optimizer = optimizer.apply_gradient(grad, learning_rate=lr)\n')
+  out, n = misses.fix_flagged(src)
+  assert n == 2
+  assert out.splitlines()[1] == '  step_offset = int(optimizer.step)'
+  assert out.splitlines()[4] == '    aux, grad = grad_fn(optimizer.params)'
+  assert out.splitlines()[5] == '  params = state.optimizer.target'      # no TODO above it: left alone
+  assert out.splitlines()[7].endswith('apply_gradient(grad, learning_rate=lr)')
+  lines = out.splitlines()
+  assert misses.is_flagged(lines, 5) and misses.is_flagged(lines, 2)
+  assert not misses.is_flagged(lines, 6, near=0) and misses.is_flagged(lines, 6, near=4)
+  assert not misses.is_flagged(['x = 1'] * 10 + ['  # TODO(optim-migrate): a'] + ['y'] * 5, 16)
+
+
+def test_same_numbers_compare_in_ulps_of_each_leafs_largest_magnitude():
+  import numpy as np
+  from examples_harness import same_numbers
+  base = {'loss': np.array([2.0, 1.0]), 'params/a': np.array([1.0, 0.5], np.float32),
+          'params/b': np.array([8.0], np.float32)}
+  assert same_numbers.compare(dict(base), base)['bitwise']
+  moved = dict(base, **{'params/b': np.array([8.0 + 3 * np.spacing(np.float32(8.0))], np.float32)})
+  got = same_numbers.compare(moved, base)
+  assert (got['params_ulp'], got['worst_leaf'], got['loss_ulp'], got['bitwise']) == (3.0, 'params/b', 0.0, False)
+  with pytest.raises(KeyError, match="'params/b' is in one run only"):
+    same_numbers.compare({'loss': base['loss'], 'params/a': base['params/a']}, base)
