@@ -10,14 +10,18 @@ codemod reads) costs no jax import.
 __all__ = ['AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'GradientDescent',
            'LAMB', 'LARS', 'Momentum', 'Optimizer', 'OptimizerDef', 'OptimizerState',
            'RMSProp', 'ReplicatedOptimizer', 'SPECS', 'install', 'to_optax', 'DynamicScale',
-           'ModelParamTraversal', 'MultiOptimizer', 'WeightNorm']
+           'ModelParamTraversal', 'MultiOptimizer', 'WeightNorm',
+           # the legacy view of a TrainState (optim_compat.legacy_view)
+           'legacy_state', 'with_legacy_state', 'hyper_params', 'set_hyper_params',
+           'apply_gradients']
 
 #: Names the package has once the shim is loaded, beyond ``__all__``: its submodules and
 #: the legacy submodule paths (``optim_compat.adam``, ...). A test checks this list.
 LOADED_NAMES = frozenset({
     '_LEGACY_MODULES', 'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'base', 'defs',
     'dynamic_scale', 'lamb', 'lars', 'momentum', 'rmsprop', 'rules', 'sgd', 'spec',
-    'transforms', 'weight_norm'}) | frozenset(__all__)
+    'transforms', 'weight_norm', 'legacy_view', 'checkpoint_files', 'checkpoint_layout',
+    'state_map'}) | frozenset(__all__)
 _state = 'new'  # -> 'loading' -> 'loaded'
 
 from optim_compat.install import install  # noqa: E402 - light; the function, not the submodule
@@ -51,13 +55,16 @@ def _bind() -> None:
                install=install, WeightNorm=weight_norm.WeightNorm,
                SPECS=spec.SPECS, _LEGACY_MODULES=defs.LEGACY_MODULES)
   names.update(defs.LEGACY_MODULES)  # optim_compat.adam, .momentum, .sgd, ... (legacy submodules)
+  from optim_compat import legacy_view  # to_optax(def, inject=...) wraps base.to_optax
+  names.update({name: getattr(legacy_view, name) for name in legacy_view.__all__})
   globals().update(names)
 
 
 #: Real submodules among them: importing one loads only what it imports
 #: (``from optim_compat import spec`` asks for the attribute first).
 _SUBMODULES = frozenset({'base', 'defs', 'dynamic_scale', 'rules', 'spec', 'transforms',
-                         'weight_norm'})
+                         'weight_norm', 'legacy_view', 'checkpoint_files', 'checkpoint_layout',
+                         'state_map'})
 
 
 def __getattr__(name: str):

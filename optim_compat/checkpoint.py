@@ -40,14 +40,14 @@ from __future__ import annotations
 import pathlib
 import re
 import warnings
-from typing import Any, Mapping
+from typing import Mapping
 
 import jax
 import numpy as np
-from flax import serialization, traverse_util
+from flax import serialization
 from flax.training import train_state as train_state_lib
 
-from optim_compat import base, spec, transforms
+from optim_compat import base
 from optim_compat.checkpoint_convert import (  # noqa: F401 - the command's half, exported
     abstract_train_state, check_target, convert_state_dict, infer_def, parse_optimizer,
     write_checkpoint)
@@ -56,7 +56,7 @@ from optim_compat.checkpoint_files import (  # noqa: F401 - exported
 from optim_compat.checkpoint_layout import (  # noqa: F401 - exported
     _EMPTY, _INJECT_KEPT, _PARTITION, _conform, _def_name, _flat, _get, _is_namedtuple,
     _is_opt, _is_train_state_sd, _key_str, _normalize_namedtuples, _restore_one, _set,
-    choose_row, find_legacy_optimizers, is_legacy_optimizer)
+    choose_row, find_legacy_optimizers, is_legacy_optimizer, legacy_from_opt_state)
 
 __all__ = ['CheckpointError', 'ReplicatedCheckpointWarning', 'restore_legacy', 'to_legacy',
            'read_state_dict', 'convert_state_dict', 'write_checkpoint', 'check_target',
@@ -166,65 +166,15 @@ def to_legacy(train_state, optimizer_def) -> base.Optimizer:
       opt_state lacks a legacy field the def needs.
   """
   template = optimizer_def.create(train_state.params)
-  names = {_def_name(d) for d in getattr(optimizer_def, 'sub_optimizers', (optimizer_def,))}
-  fields = {f for n in names if n in spec.SPECS for f in spec.SPECS[n].state_fields}
   step = int(np.asarray(train_state.step))
-  found: dict[tuple, Any] = {}  # legacy param_states key (path + (field,)) -> value
 
   def check_count(v, path):
     if int(np.asarray(v)) != step:
       raise CheckpointError(f'{path} = {int(np.asarray(v))} differs from TrainState.step = {step}: '
                             f'the legacy layout has one step')
 
-  def take(tree, field=None, negate=False):
-    for key, v in _flat(serialization.to_state_dict(tree)).items():
-      if v is None or v is _EMPTY:  # frozen leaf, or another group's (MaskedNode)
-        continue
-      found[key + ((field,) if field else ())] = np.negative(v) if negate else v
-
-  def walk(node, path, row):
-    if isinstance(node, (transforms.LegacyRuleState, base.OptimizerState)):
-      check_count(node[0] if isinstance(node, tuple) else node.step, f'{path}.count')
-      take(node.param_states)
-    elif _is_namedtuple(node) and type(node).__name__ in _PARTITION:
-      for label, inner in node.inner_states.items():
-        sub = inner.inner_state if type(inner).__name__ == 'MaskedState' else inner
-        walk(inner, f'{path}.inner_states[{label!r}]',
-             choose_row(sub, fields, candidates=names))
-    elif _is_namedtuple(node):
-      cls = type(node).__name__
-      for f in node._fields:
-        v, p = getattr(node, f), f'{path}.{f}'
-        if f == 'count':
-          check_count(v, p)
-        elif cls.startswith('Inject') and f in _INJECT_KEPT:
-          continue
-        elif f in row.get(cls, {}):
-          src = row[cls][f]
-          take(v, src.lstrip('-'), src.startswith('-'))
-        else:
-          walk(v, p, row)
-    elif isinstance(node, (tuple, list)):
-      for i, v in enumerate(node):
-        walk(v, f'{path}[{i}]', row)
-    elif isinstance(node, Mapping):
-      for k, v in node.items():
-        walk(v, f'{path}[{k!r}]', row)
-
-  single = next(iter(names)) if len(names) == 1 else None
-  walk(train_state.opt_state, 'opt_state',
-       choose_row(train_state.opt_state, fields, optimizer=single, candidates=names))
-  out = {}
-  for key, tpl in _flat(serialization.to_state_dict(template.state.param_states)).items():
-    if tpl is None or tpl is _EMPTY:
-      out[key] = tpl
-    elif key in found:
-      out[key] = found[key]
-    else:
-      raise CheckpointError(f'opt_state has no Optax field holding legacy {key[-1]!r} for '
-                            f'{"/".join(map(str, key[:-1]))}: does {type(optimizer_def).__name__} '
-                            f'match the TrainState tx?')
-  ps = (traverse_util.unflatten_dict(out) if set(out) != {()} else out[()]) if out else {}
+  ps = legacy_from_opt_state(train_state.opt_state, optimizer_def, template.state.param_states,
+                             check_count)
   sd = {'target': serialization.to_state_dict(train_state.params),
         'state': {'step': np.asarray(step, np.int32), 'param_states': ps}}
   sd = _conform(serialization.to_state_dict(template), sd, 'legacy')

@@ -4,20 +4,25 @@ The layout half of :mod:`optim_compat.checkpoint`: finding legacy ``Optimizer``
 state dicts (``{'target', 'state': {'step', 'param_states'}}``) in a checkpoint,
 checking a found state dict against the target's (:func:`_conform`: keys,
 shapes, dtypes; orbax's None for empty nodes), device axes of replicated saves,
-and rebuilding a target ``opt_state`` from the legacy per-parameter states
-(:class:`_Filler`, rows of ``optim_compat.state_map``).
+and the two directions between a legacy ``OptimizerState`` and an Optax
+``opt_state`` (rows of ``optim_compat.state_map``): :func:`opt_state_from_legacy`
+(legacy -> Optax, :class:`_Filler`) and :func:`legacy_from_opt_state` (Optax ->
+legacy). The checkpoint converter (``restore_legacy``, ``to_legacy``,
+``convert-checkpoint``) and the legacy view (:mod:`optim_compat.legacy_view`)
+both call these two, so the mapping exists once. Both are pure pytree
+re-arrangements (a negation for LARS): they run under ``jit`` on traced values.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Mapping
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 from flax import serialization, traverse_util
 from flax.training import train_state as train_state_lib
 
-from optim_compat import base, state_map, transforms
+from optim_compat import base, spec, state_map, transforms
 from optim_compat.checkpoint_files import CheckpointError, ReplicatedCheckpointWarning
 
 _EMPTY = traverse_util.empty_node
@@ -302,24 +307,40 @@ def choose_row(opt_state, fields: set, optimizer=None, candidates=None) -> dict:
   return scored[0][2]
 
 
-class _Filler:
-  """Rebuilds a target ``opt_state`` from one legacy optimizer state dict."""
+def _is_jax(x) -> bool:
+  return isinstance(x, (jax.Array, jax.core.Tracer))
 
-  def __init__(self, step, param_states, row, where):
+
+def _cast(x, dtype):
+  """``x`` as ``dtype``: a jax (or traced) value stays one, anything else becomes numpy."""
+  if _is_jax(x):
+    return x if x.dtype == dtype else x.astype(dtype)
+  return np.asarray(x, dtype)
+
+
+def _negate(x):
+  return np.negative(x) if isinstance(x, (np.ndarray, np.generic)) else -x
+
+
+class _Filler:
+  """Rebuilds a target ``opt_state`` from one legacy optimizer state (a state dict)."""
+
+  def __init__(self, step, param_states, row, where, source='the checkpoint'):
     self.step = step
     self.ps = param_states
     self.ps_flat = _flat(param_states)
     self.row = row
     self.where = where
+    self.source = source
     self.used: set = set()
     self.candidates = None
 
   def count_like(self, template, path):
-    if np.shape(template) != ():
+    if np.shape(template) != np.shape(self.step):
       raise CheckpointError(f'{path}: target count has shape {np.shape(template)}; restore into '
                             f'an unreplicated target and replicate afterwards')
     dtype = getattr(template, 'dtype', None)
-    return np.asarray(self.step, dtype) if dtype is not None else int(self.step)
+    return _cast(self.step, dtype) if dtype is not None else int(self.step)
 
   def field_tree(self, template, source: str, path: str):
     negate = source.startswith('-')
@@ -332,11 +353,11 @@ class _Filler:
       legacy_key = key + (field,)
       where = _join(self.where, ('state', 'param_states') + legacy_key)
       if legacy_key not in self.ps_flat:
-        raise CheckpointError(f'{where}: missing from the checkpoint ({path} needs it; the '
-                              f'checkpoint has fields {sorted(_legacy_fields(self.ps_flat))})')
+        raise CheckpointError(f'{where}: missing from {self.source} ({path} needs it; '
+                              f'{self.source} has fields {sorted(_legacy_fields(self.ps_flat))})')
       value = _conform(tpl, self.ps_flat[legacy_key], where)
       self.used.add(legacy_key)
-      out[key] = np.negative(value) if negate else value
+      out[key] = _negate(value) if negate else value
     return serialization.from_state_dict(template, traverse_util.unflatten_dict(out)
                                          if set(out) != {()} else out[()])
 
@@ -406,6 +427,128 @@ class _Filler:
       raise CheckpointError(f'{_join(self.where, ("state", "param_states") + key)}: legacy state '
                             f'{_describe(v)} has no place in the target opt_state (it would be '
                             f'silently dropped): is the target built with the right optimizer?')
+
+
+def opt_state_from_legacy(template, step, param_states, optimizer=None, *, where: str = '',
+                          candidates=None, source: str = 'the checkpoint'):
+  """Legacy -> Optax: ``template`` (an ``opt_state``) holding a legacy optimizer state.
+
+  The one implementation of this direction (``restore_legacy``, ``convert-checkpoint``
+  and ``optim_compat.with_legacy_state`` call it).
+
+  Args:
+    template: the target ``opt_state`` (of the tx the codemod emits for the def,
+      ``inject_hyperparams`` wrapped or not, ``multi_transform`` groups, or
+      ``to_optax(def)``); only its structure, shapes and dtypes are used, except
+      ``inject_hyperparams`` values, which are kept.
+    step: the legacy int ``step`` (numpy, jax or traced; the shape of the
+      template's counts).
+    param_states: the legacy ``param_states`` as a state dict (mirror of params;
+      each leaf a dict of legacy fields, ``{}`` for no state, ``None`` for a leaf
+      no MultiOptimizer group selects).
+    optimizer: the def (instance, name or ``"Name(...)"``) picking the
+      ``state_map`` row; None: inferred from the template's state classes.
+    where: path prefix for error messages.
+    candidates: def names the per-group rows are chosen among (None: all).
+    source: what ``param_states`` is, for error messages.
+
+  Returns:
+    ``template``'s structure: every Optax ``count`` = ``step`` (in the count's
+    dtype), moments at the fields of ``optim_compat.state_map`` (negated where
+    the row says ``-``), legacy-layout states (``LegacyRuleState``,
+    ``OptimizerState``) filled as they are. Leaves are the given values (numpy
+    stays numpy, jax arrays and tracers stay so).
+
+  Raises:
+    CheckpointError: a legacy field missing, of another shape / dtype, or
+      without a place in the template (the message names the path).
+  """
+  filler = _Filler(step, param_states, None, where, source)
+  filler.candidates = candidates
+  filler.row = choose_row(template, _legacy_fields(filler.ps_flat), optimizer, candidates)
+  opt_state = filler.rebuild(template, 'opt_state')
+  filler.check_all_used()
+  return opt_state
+
+
+def legacy_from_opt_state(opt_state, optimizer_def, template_param_states, check_count=None,
+                          *, where: str = 'opt_state'):
+  """Optax -> legacy: the legacy ``param_states`` (a state dict) an ``opt_state`` holds.
+
+  The one implementation of this direction (``to_legacy`` and
+  ``optim_compat.legacy_state`` call it).
+
+  Args:
+    opt_state: a ``TrainState.opt_state`` of the tx the codemod emits for
+      ``optimizer_def`` (or ``to_optax(optimizer_def)``).
+    optimizer_def: the legacy def (its state layout and the ``state_map`` rows
+      of its defs are used; MultiOptimizer groups each pick theirs).
+    template_param_states: ``optimizer_def.init_state(params).param_states``
+      (or its ``jax.eval_shape``): the legacy structure to fill.
+    check_count: called as ``check_count(value, path)`` for every Optax
+      ``count`` (and legacy-layout step) met; None: not checked.
+    where: path prefix for error messages.
+
+  Returns:
+    The legacy ``param_states`` state dict: ``template_param_states``' structure
+    with the Optax values (numpy stays numpy, traced stays traced).
+
+  Raises:
+    CheckpointError: the opt_state has no field holding a legacy field the def needs.
+  """
+  names = {_def_name(d) for d in getattr(optimizer_def, 'sub_optimizers', (optimizer_def,))}
+  fields = {f for n in names if n in spec.SPECS for f in spec.SPECS[n].state_fields}
+  found: dict[tuple, Any] = {}  # legacy param_states key (path + (field,)) -> value
+  check = check_count or (lambda v, path: None)
+
+  def take(tree, field=None, negate=False):
+    for key, v in _flat(serialization.to_state_dict(tree)).items():
+      if v is None or v is _EMPTY:  # frozen leaf, or another group's (MaskedNode)
+        continue
+      found[key + ((field,) if field else ())] = _negate(v) if negate else v
+
+  def walk(node, path, row):
+    if isinstance(node, (transforms.LegacyRuleState, base.OptimizerState)):
+      check(node[0] if isinstance(node, tuple) else node.step, f'{path}.count')
+      take(node.param_states)
+    elif _is_namedtuple(node) and type(node).__name__ in _PARTITION:
+      for label, inner in node.inner_states.items():
+        sub = inner.inner_state if type(inner).__name__ == 'MaskedState' else inner
+        walk(inner, f'{path}.inner_states[{label!r}]',
+             choose_row(sub, fields, candidates=names))
+    elif _is_namedtuple(node):
+      cls = type(node).__name__
+      for f in node._fields:
+        v, p = getattr(node, f), f'{path}.{f}'
+        if f == 'count':
+          check(v, p)
+        elif cls.startswith('Inject') and f in _INJECT_KEPT:
+          continue
+        elif f in row.get(cls, {}):
+          src = row[cls][f]
+          take(v, src.lstrip('-'), src.startswith('-'))
+        else:
+          walk(v, p, row)
+    elif isinstance(node, (tuple, list)):
+      for i, v in enumerate(node):
+        walk(v, f'{path}[{i}]', row)
+    elif isinstance(node, Mapping):
+      for k, v in node.items():
+        walk(v, f'{path}[{k!r}]', row)
+
+  single = next(iter(names)) if len(names) == 1 else None
+  walk(opt_state, where, choose_row(opt_state, fields, optimizer=single, candidates=names))
+  out = {}
+  for key, tpl in _flat(serialization.to_state_dict(template_param_states)).items():
+    if tpl is None or tpl is _EMPTY:
+      out[key] = tpl
+    elif key in found:
+      out[key] = found[key]
+    else:
+      raise CheckpointError(f'opt_state has no Optax field holding legacy {key[-1]!r} for '
+                            f'{"/".join(map(str, key[:-1]))}: does {type(optimizer_def).__name__} '
+                            f'match the TrainState tx?')
+  return (traverse_util.unflatten_dict(out) if set(out) != {()} else out[()]) if out else {}
 
 
 def _step_like(template, step):
@@ -479,10 +622,8 @@ def _restore_one(opt_sd, target, where: str, optimizer=None):
   params = serialization.from_state_dict(
       target.params, _conform(serialization.to_state_dict(target.params), opt_sd['target'],
                               _join(where, ('target',))))
-  filler = _Filler(step, opt_sd['state']['param_states'], None, where)
-  filler.row = choose_row(target.opt_state, _legacy_fields(filler.ps_flat), optimizer)
-  opt_state = filler.rebuild(target.opt_state, 'opt_state')
-  filler.check_all_used()
+  opt_state = opt_state_from_legacy(target.opt_state, step, opt_sd['state']['param_states'],
+                                    optimizer, where=where)
   return target.replace(step=_step_like(target.step, step), params=params,
                         opt_state=opt_state), replicas
 
