@@ -6,7 +6,10 @@ import pytest
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import RemoveImportsVisitor
 
-from codemod import engine, import_scope, transform
+from codemod import engine, import_scope
+from codemod.facts import bound
+from codemod.legacy_api import EMITTED_NAMES
+from codemod.rules import imports
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'codemod'
 FILLER = ''.join(f'\n\ndef helper_{i}(values, scale={i}):\n  total = 0\n  for v in values:\n'
@@ -82,25 +85,31 @@ def test_may_remove_is_false_only_without_a_matching_import():
   assert import_scope.may_remove(relative, [('flax', 'optim', None)])
 
 
-def test_one_parse_per_file_even_with_the_keep_legacy_second_pass(monkeypatch):
-  """A file whose first pass must be redone keeping its legacy code is parsed once."""
+def test_keep_legacy_is_decided_once_one_parse_one_plan_one_rewrite(monkeypatch):
+  """A file kept legacy by a use found late in it (a method used as a value, after the create
+  that would convert) is parsed, analysed, planned and rewritten once: the plan's verdict
+  says keep-legacy up front, from the finding's ``blocks`` field (there was a second,
+  keep-legacy rewrite pass, triggered by the message's text)."""
+  from codemod import facts, rewrite
   source = ('import jax\nfrom flax import optim\n'
             'opt = optim.GradientDescent(learning_rate=0.1).create(params)\n'
             'step = jax.jit(opt.apply_gradient)\nopt = step(params)\nprint(opt.target)\n')
-  calls = []
-  real = cst.parse_module
-  monkeypatch.setattr(engine.cst, 'parse_module',
-                      lambda text, *a, **k: calls.append(len(text)) or real(text, *a, **k))
-  passes = []
-  real_rewrite = engine._rewrite_module
-  monkeypatch.setattr(engine, '_rewrite_module',
-                      lambda *a, **k: passes.append(a[3]) or real_rewrite(*a, **k))
+  calls = {'parse': 0, 'analyze': 0, 'plan': 0, 'rewrite': 0}
+
+  def counted(name, fn):
+    def wrapper(*a, **k):
+      calls[name] += 1
+      return fn(*a, **k)
+    return wrapper
+  monkeypatch.setattr(engine.cst, 'parse_module', counted('parse', cst.parse_module))
+  monkeypatch.setattr(engine.facts_lib, 'analyze', counted('analyze', facts.analyze))
+  monkeypatch.setattr(engine, 'make_plan', counted('plan', engine.make_plan))
+  monkeypatch.setattr(engine, 'apply_plan', counted('rewrite', rewrite.apply_plan))
   result = engine.rewrite_source(source, 'l.py')
-  assert result.error is None and result.findings
-  assert len(passes) == 2 and passes[1].keep_legacy, 'the fixture no longer needs a second pass'
-  assert calls == [len(source)]
+  assert result.error is None
+  assert calls == {'parse': 1, 'analyze': 1, 'plan': 1, 'rewrite': 1}
   assert 'optim.GradientDescent(learning_rate=0.1).create(params)' in result.new
-  assert [f.rule for f in result.manual] == ['OM100']
+  assert [(f.rule, f.blocks) for f in result.manual] == [('OM116', True)]
 
 
 HEADS = [
@@ -218,7 +227,7 @@ def test_no_test_input_that_the_codemod_acts_on_is_skipped_by_the_prefilter():
   that the codemod (run without the prefilter) changes or flags passes the prefilter."""
   import ast
   import sys
-  from codemod.transform import MigrateCommand
+  from codemod.command import MigrateCommand
   root = pathlib.Path(__file__).resolve().parents[1]
   sources = set()
   for test_file in ('test_codemod.py', 'test_codemod_speed.py'):
@@ -303,17 +312,17 @@ def test_bound_names_of_the_statements_naming_them_equal_the_whole_module_walk()
       *(m for m in _modules())]
   for source in sources:
     tree = cst.parse_module(source)
-    visitor = transform._Bindings()
+    visitor = bound.Bindings()
     tree.visit(visitor)
-    want = visitor.names & transform.EMITTED_NAMES
-    assert transform._bound_names(tree, transform.EMITTED_NAMES) == want, source
-    assert transform._bound_names(tree, transform.EMITTED_NAMES, source) == want, source
+    want = visitor.names & EMITTED_NAMES
+    assert bound.bound_names(tree, EMITTED_NAMES) == want, source
+    assert bound.bound_names(tree, EMITTED_NAMES, source) == want, source
 
 
 def _rewrite_removals(tree):
   """The removal list the rewrite passes for a module that uses flax.optim."""
   return [('flax', 'optim', None), ('flax.optim', None, None), ('flax', None, None),
-          *transform._legacy_imports(tree)]
+          *imports.legacy_imports(tree)]
 
 
 def test_imports_libcst_scope_analysis_finds_referenced_are_kept_by_the_visitor():
