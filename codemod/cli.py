@@ -4,7 +4,7 @@
         [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
     optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
-    optim-migrate rule OM003 | OM1 | --all    # what a rule does, why, an example
+    optim-migrate rule [OM0xx | --all]        # a rule's documentation (as docs/rules/<id>.md)
     optim-migrate --version                   # the installed package's version
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ DIST_NAME = 'flax-optim-migrate'
 #: Modules that add subcommands: each has ``register(subparsers)``, which adds
 #: its parsers with ``set_defaults(func=...)`` (``func(args) -> exit status``).
 EXTRA_COMMANDS: tuple[str, ...] = ('codemod.convert_checkpoint', 'equivalence_tests.cli',
-                                   'codemod.rules.command')
+                                   'codemod.rule_docs')
 
 
 def version_text() -> str:

@@ -24,6 +24,7 @@ from libcst.codemod import CodemodContext
 from codemod import facts as facts_lib
 from codemod import legacy_api
 from codemod.failures import RuleFailure
+from codemod.modern import rewrite as om2xx
 from codemod.findings import TODO_PREFIX, Finding, todo_comments
 from codemod.plan import make_plan
 from codemod.rewrite import apply_plan
@@ -37,7 +38,12 @@ may_need_rewrite = legacy_api.may_need_rewrite
 
 def wanted(text: str, flow=None) -> bool:
   """:func:`may_need_rewrite`, or ``text`` may call a factory of ``flow`` (another module's
-  optimizer, :class:`codemod.flow.Flow`): the files worth a parse."""
+  optimizer, :class:`codemod.flow.Flow`), or the OM2xx family may apply to it (removed JAX /
+  Flax APIs, :func:`codemod.modern.rewrite.may_apply`): the files worth a parse."""
+  return _flax_optim_wanted(text, flow) or om2xx.may_apply(text)
+
+
+def _flax_optim_wanted(text: str, flow=None) -> bool:
   return may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
 
 
@@ -97,15 +103,17 @@ def rewrite_source(source: str, path: str = '<string>',
     the source does not parse or the rewrite failed.
   """
   result = FileResult(path, source)
-  if not wanted(source, flow):
+  if not _flax_optim_wanted(source, flow):
     result.new = source
-    return open_todos(result, options)
-  try:
-    module = cst.parse_module(source)
-  except cst.ParserSyntaxError as e:
-    result.error = parse_error(path, source, e)
-    return result
-  return open_todos(rewrite_parsed(module, source, path, options, flow), options)
+  else:
+    try:
+      module = cst.parse_module(source)
+    except cst.ParserSyntaxError as e:
+      result.error = parse_error(path, source, e)
+      return result
+    result = rewrite_parsed(module, source, path, options, flow)
+  # the OM2xx family (removed JAX / Flax APIs, codemod.modern) on what that pass left
+  return open_todos(om2xx.apply(result, options, parse_error), options)
 
 
 def open_todos(result: FileResult, options: Options | None) -> FileResult:
@@ -243,7 +251,7 @@ def rewrite_file(path: pathlib.Path, options: Options | None = None, flow=None,
   except (OSError, UnicodeDecodeError, SyntaxError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
   result = FileResult(str(path), text)
-  if not wanted(text, flow):
+  if not _flax_optim_wanted(text, flow):
     result.new = text
   else:
     try:
@@ -252,7 +260,7 @@ def rewrite_file(path: pathlib.Path, options: Options | None = None, flow=None,
       result.error = parse_error(str(path), text, e)
       return result
     result = rewrite_parsed(module, text, str(path), options, flow, source.cache)
-  result = open_todos(result, options)
+  result = open_todos(om2xx.apply(result, options, parse_error), options)
   result.encoding = encoding
   return result
 
@@ -278,7 +286,7 @@ def _rewrite_notebook_file(path: pathlib.Path, options, source: SourceFile) -> F
   except (OSError, UnicodeDecodeError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
   result = FileResult(str(path), text)
-  if not may_need_rewrite(text):
+  if not wanted(text):
     result.new = text
     return result
   try:

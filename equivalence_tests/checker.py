@@ -35,7 +35,11 @@ the user-facing check never scans.
 
 Gradient shares are multiples of 2**-12 (``core.reference_grads``), so their
 mean over up to 8 devices is exact: any difference between device counts is
-the optimizer's arithmetic, not the averaging. Device counts the process lacks
+the optimizer's arithmetic, not the averaging. The default draws, ``'mixed'``,
+scale a leaf's elements by 1, 2**-24 and 2**-50 in turn (exact powers of two, so
+the means stay exact, and squares stay normal numbers in float32 / bfloat16: no
+flush-to-zero question), which puts every leaf partly in the regimes where an
+epsilon's placement or size decides the update. Device counts the process lacks
 (jax already started with fewer CPU devices) run in a subprocess with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``; the objects travel
 with ``cloudpickle`` and the subprocess gets this process's ``sys.path``.
@@ -43,6 +47,7 @@ with ``cloudpickle`` and the subprocess gets this process's ``sys.path``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pickle
 import subprocess
@@ -86,6 +91,9 @@ class Report:
     replicas_bitwise: ``{(mode, n_devices, 'legacy'|'tx'): bool}``: all pmap
       replicas / all copies of each shard bitwise equal to each other.
     runs: the ``(mode, n_devices)`` pairs run; steps: steps per run.
+    grads: the gradient draws (``'mixed'``, ``'random'``, ``'tiny'``, ``'callable'``).
+    notes: lines printed under the headline (e.g. float16 leaves that got unscaled
+      random draws under ``'mixed'``).
   """
   ok: bool
   max_ulp: float
@@ -95,12 +103,16 @@ class Report:
   replicas_bitwise: dict
   runs: list
   steps: int
+  grads: str = 'random'
+  notes: tuple = ()
 
   def __str__(self) -> str:
     status = 'OK' if self.ok else 'DIFFERS'
     runs = ', '.join(f'{m}x{n}' for m, n in self.runs)
     lines = [f'optimizer equivalence: {status}: max {self.max_ulp:g} ulp '
-             f'(bound {self.max_ulp_bound:g}) over {self.steps} steps; runs: {runs}']
+             f'(bound {self.max_ulp_bound:g}) over {self.steps} steps, {self.grads} gradients; '
+             f'runs: {runs}']
+    lines += [f'  note: {n}' for n in self.notes]
     if self.worst is not None:
       w = self.worst
       lines.append(f'  worst: {w.path}{list(w.index)} at step {w.step}, {w.mode} on '
@@ -181,7 +193,21 @@ def _random_grads(seed):
 #: average exactly), where epsilons of 1e-8 to 1e-6 dominate the update. Not for float16
 #: leaves: such epsilons and the squared gradients underflow there.
 TINY_SCALE = 2.0 ** -24
-GRADS = ('random', 'tiny')
+#: ``grads='mixed'`` (the default): element ``i`` of each leaf (row-major) gets the random
+#: draw times ``MIXED_SCALES[i % 3]``, powers of two (exact: shares still average exactly).
+#: Each leaf of 3 or more elements has elements in all three regimes: ~1 (where the random
+#: draws look: learning rates, betas, weight decay; a scalar leaf stays there), ~6e-8
+#: (where an epsilon of 1e-8 to 1e-6 in or beside a square root decides the update: Adam,
+#: RMSProp, Adagrad, LAMB, AdaBelief's eps_root) and ~9e-16 (g^2 ~ 1e-30: Adafactor's
+#: epsilon1).
+MIXED_SCALES = (1.0, TINY_SCALE, 2.0 ** -50)
+#: Dtypes whose normal range ends above this get the random draws unscaled in ``'mixed'``
+#: (float16: 6e-5; the squared tiny draws need about 2**-124).
+MIXED_MIN_TINY = 2.0 ** -124
+# GRADS, the draws' names, and DEFAULT_GRADS ('mixed'), the draws check(), `optim-migrate
+# check` / `record`, pyproject entries and the pytest plugin use when none is named, live
+# in the jax-free cli module (its parser needs them)
+from equivalence_tests.cli import DEFAULT_GRADS, GRADS  # noqa: E402
 
 
 def _tiny_grads(seed):
@@ -193,6 +219,49 @@ def _tiny_grads(seed):
                                                               n_devices))
   grads.params_free = True
   return grads
+
+
+def mixed_scales(shape, dtype) -> np.ndarray:
+  """The factors ``'mixed'`` multiplies a leaf's random draw by (``shape``, in ``dtype``):
+  ``MIXED_SCALES[i % 3]`` for flat (row-major) element ``i``, or all ones for a dtype too
+  narrow for the tiny bands (float16, see ``MIXED_MIN_TINY``). Read-only (cached: every
+  step and device share it)."""
+  return _mixed_scales(tuple(int(d) for d in shape), np.dtype(dtype))
+
+
+@functools.lru_cache(maxsize=256)
+def _mixed_scales(shape: tuple, dtype: np.dtype) -> np.ndarray:
+  size = int(np.prod(shape, dtype=np.int64))
+  if float(jnp.finfo(dtype).tiny) > MIXED_MIN_TINY:
+    out = np.ones(shape, dtype)
+  else:
+    bands = np.asarray(MIXED_SCALES, np.float64)[np.arange(size) % len(MIXED_SCALES)]
+    out = bands.reshape(shape).astype(dtype)
+  out.setflags(write=False)
+  return out
+
+
+def narrow_leaves(params) -> list[str]:
+  """Paths of the leaves ``'mixed'`` gives unscaled random draws (float16)."""
+  leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+  return [jax.tree_util.keystr(p) for p, v in leaves
+          if float(jnp.finfo(np.asarray(v).dtype if not hasattr(v, 'dtype') else v.dtype).tiny)
+          > MIXED_MIN_TINY]
+
+
+def _mixed_grads(seed):
+  def grads(step, params, device=None, n_devices=1):
+    def scale(g):
+      dtype = np.asarray(g).dtype
+      return (g * mixed_scales(np.shape(g), dtype)).astype(dtype)
+    return jax.tree_util.tree_map(scale, core.reference_grads(params, step, seed, device,
+                                                              n_devices))
+  grads.params_free = True
+  return grads
+
+
+#: ``grads=<name>``: the draw functions of ``seed``.
+_NAMED_GRADS = {'random': _random_grads, 'tiny': _tiny_grads, 'mixed': _mixed_grads}
 
 
 def _user_grads(fn):
@@ -546,10 +615,10 @@ def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int
   params = materialize(params, seed)
   if isinstance(grads, PerDeviceGrads):
     grads_fn = grads
-  elif grads in (None, 'random'):
+  elif grads is None:
     grads_fn = _random_grads(seed)
-  elif grads == 'tiny':
-    grads_fn = _tiny_grads(seed)
+  elif isinstance(grads, str):
+    grads_fn = _NAMED_GRADS[grads](seed)
   else:
     grads_fn = _user_grads(grads)
   out: dict = {'replicas': {}}
@@ -607,7 +676,7 @@ def _worker() -> int:
 
 
 def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
-          mode: str = 'pmap', grads: str | Callable = 'random', seed: int = 0,
+          mode: str = 'pmap', grads: str | Callable = DEFAULT_GRADS, seed: int = 0,
           max_ulp: float = 4) -> Report:
   """Run ``legacy`` and ``tx`` side by side and compare their parameter trajectories.
 
@@ -621,13 +690,16 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     steps: jitted steps per run.
     devices: device counts to run (``'single'`` mode: only 1).
     mode: ``'single'``, ``'pmap'`` or ``'sharded'`` (see the module docstring).
-    grads: ``'random'`` (deterministic, from ``seed``: multiples of 2**-12 in
-      (-8, 8)), ``'tiny'`` (the same draws times 2**-24, not for float16 leaves: the
-      regime where an epsilon's placement or size decides the update; a
-      migration that gets one wrong differs by millions of ulp there and may
-      pass with ``'random'``), or ``(step, params) -> grads`` evaluated at each
-      optimizer's own current params (e.g. the gradient of your loss); every
-      device gets the same share.
+    grads: ``'mixed'`` (the default): the random draws with each leaf's elements
+      cycling through the scales 1, 2**-24 and 2**-50 (``MIXED_SCALES``), so one run
+      covers the regime where learning rates and betas show and the regimes where an
+      epsilon's placement or size decides the update (float16 leaves keep the scale 1:
+      the tiny bands underflow there; the report notes them). ``'random'``
+      (deterministic, from ``seed``: multiples of 2**-12 in (-8, 8)); a migration that
+      gets an epsilon wrong may pass with it (``optax.adam(eps=1e-6)`` for ``Adam``:
+      2 ulp). ``'tiny'`` (the random draws times 2**-24, not for float16 leaves). Or
+      ``(step, params) -> grads`` evaluated at each optimizer's own current params
+      (e.g. the gradient of your loss); every device gets the same share.
     seed: seeds the params (for ``ShapeDtypeStruct`` leaves) and the gradients.
     max_ulp: bound on every leaf's distance, in ulps of that leaf's largest
       magnitude over the run (0: bitwise).
@@ -662,15 +734,36 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     raise ValueError(f'max_ulp must be >= 0, got {max_ulp}')
   if isinstance(grads, str) and grads not in GRADS:
     raise ValueError(f'grads must be one of {GRADS} or a callable, got {grads!r}')
-  if grads == 'tiny' and 'float16' in dtype_names(materialize(params, seed)).values():
-    raise ValueError("grads='tiny' with float16 leaves: an epsilon of 1e-8 and the squared "
-                     "gradients underflow in float16, so both sides divide by zero; use 'random'")
+  refuse_draws(grads, params, seed)
   if not jax.tree_util.tree_leaves(params):
     raise ValueError('params has no leaves: nothing to check')
-  validate_tx(tx, materialize(params, seed))  # the leaves and tx, before any subprocess starts
+  concrete = materialize(params, seed)
+  validate_tx(tx, concrete)  # the leaves and tx, before any subprocess starts
   results = collect(legacy, tx, params, grads=grads, steps=steps, seed=seed, mode=mode,
                     devices=devices)
-  return report(results, dtype_names(materialize(params, seed)), steps, max_ulp)
+  return report(results, dtype_names(concrete), steps, max_ulp, grads=grads,
+                notes=grads_notes(grads, concrete))
+
+
+def refuse_draws(grads, params, seed: int = 0) -> None:
+  """Raise ValueError for ``grads='tiny'`` with float16 leaves (``params``: any tree
+  :func:`materialize` takes)."""
+  if grads == 'tiny' and 'float16' in dtype_names(materialize(params, seed)).values():
+    raise ValueError("grads='tiny' with float16 leaves: an epsilon of 1e-8 and the squared "
+                     "gradients underflow in float16, so both sides divide by zero; use "
+                     "'mixed' (float16 leaves keep the random draws there) or 'random'")
+
+
+def grads_notes(grads, params) -> tuple:
+  """What the report says about the draws ``grads`` gives ``params`` (concrete leaves)."""
+  if grads != 'mixed':
+    return ()
+  narrow = narrow_leaves(params)
+  if not narrow:
+    return ()
+  return (f'{len(narrow)} float16 leaf/leaves ({", ".join(narrow[:5])}'
+          f'{", ..." if len(narrow) > 5 else ""}) got the random draws only: the tiny bands of '
+          "'mixed' underflow in float16, so epsilons are not exercised there",)
 
 
 def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
@@ -679,7 +772,11 @@ def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
 
   Either optimizer may be ``None`` (recording only the legacy side, or
   checking a ``tx`` against a recorded file).
+
+  Raises:
+    ValueError: ``grads='tiny'`` with float16 leaves (:func:`refuse_draws`).
   """
+  refuse_draws(grads, params, seed)
   payload = dict(legacy=legacy, tx=tx, params=params, grads=grads, steps=steps, seed=seed)
   have = jax.local_device_count()
   elsewhere = [n for n in devices if n > have]
@@ -695,8 +792,10 @@ def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
   return {(mode, n): results[(mode, n)] for n in devices}
 
 
-def report(results: dict, dtypes: dict, steps: int, max_ulp: float) -> Report:
-  """The :class:`Report` of :func:`collect`'s results (``dtypes``: leaf path -> dtype name)."""
+def report(results: dict, dtypes: dict, steps: int, max_ulp: float, grads='random',
+           notes: tuple = ()) -> Report:
+  """The :class:`Report` of :func:`collect`'s results (``dtypes``: leaf path -> dtype name;
+  ``grads``: the draws' name, or a callable; ``notes``: extra report lines)."""
   per_leaf: dict = {}
   worst = None
   replicas = {}
@@ -720,7 +819,9 @@ def report(results: dict, dtypes: dict, steps: int, max_ulp: float) -> Report:
                         float(e[idx]), float(a[idx]), d)
   max_found = max(per_leaf.values(), default=0.0)
   ok = max_found <= max_ulp and all(replicas.values())
-  return Report(ok, max_found, max_ulp, worst, per_leaf, replicas, list(results), steps)
+  name = grads if isinstance(grads, str) else 'callable'
+  return Report(ok, max_found, max_ulp, worst, per_leaf, replicas, list(results), steps, name,
+                tuple(notes))
 
 
 if __name__ == '__main__':

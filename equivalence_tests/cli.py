@@ -2,7 +2,7 @@
 
     optim-migrate check --legacy "Adam(learning_rate=1e-3, weight_decay=1e-4)" \\
         --tx "optax.adamw(1e-3, weight_decay=1e-4)" --params model:params \\
-        [--devices 1,2,4,8] [--mode pmap] [--steps 20] [--max-ulp 4]
+        [--devices 1,2,4,8] [--mode pmap] [--steps 20] [--max-ulp 4] [--grads mixed]
     optim-migrate check                      # every [[tool.optim-migrate.check]] entry
     optim-migrate record --legacy "Adam(...)" --params shapes.json -o traj.npz   # old stack
     optim-migrate check --against traj.npz --tx "optax.adamw(...)"               # new stack
@@ -12,6 +12,12 @@ Exit status: 0 all checks pass, 1 a check differs (its table is printed),
 of real ``flax.optim`` where it exists (Flax <= 0.5.3), else of
 ``optim_compat`` (``record`` then notes on stderr that it records the shim);
 ``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and ``optim_compat``.
+
+``--grads`` (default ``mixed``): the gradient draws both sides get, for ``check`` and
+``record`` alike. ``mixed`` puts a third of each leaf's elements in the regime where an
+epsilon's placement or size decides the update (``random`` alone can pass a wrong
+epsilon). ``check --against`` uses the draws the file was recorded with (files from
+before ``record --grads`` recorded ``random``).
 
 ``--params``: ``module:attribute`` (an importable pytree, or a function
 returning one; the current directory is importable), ``file.npz`` (keys
@@ -33,6 +39,13 @@ import zipfile
 
 EXIT_OK, EXIT_DIFFERS, EXIT_BAD_INPUT = 0, 1, 2
 
+#: The named gradient draws (``equivalence_tests.checker``: ``MIXED_SCALES``, ``TINY_SCALE``).
+GRADS = ('mixed', 'random', 'tiny')
+#: The draws ``check``, ``record``, pyproject entries, ``equivalence_tests.check`` and the
+#: pytest plugin use when none is named: one run whose leaves cycle through the scales 1,
+#: 2**-24 and 2**-50 element by element (so epsilon mistakes show, see the README).
+DEFAULT_GRADS = 'mixed'
+
 
 class BadInput(ValueError):
   """Input the user has to fix; printed without a traceback (exit status 2)."""
@@ -47,9 +60,6 @@ def register(subparsers) -> None:
   p.add_argument('--against', metavar='TRAJ.npz', help='a trajectory file from `record`')
   p.add_argument('--max-ulp', type=float, default=4.0,
                  help='the largest difference that passes, in ulp (finite, >= 0; default 4)')
-  p.add_argument('--grads', choices=('random', 'tiny'), default='random',
-                 help='gradients both sides get: random draws, or the same times 2**-24 '
-                      '(tiny: where epsilons decide the update; run both)')
   p.add_argument('--config', default='pyproject.toml',
                  help='read [[tool.optim-migrate.check]] entries from this file when '
                       '--tx is not given (default: ./pyproject.toml)')
@@ -61,9 +71,12 @@ def register(subparsers) -> None:
   p.set_defaults(func=cmd_record)
 
 
-#: What ``--devices``, ``--mode``, ``--steps`` and ``--seed`` are when not given (their
-#: parser default is None, so ``check --against`` can tell a given one from a default).
-RUN_DEFAULTS = {'devices': '1', 'mode': 'pmap', 'steps': 20, 'seed': 0}
+#: What ``--devices``, ``--mode``, ``--steps``, ``--seed`` and ``--grads`` are when not given
+#: (their parser default is None, so ``check --against`` can tell a given one from a default).
+RUN_DEFAULTS = {'devices': '1', 'mode': 'pmap', 'steps': 20, 'seed': 0, 'grads': DEFAULT_GRADS}
+#: The draws of a trajectory file recorded before ``record`` had ``--grads`` (no
+#: ``grads`` in its metadata): it recorded the random draws.
+RECORDED_GRADS_BEFORE = 'random'
 
 
 def _common(p) -> None:
@@ -74,6 +87,11 @@ def _common(p) -> None:
                  help='default pmap')
   p.add_argument('--steps', type=int, default=None, help='default 20')
   p.add_argument('--seed', type=int, default=None, help='default 0')
+  p.add_argument('--grads', choices=GRADS, default=None,
+                 help=f'gradients both sides get (default {DEFAULT_GRADS}): mixed: the random '
+                      'draws with each leaf\'s elements cycling through the scales 1, 2**-24 '
+                      'and 2**-50 (so a wrong epsilon shows; float16 leaves keep 1); random: '
+                      'the draws alone (may pass a wrong epsilon); tiny: the draws times 2**-24')
 
 
 def _given(args) -> dict:
@@ -372,7 +390,7 @@ def load_trajectory(path: str):
 
 
 def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, max_ulp,
-               label='', grads='random') -> int:
+               label='', grads=DEFAULT_GRADS) -> int:
   from equivalence_tests import checker
   if not legacy_expr or not tx_expr:
     raise BadInput('check needs --legacy and --tx (or --against with --tx, or '
@@ -395,11 +413,12 @@ def _check_against(args) -> int:
   from equivalence_tests import checker
   if not args.tx:
     raise BadInput('--against needs --tx')
-  if args.grads != 'random':
-    raise BadInput(f'--grads {args.grads} with --against: a recorded trajectory was driven by '
-                   'the random gradients (record has no --grads)')
   index, arrays = load_trajectory(args.against)
   meta = index['meta']
+  grads = meta.get('grads', RECORDED_GRADS_BEFORE)
+  if grads not in GRADS:
+    raise BadInput(f'--against {args.against}: recorded with unknown gradient draws {grads!r} '
+                   f'(this version knows {", ".join(GRADS)}; a newer record wrote it?)')
   runs = _recorded_runs(args, index, meta)
   if index['tree'] is not None and not args.params:
     params = jax.tree_util.tree_map(lambda name: arrays[name], index['tree'])
@@ -414,7 +433,7 @@ def _check_against(args) -> int:
   for run_key, run in runs.items():
     mode, n = run_key.split('/')
     try:
-      mine = checker.collect(None, tx, params, grads='random', steps=meta['steps'],
+      mine = checker.collect(None, tx, params, grads=grads, steps=meta['steps'],
                              seed=meta['seed'], mode=mode, devices=[int(n)])
     except (ValueError, TypeError) as e:
       raise BadInput(str(e)) from None
@@ -429,7 +448,8 @@ def _check_against(args) -> int:
     results[(mode, int(n))] = {'legacy': legacy, 'tx': mine['tx'],
                                'replicas': {'legacy': run['replicas'],
                                             'tx': mine['replicas']['tx']}}
-  report = checker.report(results, index['dtypes'], meta['steps'], args.max_ulp)
+  report = checker.report(results, index['dtypes'], meta['steps'], args.max_ulp, grads=grads,
+                          notes=checker.grads_notes(grads, params))
   print(f'against {args.against} (recorded with {meta["legacy"]} on jax {meta["jax"]}, '
         f'flax {meta["flax"]}):\n{report}')
   return EXIT_OK if report.ok else EXIT_DIFFERS
@@ -437,21 +457,25 @@ def _check_against(args) -> int:
 
 def _recorded_runs(args, index, meta) -> dict:
   """The recorded runs ``check --against`` compares: all of them, or those of the device
-  counts ``--devices`` names. ``--mode``, ``--steps`` and ``--seed`` are the recording's.
+  counts ``--devices`` names. ``--mode``, ``--steps``, ``--seed`` and ``--grads`` are the
+  recording's (a file without ``grads`` recorded the random draws).
 
   Raises:
     BadInput: ``--devices`` names a count the file was not recorded on, or ``--mode``,
-      ``--steps``, ``--seed`` or ``--legacy`` is given and differs from the recorded one
+      ``--steps``, ``--seed``, ``--grads`` or ``--legacy`` is given and differs from the
+      recorded one
       (``--legacy``: another def or other hyper-parameters; ``Adam(1e-3)`` and
       ``Adam(learning_rate=0.001)`` are the same).
   """
   runs = index['runs']
   recorded = sorted({int(key.split('/')[1]) for key in runs})
   given = _given(args)
-  for key in ('mode', 'steps', 'seed'):
-    if key in given and given[key] != meta[key]:
+  recorded_with = {'mode': meta['mode'], 'steps': meta['steps'], 'seed': meta['seed'],
+                   'grads': meta.get('grads', RECORDED_GRADS_BEFORE)}
+  for key, value in recorded_with.items():
+    if key in given and given[key] != value:
       raise BadInput(f'--{key} {given[key]} does not apply with --against: {args.against} was '
-                     f'recorded with --{key} {meta[key]} (record again to check another)')
+                     f'recorded with --{key} {value} (record again to check another)')
   if args.legacy is not None and not _same_legacy(args.legacy, meta.get('legacy')):
     raise BadInput(f'--legacy {args.legacy!r} does not apply with --against: {args.against} was '
                    f'recorded with --legacy {meta.get("legacy")!r} (record again to check '
@@ -534,7 +558,7 @@ ENTRY_KEYS = {
     'steps': (lambda v: _is_int(v), 'an integer'),
     'seed': (lambda v: _is_int(v), 'an integer'),
     'max-ulp': (lambda v: _is_int(v) or isinstance(v, float), 'a number'),
-    'grads': (lambda v: v in ('random', 'tiny'), 'one of "random", "tiny"'),
+    'grads': (lambda v: v in GRADS, 'one of ' + ', '.join(f'"{g}"' for g in GRADS)),
 }
 
 
@@ -608,7 +632,7 @@ def cmd_check(args) -> int:
     if args.against:
       return _check_against(args)
     # what the command line gives applies to the entries that do not set it themselves
-    given = {k: getattr(args, k) for k in RUN_DEFAULTS if getattr(args, k) is not None}
+    given = _given(args)
     _with_defaults(args)
     check_run_options(args.steps, args.seed)  # the seed's bound depends on the steps
     if args.tx or args.legacy:
@@ -626,7 +650,7 @@ def cmd_check(args) -> int:
       status = max(status, _run_check(
           e.get('legacy'), e.get('tx'), e.get('params'), run['devices'], run['mode'],
           run['steps'], run['seed'], float(e.get('max-ulp', args.max_ulp)), label=label,
-          grads=e.get('grads', args.grads)))
+          grads=run['grads']))
     return status
   except BadInput as e:
     print(f'optim-migrate check: {e}', file=sys.stderr)
@@ -718,7 +742,7 @@ def cmd_record(args) -> int:
             'against what you ran before', file=sys.stderr)
     try:
       params = checker.materialize(params, args.seed)
-      results = checker.collect(legacy, None, params, grads='random', steps=args.steps,
+      results = checker.collect(legacy, None, params, grads=args.grads, steps=args.steps,
                                 seed=args.seed, mode=args.mode, devices=devices)
     except (ValueError, TypeError) as e:
       raise BadInput(str(e)) from None
@@ -726,12 +750,13 @@ def cmd_record(args) -> int:
     print(f'optim-migrate record: {e}', file=sys.stderr)
     return EXIT_BAD_INPUT
   meta = {'legacy': args.legacy, 'steps': args.steps, 'seed': args.seed, 'mode': args.mode,
-          'devices': devices, 'jax': jax.__version__, 'flax': flax.__version__}
+          'grads': args.grads, 'devices': devices, 'jax': jax.__version__,
+          'flax': flax.__version__}
   try:
     save_trajectory(out, results, params, meta)
   except OSError as e:
     print(f'optim-migrate record: cannot write {out}: {e}', file=sys.stderr)
     return EXIT_BAD_INPUT
-  print(f'wrote {out}: {args.legacy}, {args.steps} steps, {args.mode} on {devices} device(s), '
-        f'jax {jax.__version__}, flax {flax.__version__}')
+  print(f'wrote {out}: {args.legacy}, {args.steps} steps, {args.grads} gradients, {args.mode} '
+        f'on {devices} device(s), jax {jax.__version__}, flax {flax.__version__}')
   return EXIT_OK

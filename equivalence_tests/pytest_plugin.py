@@ -4,7 +4,8 @@
       optim_equivalence(legacy=optim_compat.Adam(1e-3), tx=optax.adam(1e-3),
                         params=my_params, devices=(1, 2))
 
-The fixture calls :func:`equivalence_tests.check` with the same arguments and
+The fixture calls :func:`equivalence_tests.check` with the same arguments (so the
+same defaults: ``grads='mixed'``, the draws that expose a wrong epsilon) and
 fails the test with the report's table when ``report.ok`` is false; it
 returns the :class:`~equivalence_tests.checker.Report` otherwise. Device
 counts the test process lacks run in subprocesses, so no ``XLA_FLAGS`` are

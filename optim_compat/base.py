@@ -74,14 +74,25 @@ class OptimizerDef:
   def apply_gradient(self, hyper_params, params, state, grads):
     """One update of the whole tree; returns ``(new_params, new_state)``.
 
+    Dtypes are legacy flax.optim 0.5.3's: a rule computes ``p - X`` in the wider of
+    the param's and the gradient's dtype, so bfloat16 / float16 params given
+    float32 gradients come back float32 (and so do their state fields), except
+    under Adafactor, which casts the new params back to the params' dtype. (An
+    Optax ``TrainState`` keeps the params' dtype: ``optax.apply_updates`` casts.)
+
     Raises:
       ValueError: ``grads`` do not match the structure of ``params`` (the
         message shows both structures).
+      TypeError: a gradient leaf is ``None`` or not an array or number (table
+        defs; the message names its path).
     """
     if self._spec is not None:
       # fields, not dataclasses.asdict: that deep-copies every (possibly traced) value
       check_hyper_params(self._spec, {f.name: getattr(hyper_params, f.name)
                                       for f in dataclasses.fields(hyper_params)})
+    if params is None and self._spec is not None:  # an empty tree, as legacy takes it
+      transforms.flatten_like(jax.tree_util.tree_structure(None), grads)
+      return None, OptimizerState(state.step + 1, state.param_states)
     if self._spec is None:  # a user's per-leaf def: the legacy loop, exactly
       treedef = jax.tree_util.tree_structure(params)
       flat_states = treedef.flatten_up_to(state.param_states)
@@ -92,12 +103,18 @@ class OptimizerDef:
       new_params_flat, new_states_flat = list(zip(*out)) if out else ((), ())
       return (treedef.unflatten(new_params_flat),
               OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
-    tx = transforms.from_legacy_rule(self, hyper_params, self._spec.param_update)
+    rule = self._spec.param_update
+    new_param_rule = getattr(rule, 'new_param', None)  # the new value itself, exactly
+    tx = transforms.from_legacy_rule(self, hyper_params, new_param_rule or rule)
     opt_state = transforms.LegacyRuleState(state.step, state.param_states)
     updates, new_opt_state = tx.update(grads, opt_state, params)
-    # `p + u` without optax.apply_updates' cast back to p's dtype: legacy returns the
-    # rule's result dtype (an int32 leaf under SGD becomes float32, as in 0.5.3)
-    new_params = jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
+    if new_param_rule is not None:
+      new_params = updates
+    else:
+      # `p + u` without optax.apply_updates' cast back to p's dtype: legacy returns the
+      # rule's result dtype (an int32 leaf under SGD becomes float32, as in 0.5.3; bfloat16
+      # params given float32 gradients become float32)
+      new_params = jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
     return new_params, OptimizerState(new_opt_state.count, new_opt_state.param_states)
 
   def update_hyper_params(self, **hyper_param_overrides):
@@ -124,8 +141,21 @@ class OptimizerDef:
 
     With ``focus`` (a traversal such as ``ModelParamTraversal``) only the
     selected leaves are optimized: the def is wrapped as
-    ``MultiOptimizer((focus, self))``, as in legacy flax.optim.
+    ``MultiOptimizer((focus, self))``, as in legacy flax.optim. ``None`` in
+    ``target`` is an empty subtree (it stays ``None``), as in legacy.
+
+    Raises:
+      TypeError: (table defs) ``target`` or a leaf of it is not an array or a
+        number (``create('hello')``; legacy failed with ``Cannot determine dtype
+        of hello``, or not at all until the first step), or is a Python number
+        under a def whose rule reads the parameter's dtype or shape (Adam,
+        AdaBelief, LAMB, Adafactor; legacy failed at the first step with
+        ``AttributeError``); the message names the argument and the leaf's path.
     """
+    if focus is None and self._spec is not None:
+      leaves, _ = jax.tree_util.tree_flatten_with_path(target)
+      check_param_leaves(self, [jax.tree_util.keystr(k) for k, _ in leaves],
+                         [v for _, v in leaves], 'create(target)')
     opt_def = MultiOptimizer((focus, self)) if focus is not None else self
     return Optimizer(opt_def, opt_def.init_state(target), target)
 
@@ -151,6 +181,11 @@ class Optimizer(struct.PyTreeNode):
 
     Keyword overrides (e.g. ``learning_rate=lr``, traced values allowed) apply
     to this call only, as in legacy flax.optim.
+
+    Dtypes follow legacy flax.optim 0.5.3: bfloat16 / float16 params given
+    float32 gradients come back float32, state included (Adafactor: in the
+    params' own dtype), where an Optax ``TrainState`` keeps the params' dtype
+    (each def's docstring, "Differences", gives the measured gap).
 
     Raises:
       TypeError: unknown hyper-parameter name.
@@ -234,11 +269,44 @@ class ReplicatedOptimizer(OptimizerDef):
 class _Slot:
   """Placeholder leaf while grouping (legacy passes ``_ShapeDtype`` to filters too)."""
 
-  def __init__(self, value):
+  def __init__(self, value, path: str = ''):
     self.value = value
+    self.path = path
     self.shape = getattr(value, 'shape', ())
     self.dtype = getattr(value, 'dtype', None)
     self.groups: list[int] = []
+
+
+def _slots(params):
+  """``params`` with each leaf a :class:`_Slot` that knows its path."""
+  return jax.tree_util.tree_map_with_path(
+      lambda k, v: _Slot(v, jax.tree_util.keystr(k)), params)
+
+
+#: Table defs whose rules read each parameter's dtype or shape (a Python number has neither).
+_READS_PARAM_DTYPE = frozenset({'Adam', 'AdaBelief', 'LAMB', 'Adafactor'})
+
+
+def check_param_leaves(opt_def, paths, values, what: str) -> None:
+  """Every parameter leaf a table def's rule will see is an array (or a number, where the
+  rule does not read its dtype). ``what`` names the argument (``create(target)``).
+
+  Raises:
+    TypeError: names the argument, the leaf's path (or that it is the whole
+      argument) and what it is.
+  """
+  name = type(opt_def).__name__
+  for path, value in zip(paths, values):
+    where = f'{name}.{what}: ' + (f'the leaf at {path} is' if path else
+                                  f'{what.split("(")[1].rstrip(")")} is')
+    if not transforms.is_array_or_number(value):
+      raise TypeError(f'{where} {transforms.describe_leaf(value)}, not '
+                      f'{"an array or a number" if path else "a pytree of arrays"} (the '
+                      'parameters to optimize)')
+    if not hasattr(value, 'dtype') and name in _READS_PARAM_DTYPE:
+      raise TypeError(f'{where} a Python {type(value).__name__} ({value!r}), not an array: '
+                      f'{name}\'s update reads each parameter\'s dtype and shape (legacy '
+                      'flax.optim 0.5.3 failed with AttributeError); pass jnp.asarray(...)')
 
 
 def _unslot(tree):
@@ -272,10 +340,15 @@ class MultiOptimizer(OptimizerDef):
     self.sub_optimizers = tuple(sub_optimizers)
 
   def init_state(self, params):
-    slots = jax.tree_util.tree_map(_Slot, params)
+    slots = _slots(params)
     for idx, traversal in enumerate(self.traversals):
       for slot in traversal.iterate(slots):
         slot.groups.append(idx)
+    for traversal, opt in zip(self.traversals, self.sub_optimizers):
+      if opt._spec is not None:  # only the leaves a group selects meet its rule
+        picked = list(traversal.iterate(slots))
+        check_param_leaves(opt, [s.path for s in picked], [s.value for s in picked],
+                           'create(target)')
     overlap = jax.tree_util.tree_map(lambda s: s.groups, slots,
                                      is_leaf=lambda x: isinstance(x, _Slot))
     if any(len(g) > 1 for g in jax.tree_util.tree_leaves(
@@ -309,9 +382,12 @@ class MultiOptimizer(OptimizerDef):
   def apply_gradient(self, hyper_params, params, state, grads):
     new_params = params
     new_states = jax.tree_util.tree_map(_Slot, params)
+    names = _slots(params)
     for focus, opt, hp in zip(self.traversals, self.sub_optimizers, hyper_params):
       ps = tuple(focus.iterate(params))
       gs = tuple(focus.iterate(grads))
+      if opt._spec is not None:  # a leaf no group selects may have a None gradient, as legacy
+        transforms.check_gradient_leaves([s.path for s in focus.iterate(names)], ps, gs)
       ss = tuple(focus.iterate(state.param_states))
       group_params, group_state = opt.apply_gradient(hp, ps, OptimizerState(state.step, ss), gs)
       new_params = focus.set(list(group_params), new_params)
@@ -383,6 +459,9 @@ def make_def_class(entry: spec_lib.OptimizerSpec, module: str) -> tuple[type, ty
 
   def apply_param_gradient(self, step, hyper_params, param, state, grad):
     """Legacy per-leaf protocol: ``(new_param, new_state)`` for one leaf."""
+    new_param_rule = getattr(entry.param_update, 'new_param', None)
+    if new_param_rule is not None:
+      return new_param_rule(self, step, hyper_params, param, state, grad)
     update, new_state = entry.param_update(self, step, hyper_params, param, state, grad)
     return param + update, new_state
 

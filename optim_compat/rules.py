@@ -193,6 +193,34 @@ def adafactor_init(cls):
 
 
 def adafactor(opt_def, step, hp, param, state, grad):
+  """The update ``new_param - param``; for bfloat16 / float16 params (whose new value
+  legacy casts back to their dtype) computed in float32, so that ``optax.apply_updates``
+  (``(p + u).astype(p.dtype)``) lands on legacy's value (exactly unless a step shrinks an
+  element by more than 2**16 times), where a bfloat16 difference would round."""
+  new_param, update, new_state = _adafactor(opt_def, step, hp, param, state, grad)
+  if new_param is None:
+    return update, new_state
+  if jnp.finfo(param.dtype).bits < 32:
+    return new_param.astype(jnp.float32) - param.astype(jnp.float32), new_state
+  return new_param - param, new_state
+
+
+def adafactor_new_param(opt_def, step, hp, param, state, grad):
+  """``(new_param, new_state)`` as legacy computes it (the shim's own step, exact)."""
+  new_param, update, new_state = _adafactor(opt_def, step, hp, param, state, grad)
+  if new_param is None or jnp.finfo(param.dtype).bits >= 32:  # as before: p + update
+    return param + (new_param - param if new_param is not None else update), new_state
+  return new_param, new_state
+
+
+#: The shim's ``OptimizerDef.apply_gradient`` takes a rule's ``new_param`` form where it
+#: has one: the new parameter itself, not ``param + update``.
+adafactor.new_param = adafactor_new_param
+
+
+def _adafactor(opt_def, step, hp, param, state, grad):
+  """``(new_param or None, update or None, new_state)``: ``update`` (``-u``) where legacy
+  returns ``p - u`` in the param's dtype; otherwise legacy's new param, cast to its dtype."""
   lr = require_learning_rate(hp)
   fixed = opt_def.hyper_params  # factoring and parameter scaling: fixed at construction
   grad = grad.astype(jnp.float32)
@@ -226,12 +254,12 @@ def adafactor(opt_def, step, hp, param, state, grad):
     subtrahend = m
     new['m'] = m.astype(opt_def.dtype_momentum)
   if hp.weight_decay_rate is None and param.dtype == subtrahend.dtype:
-    return -subtrahend, type(state)(**new)
+    return None, -subtrahend, type(state)(**new)
   if hp.weight_decay_rate is not None:
     new_param = (1.0 - hp.weight_decay_rate) * param - subtrahend
   else:
     new_param = param - subtrahend
-  return new_param.astype(param.dtype) - param, type(state)(**new)
+  return new_param.astype(param.dtype), None, type(state)(**new)
 
 
 # -- Momentum: weight decay is L2 added to the gradient before the momentum ---------

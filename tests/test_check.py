@@ -184,43 +184,160 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
                    '--params', 'my_model:PARAMS', '--mode', 'single', '--max-ulp', '0']) == 0
 
 
-def test_tiny_gradients_expose_epsilon_mistakes_random_ones_can_hide(tmp_path, capsys):
-  """Found by review: RMSProp against optax.rmsprop (eps outside the sqrt) passed with the
-  random draws on random params; the same draws times 2**-24 put the epsilon in charge."""
+def test_default_gradients_expose_epsilon_mistakes_random_ones_hide(tmp_path, capsys):
+  """From the review (issue 15): `check` passed `Adam` against `optax.adam(eps=1e-6)` by
+  default (max 2 ulp, random draws), and RMSProp against optax.rmsprop (eps inside the
+  sqrt). The default draws ('mixed') put a third of each leaf's elements at 2**-24, where
+  the epsilon decides the update: both exit 1 by default; `--grads random` still exists."""
   shapes = str(_shapes_file(tmp_path))
   base = ['check', '--params', shapes, '--mode', 'single', '--steps', '5']
-  wrong = base + ['--legacy', 'RMSProp(learning_rate=1e-3)', '--tx', 'optax.rmsprop(1e-3)']
-  right = base + ['--legacy', 'RMSProp(learning_rate=1e-3)',
-                  '--tx', 'optax.rmsprop(1e-3, eps_in_sqrt=False)']
-  assert cli.main(wrong + ['--grads', 'tiny']) == 1
-  out = capsys.readouterr().out
-  assert 'DIFFERS' in out
-  assert cli.main(right + ['--grads', 'tiny']) == 0
-  assert 'OK' in capsys.readouterr().out
+  rms_wrong = base + ['--legacy', 'RMSProp(learning_rate=1e-3)', '--tx', 'optax.rmsprop(1e-3)']
+  rms_right = base + ['--legacy', 'RMSProp(learning_rate=1e-3)',
+                      '--tx', 'optax.rmsprop(1e-3, eps_in_sqrt=False)']
+  adam_wrong = base + ['--legacy', 'Adam(learning_rate=1e-3)', '--tx', 'optax.adam(1e-3, eps=1e-6)']
+  adam_right = base + ['--legacy', 'Adam(learning_rate=1e-3)', '--tx', 'optax.adam(1e-3)']
+  for wrong in (rms_wrong, adam_wrong):
+    assert cli.main(wrong) == 1, wrong
+    out = capsys.readouterr().out
+    assert 'DIFFERS' in out and 'mixed gradients' in out, out
+  for right in (rms_right, adam_right):
+    assert cli.main(right) == 0, right
+    assert 'optimizer equivalence: OK' in capsys.readouterr().out
+  # the random draws alone hide the Adam one (measured 2 ulp over 5 steps, bound 4)
+  assert cli.main(adam_wrong + ['--grads', 'random']) == 0
+  assert 'random gradients' in capsys.readouterr().out
+  assert cli.main(rms_wrong + ['--grads', 'tiny']) == 1
+  capsys.readouterr()
   report = checker.check(optim.Adam(learning_rate=1e-3), optax.adam(1e-3, eps=1e-6),
-                         jax.ShapeDtypeStruct((16, 8), np.float32), steps=5, mode='single',
-                         grads='tiny')
-  assert not report.ok and report.max_ulp > 1e5
+                         jax.ShapeDtypeStruct((16, 8), np.float32), steps=5, mode='single')
+  assert not report.ok and report.max_ulp > 1e4 and report.grads == 'mixed'  # measured 1.2e5
+  assert checker.check.__kwdefaults__['grads'] == checker.DEFAULT_GRADS == 'mixed'
   with pytest.raises(ValueError, match="grads='tiny' with float16 leaves"):
     checker.check(optim.Adam(1e-3), optax.adam(1e-3), {"w": np.ones(3, np.float16)},
                   grads='tiny')
   with pytest.raises(ValueError, match="grads must be one of"):
     checker.check(optim.Adam(1e-3), optax.adam(1e-3), {"w": np.ones(3, np.float32)},
                   grads='small')
-  # pyproject entries: --grads applies to them, and an entry may say its own
-  (tmp_path / 'pyproject.toml').write_text(
-      '[[tool.optim-migrate.check]]\nname = "rms"\nlegacy = "RMSProp(learning_rate=1e-3)"\n'
-      f'tx = "optax.rmsprop(1e-3)"\nparams = "{shapes}"\nmode = "single"\nsteps = 5\n')
+  # pyproject entries: the default applies to them, --grads too, and an entry may say its own
+  entry = ('[[tool.optim-migrate.check]]\nname = "adam"\nlegacy = "Adam(learning_rate=1e-3)"\n'
+           f'tx = "optax.adam(1e-3, eps=1e-6)"\nparams = "{shapes}"\nmode = "single"\n'
+           'steps = 5\n')
+  (tmp_path / 'pyproject.toml').write_text(entry)
   config = ['check', '--config', str(tmp_path / 'pyproject.toml')]
-  assert cli.main(config + ['--grads', 'tiny']) == 1
-  assert '[rms]' in capsys.readouterr().out
-  (tmp_path / 'pyproject.toml').write_text(
-      (tmp_path / 'pyproject.toml').read_text() + 'grads = "tiny"\n')
   assert cli.main(config) == 1
+  assert '[adam] optimizer equivalence: DIFFERS' in capsys.readouterr().out
+  assert cli.main(config + ['--grads', 'random']) == 0
   capsys.readouterr()
-  assert cli.main(['check', '--against', 'x.npz', '--tx', 'optax.adam(1e-3)',
-                   '--grads', 'tiny']) == 2
-  assert 'a recorded trajectory was driven by the random gradients' in capsys.readouterr().err
+  (tmp_path / 'pyproject.toml').write_text(entry + 'grads = "random"\n')
+  assert cli.main(config) == 0
+  assert cli.main(config + ['--grads', 'mixed']) == 0  # the entry's own value wins
+  capsys.readouterr()
+  (tmp_path / 'pyproject.toml').write_text(entry + 'grads = "both"\n')
+  assert cli.main(config) == 2
+  assert 'grads must be one of "mixed", "random", "tiny", got \'both\'' in capsys.readouterr().err
+
+
+#: (legacy def, right tx, wrong tx: the epsilon misplaced or mis-sized). Measured with the
+#: default draws over 10 steps on _shapes_file's tree: right <= 1 ulp, wrong >= 682 ulp;
+#: `hidden`: the random draws alone pass the wrong tx (measured <= 1.25 ulp, bound 4).
+EPSILON_PAIRS = {
+    'adam_eps_size': ('Adam(1e-3)', 'optax.adam(1e-3)', 'optax.adam(1e-3, eps=1e-6)', False),
+    'adam_eps_in_sqrt': ('Adam(1e-3)', 'optax.adam(1e-3)',
+                         'optax.adam(1e-3, eps=0.0, eps_root=1e-16)', True),
+    'adabelief_eps_root': ('AdaBelief(1e-3)', 'optax.adabelief(1e-3, eps=1e-16, eps_root=1e-16)',
+                           'optax.adabelief(1e-3, eps=1e-16, eps_root=0.0)', True),
+    'adabelief_eps_root_size': ('AdaBelief(1e-3)',
+                                'optax.adabelief(1e-3, eps=1e-16, eps_root=1e-16)',
+                                'optax.adabelief(1e-3, eps=1e-16, eps_root=1e-12)', True),
+    'rmsprop_eps_in_sqrt': ('RMSProp(1e-3)', 'optax.rmsprop(1e-3, eps_in_sqrt=False)',
+                            'optax.rmsprop(1e-3)', False),
+    'rmsprop_eps_size': ('RMSProp(1e-3)', 'optax.rmsprop(1e-3, eps_in_sqrt=False)',
+                         'optax.rmsprop(1e-3, eps=1e-6, eps_in_sqrt=False)', False),
+    'adagrad_eps_size': ('Adagrad(0.1)', 'optim_compat.transforms.adagrad(0.1)',
+                         'optim_compat.transforms.adagrad(0.1, eps=1e-6)', False),
+    'adagrad_eps_in_sqrt': ('Adagrad(0.1)', 'optim_compat.transforms.adagrad(0.1)',
+                            'optax.adagrad(0.1, initial_accumulator_value=0.0, eps=1e-16)', True),
+    'adadelta_eps_size': ('Adadelta(1.0)', 'optax.adadelta(1.0, rho=0.9, eps=1e-6)',
+                          'optax.adadelta(1.0, rho=0.9, eps=1e-8)', False),
+    'adafactor_epsilon1': ('Adafactor(0.1)', 'optim_compat.transforms.adafactor(0.1)',
+                           'optim_compat.transforms.adafactor(0.1, epsilon1=1e-28)', True),
+    'adafactor_factored_epsilon1': (
+        'Adafactor(0.1, min_dim_size_to_factor=2)',
+        'optim_compat.transforms.adafactor(0.1, min_dim_size_to_factor=2)',
+        'optim_compat.transforms.adafactor(0.1, min_dim_size_to_factor=2, epsilon1=1e-20)', True),
+    'lamb_eps_size': ('LAMB(1e-3)', 'optim_compat.transforms.lamb(1e-3)',
+                      'optim_compat.transforms.lamb(1e-3, eps=1e-8)', True),
+    'lamb_eps_in_sqrt': ('LAMB(1e-3)', 'optim_compat.transforms.lamb(1e-3)',
+                         'optax.lamb(1e-3, eps=0.0, eps_root=1e-12)', True),
+}
+
+
+@pytest.mark.parametrize('name', sorted(EPSILON_PAIRS))
+def test_default_draws_catch_epsilon_placement_and_size(name, tmp_path):
+  from equivalence_tests import cli as check_cli
+  legacy_src, right_src, wrong_src, hidden = EPSILON_PAIRS[name]
+  params = check_cli.load_params(str(_shapes_file(tmp_path)))
+  legacy = check_cli.legacy_def(legacy_src)
+  run = lambda tx_src, **kw: check_fn(legacy, check_cli.tx_def(tx_src, params), params,
+                                      steps=10, mode='single', **kw)
+  right, wrong = run(right_src), run(wrong_src)
+  assert right.ok and right.max_ulp <= 2, right  # measured <= 1
+  assert not wrong.ok and wrong.max_ulp > 100, wrong  # measured >= 682
+  if hidden:
+    assert run(wrong_src, grads='random').ok
+
+
+def test_adafactor_epsilon2_shows_where_a_leaf_is_below_it():
+  """epsilon2 floors RMS(p), a property of the params, not of the draws: any draws catch
+  it on a tree with a zero-initialised bias (measured 9.7e7 ulp); with every leaf's RMS
+  above epsilon2 (the 0.1-scale values drawn for ShapeDtypeStruct leaves) it makes no
+  difference to any update, so nothing can."""
+  wrong = optim.transforms.adafactor(0.1, epsilon2=1e-2)
+  assert not check_fn(optim.Adafactor(0.1), wrong, _params(), steps=5, mode='single').ok
+  shapes = {'w': jax.ShapeDtypeStruct((16, 8), jnp.float32)}
+  assert check_fn(optim.Adafactor(0.1), wrong, shapes, steps=5, mode='single').max_ulp == 0
+
+
+def test_mixed_draws_are_exact_bands_of_the_random_ones_and_keep_float16_unscaled():
+  params = {'a': np.zeros((2, 4), np.float32), 'b': jnp.zeros((5,), jnp.bfloat16),
+            'h': jnp.zeros((4,), jnp.float16), 's': np.float32(0)}
+  mixed, random = checker._mixed_grads(3), checker._random_grads(3)
+  bands = np.asarray([1, 2.0 ** -24, 2.0 ** -50])
+  for device, n in ((None, 1), (0, 2), (1, 2), (3, 4)):
+    m, r = mixed(2, params, device, n), random(2, params, device, n)
+    for k in ('a', 'b'):
+      want = np.asarray(r[k], np.float64).ravel() * bands[np.arange(np.size(r[k])) % 3]
+      np.testing.assert_array_equal(np.asarray(m[k], np.float64).ravel(), want)
+      assert np.asarray(m[k]).dtype == np.asarray(r[k]).dtype
+    np.testing.assert_array_equal(np.asarray(m['h']), np.asarray(r['h']))  # float16: unscaled
+    assert float(m['s']) == float(r['s'])  # a scalar is element 0: scale 1
+  # the shares still average exactly to the single-device draw, in every band
+  for n in (2, 4, 8):
+    mean = sum(np.asarray(mixed(1, params, d, n)['a'], np.float64) for d in range(n)) / n
+    np.testing.assert_array_equal(mean, np.asarray(mixed(1, params)['a'], np.float64))
+  assert checker.narrow_leaves(params) == ["['h']"]
+
+
+def test_float16_and_bfloat16_right_pairs_pass_by_default_and_float16_is_noted():
+  """Where the tiny bands would underflow (float16), those leaves keep the random draws and
+  the report says so; bfloat16 has float32's exponent range and gets every band."""
+  for dtype in (jnp.float16, jnp.bfloat16):
+    params = {'w': jax.ShapeDtypeStruct((16, 8), dtype), 'b': jax.ShapeDtypeStruct((8,), dtype)}
+    for legacy, tx in ((optim.GradientDescent(0.1), optax.sgd(0.1)),
+                       (optim.Momentum(0.1, nesterov=True), optax.sgd(0.1, 0.9, nesterov=True)),
+                       (optim.Adagrad(0.05), optim.transforms.adagrad(0.05))):
+      report = check_fn(legacy, tx, params, steps=5, mode='single', max_ulp=2)
+      assert report.ok, (dtype, report)
+      if dtype == jnp.float16:
+        assert report.notes and "['b'], ['w']" in report.notes[0], report.notes
+        assert 'got the random draws only' in str(report)
+      else:
+        assert report.notes == ()
+  # a tree with float16 and float32 leaves: only the float16 ones are named
+  mixed_tree = {'h': jax.ShapeDtypeStruct((3,), jnp.float16), 'f': jax.ShapeDtypeStruct((3,), jnp.float32)}
+  report = check_fn(optim.GradientDescent(0.1), optax.sgd(0.1), mixed_tree, steps=2,
+                    mode='single', max_ulp=0)
+  assert report.ok and "1 float16 leaf/leaves (['h'])" in report.notes[0]
 
 
 def test_cli_bad_tx_and_devices_exit_2_naming_them(tmp_path, capsys, monkeypatch):
@@ -454,6 +571,51 @@ def test_check_against_refuses_run_options_the_trajectory_was_not_recorded_with(
   assert 'runs: singlex1' in capsys.readouterr().out
 
 
+def _strip_recorded_grads(src, dst):
+  """``dst``: ``src`` as record wrote it before ``--grads`` (no ``grads`` in its metadata)."""
+  with np.load(src) as data:
+    arrays = dict(data)
+  index = json.loads(bytes(arrays['index']).decode())
+  del index['meta']['grads']
+  arrays['index'] = np.frombuffer(json.dumps(index).encode(), np.uint8)
+  np.savez(dst, **arrays)
+
+
+def test_record_records_the_default_draws_and_against_uses_the_recorded_ones(
+    tmp_path, capsys, monkeypatch):
+  """record records what check runs by default ('mixed'), so --against catches a wrong
+  epsilon too; a file from before record had --grads (no grads in its metadata) recorded
+  the random draws and is still read as such; a --grads other than the file's is refused."""
+  monkeypatch.chdir(tmp_path)
+  shapes = str(_shapes_file(tmp_path))
+  record = ['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '5',
+            '--mode', 'single']
+  assert cli.main(record + ['-o', 'mixed.npz']) == 0
+  assert 'Adam(1e-3), 5 steps, mixed gradients' in capsys.readouterr().out
+  assert cli.main(record + ['--grads', 'random', '-o', 'random.npz']) == 0
+  capsys.readouterr()
+  _strip_recorded_grads('random.npz', 'old.npz')
+  wrong, right = 'optax.adam(1e-3, eps=1e-6)', 'optax.adam(1e-3)'
+  against = lambda f, tx, *extra: cli.main(['check', '--against', f, '--tx', tx, *extra])
+  assert against('mixed.npz', wrong) == 1
+  out = capsys.readouterr().out
+  assert 'DIFFERS' in out and 'mixed gradients' in out
+  assert against('mixed.npz', right) == 0
+  assert against('mixed.npz', right, '--grads', 'mixed') == 0
+  capsys.readouterr()
+  for f, recorded in (('old.npz', 'random'), ('random.npz', 'random')):
+    assert against(f, right) == 0
+    assert 'random gradients' in capsys.readouterr().out
+    assert against(f, wrong) == 0  # the random draws hide it: record again to catch it
+    capsys.readouterr()
+    assert against(f, right, '--grads', 'mixed') == 2
+    assert capsys.readouterr().err == (
+        f'optim-migrate check: --grads mixed does not apply with --against: {f} was recorded '
+        f'with --grads {recorded} (record again to check another)\n')
+  assert against('mixed.npz', right, '--grads', 'tiny') == 2
+  assert 'recorded with --grads mixed' in capsys.readouterr().err
+
+
 def test_cli_reads_pyproject_entries(tmp_path, capsys):
   shapes = _shapes_file(tmp_path)
   config = tmp_path / 'pyproject.toml'
@@ -543,6 +705,7 @@ def test_record_in_the_old_stack_and_verify_on_the_new(legacy_python, tmp_path, 
       capture_output=True, text=True, cwd=tmp_path, env=env)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'jax 0.4.13, flax 0.5.3' in proc.stdout  # recorded by real flax.optim
+  assert 'mixed gradients' in proc.stdout  # the default draws, as check's
   assert 'the shim' not in proc.stderr and 'note:' not in proc.stderr
   bad_out = subprocess.run(
       [legacy_python, '-W', 'ignore', '-m', 'codemod.cli', 'record', '--legacy', 'Adam(1e-3)',
@@ -557,6 +720,9 @@ def test_record_in_the_old_stack_and_verify_on_the_new(legacy_python, tmp_path, 
   assert 'runs: pmapx1, pmapx2' in out
   assert cli.main(['check', '--against', str(traj), '--tx', 'optax.adamw(2e-3, weight_decay=1e-4)',
                    '--max-ulp', '6']) == 1
+  # a wrong epsilon differs from real flax.optim's recorded trajectory (the mixed draws)
+  assert cli.main(['check', '--against', str(traj), '--tx',
+                   'optax.adamw(1e-3, weight_decay=1e-4, eps=1e-6)', '--max-ulp', '6']) == 1
   truncated = tmp_path / 'truncated.npz'
   truncated.write_bytes(traj.read_bytes()[:200])
   assert cli.main(['check', '--against', str(truncated), '--tx', 'optax.adam(1e-3)']) == 2
@@ -582,6 +748,10 @@ def test_pytest_plugin_fixture(tmp_path):
       def test_different(optim_equivalence):
         optim_equivalence(legacy=optim_compat.GradientDescent(0.1), tx=optax.sgd(0.2),
                           params=PARAMS, mode='single', steps=2)
+
+      def test_wrong_epsilon(optim_equivalence):  # the default draws catch it
+        optim_equivalence(legacy=optim_compat.Adam(1e-3), tx=optax.adam(1e-3, eps=1e-6),
+                          params=PARAMS, mode='single', steps=3)
   '''))
   from importlib import metadata
   installed = any(e.value == 'equivalence_tests.pytest_plugin'
@@ -591,8 +761,9 @@ def test_pytest_plugin_fixture(tmp_path):
                          *plugin, str(tmp_path / 'test_user.py')],
                         capture_output=True, text=True, cwd=tmp_path,
                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
-  assert '1 failed, 1 passed' in proc.stdout, proc.stdout[-3000:]
+  assert '2 failed, 1 passed' in proc.stdout, proc.stdout[-3000:]
   assert "optimizer equivalence: DIFFERS" in proc.stdout and "['w']" in proc.stdout
+  assert 'FAILED test_user.py::test_wrong_epsilon' in proc.stdout
 
 
 @pytest.fixture(scope='module')
@@ -652,8 +823,8 @@ def test_command_line_run_options_apply_to_entries_without_their_own(tmp_path, m
   monkeypatch.setattr(check_cli, '_run_check', lambda *a, **k: calls.append((a[3:8], k)) or 0)
   assert cli.main(['check', '--config', str(config), '--steps', '3', '--devices', '2',
                    '--seed', '7', '--max-ulp', '8']) == 0
-  assert calls == [(('2', 'pmap', 3, 7, 8.0), {'label': '[a] ', 'grads': 'random'}),
-                   (('2', 'single', 5, 7, 2.0), {'label': '[b] ', 'grads': 'random'})]
+  assert calls == [(('2', 'pmap', 3, 7, 8.0), {'label': '[a] ', 'grads': 'mixed'}),
+                   (('2', 'single', 5, 7, 2.0), {'label': '[b] ', 'grads': 'mixed'})]
   calls.clear()
   assert cli.main(['check', '--config', str(config)]) == 0  # no options: the defaults
   assert [c[0] for c in calls] == [('1', 'pmap', 20, 0, 4.0), ('1', 'single', 5, 0, 2.0)]

@@ -713,3 +713,153 @@ def test_restore_sites_keep_working_after_the_migration(legacy, tmp_path):
   other = _target(params, _emitted_tx('Momentum', {'learning_rate': 0.1}))
   with pytest.raises(ck.CheckpointError, match='structure mismatch at opt_state'):
     ck.restore_legacy(tmp_path, other)
+
+
+# -- what a migrated program writes, read back (issue 15) --------------------------------
+
+
+def _emitted_chains():
+  """Every Optax source the codemod may emit: each table entry, plain and with the learning
+  rate injected, the weight-decay / centred forms, the --prefer-stock-optax forms, OM008's
+  multi_transform (groups and focus, unselected leaves frozen) and to_optax of the
+  whole-tree defs."""
+  out = {}
+  variants = {'Momentum': {'weight_decay': '1e-3', 'nesterov': 'True'},
+              'Adam': {'weight_decay': '1e-3'}, 'AdaBelief': {'weight_decay': '1e-3'},
+              'Adadelta': {'weight_decay': '1e-3'}, 'LARS': {'weight_decay': '1e-3'},
+              'RMSProp': {'centered': 'True'}, 'Adafactor': {'beta1': '0.9', 'factored': 'False'}}
+  for name, entry in spec.SPECS.items():
+    for suffix, args in (('', {}), ('_variant', variants.get(name))):
+      if args is None:
+        continue
+      out[f'{name}{suffix}'] = entry.emit({'learning_rate': '0.1', **args})
+      out[f'{name}{suffix}_injected'] = entry.emit(args, True)
+  for name, alt in spec.STOCK_ALTERNATIVES.items():
+    out[f'{name}_stock'] = alt.emit(spec.SPECS[name], {'learning_rate': '0.1'})
+    out[f'{name}_stock_injected'] = alt.emit(spec.SPECS[name], {}, True)
+  labels = "{'w': 'kernels', 'b': 'biases', 'frozen': 'frozen'}"
+  momentum, adam = spec.SPECS['Momentum'].emit({}, True), spec.SPECS['Adam'].emit({}, True)
+  out['multi_transform'] = (f"optax.multi_transform({{'kernels': {momentum}, 'biases': {adam}, "
+                            f"'frozen': optax.set_to_zero()}}, {labels})")
+  out['focus'] = (f"optax.multi_transform({{'focus': {spec.SPECS['Adam'].emit({'learning_rate': '0.1'})}, "
+                  "'frozen': optax.set_to_zero()}, {'w': 'focus', 'b': 'focus', 'frozen': 'frozen'})")
+  out['weight_norm'] = 'optim_compat.to_optax(optim_compat.WeightNorm(optim_compat.Adam(0.1)))'
+  out['multi_optimizer'] = ('optim_compat.to_optax(optim_compat.MultiOptimizer((optim_compat.'
+                            "ModelParamTraversal(lambda p, _: 'w' in p), optim_compat.Adam(0.1))))")
+  return out
+
+
+def _trained_states():
+  """``{chain: (fresh TrainState, the same after one step)}`` on a small tree."""
+  rs = np.random.RandomState(3)
+  params = {'w': rs.standard_normal((6, 5)).astype(np.float32),
+            'b': rs.standard_normal((5,)).astype(np.float32),
+            'frozen': np.ones((2,), np.float32)}
+  out = {}
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    for name, source in _emitted_chains().items():
+      fresh = _target(params, spec.tx_from_source(source))
+      state = fresh
+      if 'injected' in name or name == 'multi_transform':
+        state = state.replace(opt_state=optax.tree_utils.tree_set(
+            state.opt_state, learning_rate=np.float32(0.05)))
+      out[name] = (fresh, state.apply_gradients(grads=jax.tree_util.tree_map(np.cos, params)))
+  return out
+
+
+@pytest.fixture(scope='module')
+def trained():
+  return _trained_states()
+
+
+def _replicated(tree, n=2):
+  return jax.tree_util.tree_map(lambda x: np.stack([np.asarray(x)] * n), tree)
+
+
+def test_every_emitted_chain_restores_from_what_modern_flax_writes(trained, tmp_path):
+  """Found by the tracker (issue 15): a migrated program's own save (modern
+  ``checkpoints.save_checkpoint``: orbax, empty optax states read back as None, tuples as
+  lists) did not restore (``structure mismatch at opt_state/1: expected {}, found None``).
+  Orbax and msgpack, replicated or not, by directory and by ``step=``: bitwise, of the
+  target's structure and dtypes."""
+  fresh = {name: f for name, (f, _) in trained.items()}
+  saved = {name: s for name, (_, s) in trained.items()}
+  checkpoints.save_checkpoint(str(tmp_path / 'orbax'), saved, step=1)
+  checkpoints.save_checkpoint(str(tmp_path / 'replicated'), _replicated(saved), step=1)
+  (tmp_path / 'msgpack').mkdir()
+  (tmp_path / 'msgpack' / 'checkpoint_1').write_bytes(serialization.to_bytes(saved))
+  assert (tmp_path / 'orbax' / 'checkpoint_1').is_dir()  # orbax, as a migrated program writes
+  for kind in ('orbax', 'msgpack', 'replicated'):
+    for step in (None, 1):
+      with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        restored = ck.restore_legacy(tmp_path / kind, fresh, step=step)
+      replicated = [w for w in caught if issubclass(w.category, ck.ReplicatedCheckpointWarning)]
+      assert len(replicated) == (len(saved) if kind == 'replicated' else 0), kind
+      for name in saved:
+        assert _leaves_equal(restored[name], saved[name]), (kind, step, name)
+  # one TrainState at the root, and a tuple container (orbax: a list)
+  adam = 'Adam_variant'
+  checkpoints.save_checkpoint(str(tmp_path / 'one'), saved[adam], step=1)
+  assert _leaves_equal(ck.restore_legacy(tmp_path / 'one', fresh[adam]), saved[adam])
+  checkpoints.save_checkpoint(str(tmp_path / 'pair'), (saved[adam], {'ema': saved[adam].params}),
+                              step=1)
+  pair = ck.restore_legacy(tmp_path / 'pair', (fresh[adam], {'ema': fresh[adam].params}))
+  assert type(pair) is tuple and _leaves_equal(pair, (saved[adam], {'ema': saved[adam].params}))
+
+
+def test_empty_optax_states_are_the_only_nones_taken(trained, tmp_path):
+  """None stands for an empty node only: where the target has an array, it is still an error
+  naming the path."""
+  fresh, saved = trained['Adam']
+  checkpoints.save_checkpoint(str(tmp_path), saved, step=1)
+  sd = ck.read_state_dict(tmp_path)
+  assert sd['opt_state']['1'] is None  # orbax's EmptyState()
+  sd['opt_state']['0']['mu']['w'] = None
+  with pytest.raises(ck.CheckpointError,
+                     match=r'structure mismatch at opt_state/0/mu/w: expected float32\[6, 5\], '
+                           'found None'):
+    ck.restore_legacy(sd, fresh)
+
+
+def test_legacy_replicated_checkpoint_into_a_replicated_target(legacy):
+  """Code that replicates before it restores (``opt = jax_utils.replicate(opt);
+  restore_checkpoint(dir, opt)``, as legacy allowed): every device's copy is restored."""
+  params, target = _replicated_target()
+  single = ck.restore_legacy(_ckpt(legacy, 'replicated_momentum'), target)
+  restored = ck.restore_legacy(_ckpt(legacy, 'replicated_momentum'), _replicated(target))
+  assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(target)
+  assert _leaves_equal(restored, _replicated(single))  # legacy saved equal copies
+  opt = _shim_def('Momentum', {'learning_rate': 0.05, 'beta': 0.8, 'nesterov': True}).create(
+      jax.tree_util.tree_map(jnp.asarray, params))
+  shim = ck.restore_legacy(_ckpt(legacy, 'replicated_momentum'), _replicated(opt))
+  np.testing.assert_array_equal(shim.state.step, [legacy['before']] * 2)
+  # an unreplicated checkpoint into a replicated target: refused, saying what to do
+  with pytest.raises(ck.CheckpointError, match='the target is replicated over 2 devices .step of '
+                                               r'shape \(2,\)\) but the checkpoint is not '
+                                               'replicated: restore into the unreplicated state'):
+    ck.restore_legacy(_ckpt(legacy, 'adam_betas'),
+                      _replicated(_target(cases.params_for('adam_betas'),
+                                          _emitted_tx('Adam', ADAM_KW))))
+
+
+def test_a_shim_optimizer_saved_by_modern_flax_restores(tmp_path):
+  """A program kept on the shim saves its Optimizer with modern save_checkpoint (orbax): it
+  restores into the shim Optimizer bitwise, and into the migrated TrainState."""
+  params = {'w': np.arange(6, dtype=np.float32).reshape(2, 3), 'b': np.ones((3,), np.float32)}
+  grads = jax.tree_util.tree_map(np.cos, params)
+  with warnings.catch_warnings():
+    warnings.simplefilter('ignore', DeprecationWarning)
+    defs = {'GradientDescent': oc.GradientDescent(0.1), 'Adam': oc.Adam(0.1),
+            'MultiOptimizer': oc.MultiOptimizer((oc.ModelParamTraversal(lambda p, _: 'w' in p),
+                                                 oc.Adam(0.1)))}
+    for name, opt_def in defs.items():
+      opt = opt_def.create(params).apply_gradient(grads)
+      checkpoints.save_checkpoint(str(tmp_path / name), opt, step=1)
+      assert (tmp_path / name / 'checkpoint_1').is_dir()
+      assert _leaves_equal(ck.restore_legacy(tmp_path / name, opt_def.create(params)), opt)
+      tx = (oc.to_optax(opt_def) if name == 'MultiOptimizer'
+            else _emitted_tx(name, {'learning_rate': 0.1}))
+      state = ck.restore_legacy(tmp_path / name, _target(params, tx))
+      assert state.step == 1 and _leaves_equal(state.params, opt.target)

@@ -282,22 +282,56 @@ ADD_SETS = [
 
 def test_import_addition_on_the_leading_statements_equals_the_whole_module_pass():
   """``add_imports`` gives LibCST's visitor only the statements it reads; the result
-  equals the visitor's on the whole module, for every fixture and the starts above."""
+  equals the visitor's on the whole module from the insertion point on (the run of
+  imports holding flax.optim's), for every fixture and the starts above."""
   from libcst.codemod.visitors import AddImportsVisitor
   starts = [*ADD_STARTS, *(s + FILLER for s in ADD_STARTS)]
   fixtures = [p.read_text() for p in sorted(FIXTURES.glob('*/*.py'))]
-  reduced = 0
+  reduced = moved = 0
   for source in [*starts, *fixtures]:
     tree = cst.parse_module(source)
-    reduced += import_scope._add_reads(tree.body) < len(tree.body)
+    start = import_scope.insertion_start(tree.body)
+    moved += start > 0
+    rest = tree.body[start:]
+    reduced += import_scope._add_reads(rest) < len(rest)
     for adds in ADD_SETS if source in starts else ADD_SETS[2:4]:
       contexts = [CodemodContext(), CodemodContext()]
       for context in contexts:
         for module, obj, asname in adds:
           AddImportsVisitor.add_needed_import(context, module, obj, asname)
-      whole = AddImportsVisitor(contexts[0]).transform_module(tree).code
+      if start:
+        key = AddImportsVisitor.CONTEXT_KEY
+        contexts[0].scratch[key] = [i for i in contexts[0].scratch[key]
+                                    if not import_scope._present(tree.body[:start], i)]
+      part = AddImportsVisitor(contexts[0]).transform_module(
+          tree if not start else cst.Module(body=rest))
+      whole = part.code if not start else tree.with_changes(
+          body=[*tree.body[:start], *part.body]).code
       assert import_scope.add_imports(contexts[1], tree).code == whole, (source, adds)
-  assert reduced >= 40
+  assert reduced >= 40 and moved >= 5
+
+
+@pytest.mark.parametrize('source,adds,expected', [
+    # after the run holding the flax.optim import, not above the set-up line before it
+    ('import os\nos.environ["A"] = "1"\nimport jax\nfrom flax import optim\n', [('optax', None, None)],
+     'import os\nos.environ["A"] = "1"\nimport jax\nfrom flax import optim\nimport optax\n'),
+    # an import the statements before that run already make is not added twice
+    ('import optax\nx = 1\nfrom flax import optim\n', [('optax', None, None)],
+     'import optax\nx = 1\nfrom flax import optim\n'),
+    # a flax.optim import inside `try:`: right after that statement
+    ('x = 1\ntry:\n  from flax import optim\nexcept ImportError:\n  optim = None\ny = 2\n',
+     [('optax', None, None)],
+     'x = 1\ntry:\n  from flax import optim\nexcept ImportError:\n  optim = None\nimport optax\n\ny = 2\n'),
+    # no flax.optim import: the first run importing jax or flax
+    ('import os\nos.environ["A"] = "1"\nimport jax\nf(jax)\n', [('optax', None, None)],
+     'import os\nos.environ["A"] = "1"\nimport jax\nimport optax\n\nf(jax)\n'),
+])
+def test_imports_are_added_after_the_run_they_belong_to(source, adds, expected):
+  from libcst.codemod.visitors import AddImportsVisitor
+  context = CodemodContext()
+  for module, obj, asname in adds:
+    AddImportsVisitor.add_needed_import(context, module, obj, asname)
+  assert import_scope.add_imports(context, cst.parse_module(source)).code == expected
 
 
 def test_bound_names_of_the_statements_naming_them_equal_the_whole_module_walk():

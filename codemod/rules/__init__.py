@@ -16,8 +16,13 @@ from typing import Iterable, Optional
 
 from codemod.rules.catalog import Rule, table
 
-#: Every rule by id (the catalog: ``codemod.rules.catalog``).
+#: Every rule by id (the catalog: ``codemod.rules.catalog``; the OM2xx family, JAX / Flax APIs
+#: removed beside flax.optim, registers its own table, ``codemod.modern.table``).
 RULES = table()
+
+from codemod.modern import table as _om2xx  # noqa: E402
+
+RULES.update({i: Rule(i, safety, summary) for i, safety, summary in _om2xx.RULES})
 
 from codemod.findings import TODO_PREFIX  # noqa: E402 - (re-exported)
 

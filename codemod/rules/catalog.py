@@ -1,15 +1,16 @@
 """Every rule of the codemod, as data: id, fix safety, summary, why, and an example.
 
-One table: ``optim-migrate rule OMxxx`` prints an entry, the README's rule
-tables are generated from it (``codemod.rules.readme``), and the tests run each
-example through the codemod (``before`` must give ``after`` and report the
-rule). ``readme`` is the entry's README table cell (the summary when empty).
+One table: ``optim-migrate rule OMxxx`` prints an entry (``codemod.rule_docs``,
+also the docs site's rule pages), the README's rule tables are generated from it
+(``codemod.rules.readme``), and the tests run each example through the codemod
+(``before`` must give ``after`` and report the rule). ``readme`` is the entry's
+README table cell (the summary when empty).
 """
 from __future__ import annotations
 
 import dataclasses
 import pathlib
-from typing import Mapping, Optional
+from typing import Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,8 +18,8 @@ class Rule:
   """A rule: its id, its fix safety (``safe``, ``unsafe``: only with ``--unsafe-fixes``, or
   ``manual``: a TODO), the family module that implements it (``codemod.rules.<family>``), a
   one-line summary, why it exists, and an example: ``before`` rewritten (with ``options``,
-  ``codemod.rules.Options`` keywords) gives ``after``. ``files``: a multi-module example,
-  ``{path: (before, after)}``, run over a tree."""
+  ``codemod.rules.Options`` keywords) gives ``after`` (rules that need more than one module,
+  OM123-OM125, have none: their fixtures are ``tests/fixtures/flow``)."""
   id: str
   safety: str
   summary: str
@@ -27,7 +28,6 @@ class Rule:
   before: str = ''
   after: str = ''
   options: Mapping[str, object] = dataclasses.field(default_factory=dict)
-  files: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
   readme: str = ''
 
   @property
@@ -40,26 +40,14 @@ class Rule:
 
   @property
   def kind(self) -> str:
-    """``fix`` (OM0xx: the codemod rewrites) or ``manual`` (OM1xx: it flags)."""
-    return 'fix' if self.id.startswith('OM0') else 'manual'
+    """``fix`` (OM0xx: the codemod rewrites), ``manual`` (OM1xx: it flags), ``modern``
+    (OM2xx: removed JAX / Flax APIs, ``codemod.modern``)."""
+    return {'OM0': 'fix', 'OM1': 'manual'}.get(self.id[:3], 'modern')
 
-  def describe(self) -> str:
-    """The entry as ``optim-migrate rule`` prints it (Markdown)."""
-    out = [f'# {self.id} ({self.safety})', '', self.summary, '']
-    if self.why:
-      out += ['## Why', '', self.why, '']
-    if self.options:
-      out += ['Options: ' + ', '.join(f'{k}={v!r}' for k, v in self.options.items()), '']
-    examples = [(None, self.before, self.after)] if self.before else [
-        (path, before, after) for path, (before, after) in self.files.items()]
-    if examples:
-      out += ['## Example', '']
-      for path, before, after in examples:
-        label = f' ({path})' if path else ''
-        out += [f'Before{label}:', '', '```python', before.rstrip('\n'), '```', '',
-                f'After{label}:', '', '```python', after.rstrip('\n'), '```', '']
-    out.append(f'Implemented in `{self.module}`.')
-    return '\n'.join(out) + '\n'
+  @property
+  def example(self):
+    """``(before, after)``, or None (what ``codemod.rule_docs`` shows)."""
+    return (self.before, self.after) if self.before else None
 
 
 def table() -> dict[str, Rule]:

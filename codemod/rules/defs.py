@@ -307,7 +307,7 @@ def apply_def(ctx, original, updated, fix):
     distance = f'stock Optax, preferred: measured {stock.measured}'
   else:
     distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
-                f'measured <= {spec.stock_max_ulp} ulp from legacy: {spec.differences}')
+                f'measured <= {spec.stock_max_ulp} ulp from legacy') + f': {spec.differences}'
   if 'optim_compat.' in source:  # a faithful transformation (intrinsic difference)
     ctx.add_import('optim_compat')
   fix.findings[0].message = f'flax.optim.{name}(...) -> {source} ({distance})'

@@ -1,0 +1,232 @@
+"""The OM2xx knowledge table: removed JAX / Flax APIs and what replaces them.
+
+Pure data (no LibCST, no project imports): ``codemod.rules`` registers
+:data:`RULES`, ``codemod.modern.rewrite`` applies :data:`APIS`, and the text
+prefilter is derived from the entries' words (:func:`prefilter_words`).
+
+Versions, from the JAX changelog, the Flax sources and the two stacks measured
+here (old: jax 0.4.13 + flax 0.5.3; modern: jax 0.10.2 + flax 0.12.8):
+
+* ``jax.tree_map``, ``tree_leaves``, ``tree_flatten``, ``tree_unflatten``,
+  ``tree_structure``, ``tree_transpose``, ``treedef_is_leaf`` at the top of
+  ``jax``: deprecated in 0.4.26, removed in 0.6.0; the same functions live in
+  ``jax.tree_util`` on every version. ``jax.tree.*`` only exists from 0.4.25
+  on (not on the old stack), so ``jax.tree_util.*`` is the form that runs on
+  both stacks, and the one emitted. ``tree_multimap``: deprecated in 0.3.5,
+  removed in 0.3.16 ("``jax.tree_util.tree_map`` is a direct replacement").
+* ``jax.config.enable_omnistaging()``: omnistaging is on by default since
+  0.2.0 and cannot be disabled since 0.2.12; the method is gone (absent on
+  both stacks).
+* the ``jax.config`` submodule: importing it deprecated in 0.4.25, removed
+  in 0.4.29; ``from jax import config`` is the same object on both stacks.
+* ``jax.numpy.DeviceArray``: deprecated in 0.4.7, removed in 0.4.14
+  (``jax.interpreters.xla.DeviceArray`` likewise); ``jax.Array`` exists since
+  0.4.1. On jax 0.4.13 ``jnp.DeviceArray is jax.Array``; before 0.4.1 it was
+  the concrete array class, and a tracer was not an instance of it.
+* ``jax.ops.index_update`` / ``index_add`` / ``index_mul`` / ``index_min`` /
+  ``index_max`` and ``jax.ops.index``: deprecated in 0.2.22, removed in
+  0.3.2, replaced by ``x.at[idx].set(y)`` (``add``, ``multiply``, ``min``,
+  ``max``), which takes ``indices_are_sorted`` / ``unique_indices`` too.
+  ``jax.ops.index`` was NumPy's ``index_exp``.
+* ``Module.init`` returns a plain ``dict`` since flax 0.7.1 (a ``FrozenDict``
+  before): ``.pop`` / ``.unfreeze()`` are FrozenDict methods;
+  ``flax.core.pop`` (flax >= 0.6.6, not in 0.5.3) and ``flax.core.unfreeze``
+  (both stacks) take either.
+* ``MultiHeadDotProductAttention.__call__``: ``(inputs_q, inputs_kv,
+  mask=None[, deterministic=None])`` in flax 0.3.0 - 0.5.3; now
+  ``(inputs_q, inputs_k=None, inputs_v=None, *, mask=None, deterministic=None,
+  ...)`` (flax 0.7.5): a positional third argument is now the values.
+* ``Dropout.__call__``: flax 0.3.0 has ``(inputs, deterministic=False,
+  rng=None, broadcast_dims=())``; from 0.3.1 on ``deterministic`` defaults to
+  None and must be given (module attribute or call argument), else an error.
+* ``jax.mask`` / ``jax.shapecheck``: removed in 0.3.16, no replacement.
+* ``nn.LSTMCell``: flax 0.3 took no ``features`` and had a static
+  ``initialize_carry(rng, batch_dims, size)``; now ``features`` is required and
+  ``initialize_carry(rng, input_shape)`` is a method (flax 0.7.0).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+#: Rule ids, safety and one-line summaries (registered in ``codemod.rules.RULES``).
+RULES = (
+    ('OM201', 'safe', '`jax.tree_map` / `tree_multimap` / `tree_leaves` / ... -> `jax.tree_util.*` '
+                      '(runs on jax 0.4.13 and today; `jax.tree.*` needs jax >= 0.4.25)'),
+    ('OM202', 'safe', '`jax.config.enable_omnistaging()` removed (omnistaging is always on)'),
+    ('OM203', 'safe', '`from jax.config import config` -> `from jax import config`; '
+                      '`import jax.config` -> `import jax`'),
+    ('OM204', 'safe', '`jnp.DeviceArray` in an annotation -> `jax.Array`'),
+    ('OM205', 'unsafe', '`jnp.DeviceArray` as a value (`isinstance`, ...) -> `jax.Array`: a tracer '
+                        'is a `jax.Array`, it was no `DeviceArray` before jax 0.4.1'),
+    ('OM206', 'safe', '`jax.ops.index_update(x, jax.ops.index[i], y)` (and `index_add` / `_mul` / '
+                      '`_min` / `_max`) -> `x.at[i].set(y)` (`add`, `multiply`, `min`, `max`)'),
+    ('OM207', 'safe', '`v.pop(k)` / `v.unfreeze()` on what a Flax `init` returns (a dict since '
+                      'flax 0.7.1) -> `flax.core.pop(v, k)` / `flax.core.unfreeze(v)`'),
+    ('OM208', 'unsafe', '`a, b = v.pop(k)` / `v.unfreeze()` on a value not proven to come from '
+                        '`init` -> `flax.core.pop` / `flax.core.unfreeze`'),
+    ('OM209', 'safe', '`MultiHeadDotProductAttention(...)(q, kv, mask)` -> `(q, kv, mask=mask)` '
+                      '(a third positional argument is now the values)'),
+    ('OM210', 'safe', '`nn.Dropout(rate)(x)` with no `deterministic` anywhere -> '
+                      '`deterministic=False`, flax 0.3.0\'s default (an error since 0.3.1)'),
+    ('OM211', 'safe', '`lax.dynamic_slice(x, start, jnp.array((a, b)))` -> sizes as a tuple '
+                      '(`slice_sizes` must be static under jit)'),
+    ('OM212', 'safe', '`PIL.Image.fromarray(x)` -> `fromarray(np.asarray(x))` (a jax array has '
+                      'no `__array_interface__`)'),
+    ('OM221', 'manual', '`jax.mask` / `jax.shapecheck`: removed in jax 0.3.16, no replacement'),
+    ('OM222', 'manual', '`nn.LSTMCell()` without `features`, static `initialize_carry`: carry '
+                        'shapes need the hidden size'),
+    ('OM223', 'manual', 'elements of a jax array used as dict keys (0-d arrays are unhashable)'),
+    ('OM224', 'manual', 'a removed JAX API in a form OM2xx does not rewrite'),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Api:
+  """One removed API: how it is found, what replaces it, and why.
+
+  ``old``: qualified names (as LibCST's ``QualifiedNameProvider`` gives them)
+  that denote it; ``new``: the replacement's qualified name for renames, else
+  the new form in words; ``kind`` selects the rewrite in
+  ``codemod.modern.rewrite``; ``words``: strings that must all occur in a
+  file's text for the entry to apply (the prefilter); empty = derived from
+  ``old`` (the first component and the last one of each name).
+  """
+  rule: str
+  kind: str  # 'rename' | 'relocate' | 'drop_call' | 'scatter' | 'frozendict' | 'mha' | 'dropout'
+  #            | 'static_sizes' | 'pil' | 'flag'
+  old: tuple[str, ...]
+  new: Optional[str]
+  why: str
+  before: str
+  after: str
+  since: str
+  words: tuple[tuple[str, ...], ...] = ()
+  #: for 'scatter': the ``.at[...]`` method; for 'flag': the TODO text
+  extra: Optional[str] = None
+
+
+_TREE = ('tree_map', 'tree_leaves', 'tree_flatten', 'tree_unflatten', 'tree_structure',
+         'tree_transpose', 'treedef_is_leaf')
+
+APIS: tuple[Api, ...] = (
+    *(Api('OM201', 'rename', (f'jax.{n}',), f'jax.tree_util.{n}',
+          f'`jax.{n}` was an alias of `jax.tree_util.{n}` (the same function)',
+          f'jax.{n}(...)', f'jax.tree_util.{n}(...)',
+          'deprecated in jax 0.4.26, removed in 0.6.0; jax.tree_util has it on every version')
+      for n in _TREE),
+    Api('OM201', 'rename', ('jax.tree_multimap', 'jax.tree_util.tree_multimap'),
+        'jax.tree_util.tree_map',
+        '`tree_map(f, tree, *rest, is_leaf=None)` took over `tree_multimap`: the same mapping',
+        'jax.tree_multimap(f, a, b)', 'jax.tree_util.tree_map(f, a, b)',
+        'deprecated in jax 0.3.5, removed in 0.3.16'),
+    Api('OM202', 'drop_call', ('jax.config.enable_omnistaging', 'jax.config.config.enable_omnistaging'),
+        None, 'omnistaging is the only mode (default since jax 0.2.0, cannot be disabled since 0.2.12)',
+        'jax.config.enable_omnistaging()', '(statement removed)',
+        'gone from jax 0.4.13 and today'),
+    Api('OM224', 'flag', ('jax.config.disable_omnistaging', 'jax.config.config.disable_omnistaging'),
+        None, 'omnistaging cannot be disabled since jax 0.2.12', 'jax.config.disable_omnistaging()',
+        '(by hand)', 'removed in jax 0.2.12',
+        extra='omnistaging cannot be disabled since jax 0.2.12: code that relied on eager '
+              'constants inside jit (e.g. shapes from jnp values) must use static Python values'),
+    Api('OM203', 'relocate', ('jax.config.config',), 'jax.config',
+        'the `jax.config` submodule is gone; the config object is `jax.config`',
+        'from jax.config import config', 'from jax import config',
+        'importing jax.config deprecated in jax 0.4.25, removed in 0.4.29'),
+    Api('OM203', 'relocate', ('jax.config',), 'jax',
+        '`import jax.config` imports a submodule that no longer exists; `jax.config` is an '
+        'attribute of `jax`', 'import jax.config', 'import jax',
+        'removed in jax 0.4.29', words=(('import jax.config',),)),
+    Api('OM204', 'rename', ('jax.numpy.DeviceArray', 'jax.interpreters.xla.DeviceArray'), 'jax.Array',
+        'the array type is `jax.Array` (on jax 0.4.13 `jnp.DeviceArray is jax.Array`)',
+        'x: jnp.DeviceArray', 'x: jax.Array',
+        'deprecated in jax 0.4.7, removed in 0.4.14; jax.Array since 0.4.1'),
+    *(Api('OM206', 'scatter', (f'jax.ops.{old}',), f'x.at[idx].{new}(y)',
+          f'`jax.ops.{old}(x, idx, y)` was `x[idx] {op} y` out of place, as `x.at[idx].{new}(y)` is',
+          f'jax.ops.{old}(x, jax.ops.index[1:], y)', f'x.at[1:].{new}(y)',
+          'deprecated in jax 0.2.22, removed in 0.3.2', extra=new)
+      for old, new, op in (('index_update', 'set', '='), ('index_add', 'add', '+='),
+                           ('index_mul', 'multiply', '*='), ('index_min', 'min', 'min='),
+                           ('index_max', 'max', 'max='))),
+    Api('OM207', 'frozendict', (), 'flax.core.pop',
+        '`init` returns a dict since flax 0.7.1: `dict.pop(k)` returns the value alone',
+        "variables, params = variables.pop('params')",
+        "variables, params = flax.core.pop(variables, 'params')",
+        'flax.core.pop: flax >= 0.6.6 (not in 0.5.3)', words=(('flax', '.pop(', 'init'),),
+        extra='pop'),
+    Api('OM207', 'frozendict', (), 'flax.core.unfreeze',
+        '`init` returns a dict since flax 0.7.1, which has no `.unfreeze()`',
+        'variables.unfreeze()', 'flax.core.unfreeze(variables)',
+        'flax.core.unfreeze: every flax version', words=(('flax', '.unfreeze('),), extra='unfreeze'),
+    Api('OM209', 'mha', ('flax.linen.MultiHeadDotProductAttention',
+                         'flax.linen.attention.MultiHeadDotProductAttention'), None,
+        'flax 0.3-0.5: `(inputs_q, inputs_kv, mask=None, deterministic=None)`; now '
+        '`(inputs_q, inputs_k=None, inputs_v=None, *, mask=None, deterministic=None)`',
+        'attn(q, kv, mask)', 'attn(q, kv, mask=mask)', 'signature changed in flax 0.7.5'),
+    Api('OM210', 'dropout', ('flax.linen.Dropout', 'flax.linen.stochastic.Dropout'), None,
+        'flax 0.3.0: `__call__(inputs, deterministic=False, rng=None, broadcast_dims=())`; since '
+        '0.3.1 `deterministic` defaults to None and must be given',
+        'nn.Dropout(rate=0.1)(x)', 'nn.Dropout(rate=0.1)(x, deterministic=False)',
+        'default removed in flax 0.3.1'),
+    Api('OM211', 'static_sizes', ('jax.lax.dynamic_slice',), None,
+        '`slice_sizes` must be concrete: `jnp.array(...)` inside jit is a tracer (an error on '
+        'jax 0.4.13 and today)',
+        'lax.dynamic_slice(x, s, jnp.array((1, 1, d)))', 'lax.dynamic_slice(x, s, (1, 1, d))',
+        'omnistaging (jax 0.2.0) staged jnp.array inside jit'),
+    Api('OM212', 'pil', ('PIL.Image.fromarray',), None,
+        'Pillow reads `__array_interface__`, which jax arrays lack; `np.asarray` of a NumPy array '
+        'is the array itself', 'Image.fromarray(x)', 'Image.fromarray(np.asarray(x))',
+        'jax.Array (0.4.1) has no __array_interface__', words=(('fromarray', 'jax'),)),
+    Api('OM221', 'flag', ('jax.mask', 'jax.shapecheck'), None,
+        'shape polymorphism by masking was removed with no replacement', '@jax.mask(...)',
+        '(by hand)', 'removed in jax 0.3.16',
+        extra='`{name}` was removed in jax 0.3.16 with no replacement: pad inputs to a fixed shape '
+              'and pass an explicit mask (or jit per shape), then delete this use'),
+    Api('OM222', 'flag', ('flax.linen.LSTMCell', 'flax.linen.recurrent.LSTMCell',
+                          'flax.linen.OptimizedLSTMCell', 'flax.linen.GRUCell',
+                          'flax.linen.recurrent.OptimizedLSTMCell', 'flax.linen.recurrent.GRUCell'),
+        None, 'cells take `features` now and `initialize_carry(rng, input_shape)` is a method',
+        'nn.LSTMCell.initialize_carry(rng, (), 128)',
+        'nn.LSTMCell(features=128).initialize_carry(rng, (1,))', 'changed in flax 0.7.0',
+        extra='{name}: give the cell `features=<hidden size>` and make the carry with '
+              '`{cell}(features=H).initialize_carry(rng, batch_dims + (input_features,))` '
+              '(carry shapes batch_dims + (H,), zeros as before)'),
+    Api('OM223', 'dict_keys', (), None,
+        'iterating a jax array yields 0-d jax arrays, which are unhashable',
+        'for k in jnp.unique(y): counts[k] = ...', 'for k in jnp.unique(y).tolist(): ...',
+        'jax arrays were never hashable'),  # no words of its own: checked in the files the
+    #                                         other entries' words select (`jax` + `for ` alone
+    #                                         would send nearly every JAX file to a parse)
+)
+
+#: ``jax.ops.index`` and its NumPy twins: ``jax.ops.index[i]`` is ``i``.
+INDEX_HELPERS = frozenset({'jax.ops.index', 'jax.numpy.index_exp', 'numpy.index_exp'})
+#: Calls whose value is a jax array (for OM206 / OM223: ``x.at`` needs one).
+JAX_VALUE_PREFIXES = ('jax.numpy.', 'jax.lax.', 'jax.random.', 'jax.nn.', 'jax.ops.', 'jax.device_put')
+
+
+def prefilter_words() -> tuple[tuple[str, ...], ...]:
+  """The text tests of the prefilter: a file may need OM2xx when all the words of one
+  tuple occur in it. Derived from :data:`APIS` (``words``, else each old name's first and
+  last components)."""
+  found = []
+  for api in APIS:
+    groups = api.words or tuple((q.split('.')[0], q.rsplit('.', 1)[-1]) for q in api.old)
+    for g in groups:
+      if g not in found:
+        found.append(g)
+  return tuple(found)
+
+
+def rule_summary(rule: str) -> str:
+  return next(s for r, _, s in RULES if r == rule)
+
+
+def renames() -> dict[str, Api]:
+  """Old qualified name -> its 'rename' entry."""
+  return {q: a for a in APIS if a.kind == 'rename' for q in a.old}
+
+
+def by_kind(kind: str) -> dict[str, Api]:
+  """Old qualified name -> entry, for the entries of ``kind``."""
+  return {q: a for a in APIS if a.kind == kind for q in a.old}
