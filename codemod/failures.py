@@ -22,7 +22,8 @@ _RULES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'rules') +
 
 def family_of(error: BaseException, default: str = 'plan') -> str:
   """The rule family whose code raised ``error``: the innermost frame of its traceback in
-  ``codemod/rules/<family>.py`` (``default`` when none is)."""
+  ``codemod/rules/<family>.py`` (``default`` when none is: the fix's own family, for a
+  fix function that raised)."""
   found = default
   tb = error.__traceback__
   while tb is not None:

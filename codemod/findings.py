@@ -14,8 +14,8 @@ import re
 import tokenize
 from typing import Iterator, Mapping, Optional
 
-#: Starts every comment line this codemod writes.
-TODO_PREFIX = '# TODO(optim-migrate): '
+from codemod.rules import RULES, TODO_PREFIX
+
 #: Ends the message of a finding that keeps its file on legacy code (the TODO text users see).
 KEEPS_LEGACY = '(this file keeps its legacy optimizer code)'
 #: A TODO line this codemod wrote (``# TODO(optim-migrate): OM117: message``).
@@ -71,7 +71,6 @@ class Finding:
 
   @property
   def safety(self) -> str:
-    from codemod.rules import RULES
     return RULES[self.rule].safety
 
   @property

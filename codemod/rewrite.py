@@ -47,7 +47,7 @@ class _Apply(cst.CSTTransformer):
       try:
         result = fix.apply(self.ctx, original, updated, fix)
       except Exception as e:  # noqa: BLE001 - reported by the engine with the family's name
-        raise failure(e, original, self.ctx.q.n, 'rewrite') from e
+        raise failure(e, original, self.ctx.q.n, fix.family or 'rewrite') from e
     if isinstance(original, _STATEMENTS) and isinstance(result, cst.CSTNode):
       result = self._todos(original, result)
     return result

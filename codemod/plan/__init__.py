@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from codemod.failures import failure
 from codemod.findings import Finding
 from codemod.plan import sites, verdict
 from codemod.plan.queries import Queries
@@ -73,8 +74,11 @@ class Plan:
 def make_plan(analysis, options) -> Plan:
   """The plan of one analysed module (``codemod.facts.analyze``) under ``options``."""
   q = Queries(analysis, options)
-  verdict.prepare(q)
-  verdict.decide(q)
+  try:
+    verdict.prepare(q)
+    verdict.decide(q)
+  except Exception as e:  # noqa: BLE001 - named with the family that raised
+    raise failure(e, None, analysis.names, 'plan') from e
   plan = Plan(q, verdict='keep-legacy' if q.blocked else 'unproven' if q.unproven else 'convert')
   body = analysis.module.body
   plan.first_statement = body[0] if body else None

@@ -11,6 +11,7 @@ flag (:meth:`SitePlanner.flag`, a TODO on the statement and a report entry).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Callable, Optional
 
 import libcst as cst
@@ -24,10 +25,12 @@ from codemod.rules import (references, apply_gradient, attributes, crossmodule, 
 @dataclasses.dataclass
 class Fix:
   """A rewrite the plan chose at one node: ``apply(ctx, original, updated, fix)`` returns the
-  new node (``codemod.rewrite``); ``findings`` are its report entries, in order."""
+  new node (``codemod.rewrite``); ``findings`` are its report entries, in order; ``family``:
+  the rule family that chose it (named if the fix fails)."""
   apply: Callable
   findings: list
   data: dict
+  family: str = ''
 
 
 def _stop_if_unproven(p, original) -> bool:
@@ -101,7 +104,8 @@ class SitePlanner(cst.CSTVisitor):
     line, col = self.q.n.pos(node)
     made = [Finding(line, col, rule, message or '', True) for rule, message in findings]
     self.plan.findings.extend(made)
-    fix = Fix(apply, made, data or {})
+    caller = sys._getframe(1).f_globals.get('__name__', '')  # the family deciding it
+    fix = Fix(apply, made, data or {}, caller.rsplit('.', 1)[-1])
     self.plan.fixes[id(node)] = fix
     self._mark()
     return fix

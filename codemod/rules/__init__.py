@@ -14,17 +14,20 @@ import dataclasses
 from typing import Iterable, Optional
 
 
-from codemod.rules.catalog import Rule, table
+from codemod.rules.catalog import Rule
+from codemod.rules.catalog_fixes import FIXES
+from codemod.rules.catalog_manual import MANUAL
 
-#: Every rule by id (the catalog: ``codemod.rules.catalog``; the OM2xx family, JAX / Flax APIs
+#: Every rule by id, in id order (the catalog: ``codemod.rules.catalog``; the OM2xx family, JAX / Flax APIs
 #: removed beside flax.optim, registers its own table, ``codemod.modern.table``).
-RULES = table()
+RULES = {r.id: r for r in sorted((*FIXES, *MANUAL), key=lambda r: r.id)}
 
 from codemod.modern import table as _om2xx  # noqa: E402
 
 RULES.update({i: Rule(i, safety, summary) for i, safety, summary in _om2xx.RULES})
 
-from codemod.findings import TODO_PREFIX  # noqa: E402 - (re-exported)
+#: Starts every comment line the codemod writes (``<prefix><rule>: <message>``).
+TODO_PREFIX = '# TODO(optim-migrate): '
 
 
 @dataclasses.dataclass(frozen=True)

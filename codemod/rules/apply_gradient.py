@@ -153,10 +153,27 @@ def apply_problem(q, call: cst.Call) -> Optional[str]:
   return None
 
 
+def _unconvertible(call) -> bool:
+  """An apply call whose arguments ``apply_gradients`` cannot take (overrides, no gradient)."""
+  return apply_grads(call) is None or bool(set(kwargs(call)) - {'learning_rate', 'grads'})
+
+
+def _converted_unproven(q, call) -> bool:
+  """An apply call the rewrite converts though nothing proves its receiver an optimizer (a
+  value wrapped in a container or a conditional, in a file that uses flax.optim)."""
+  f = q.f
+  return (f.uses_legacy and not q.is_optimizer(call.func.value)
+          and (f.defines_apply_gradient or q.unconverted(call.func.value) is None)
+          and id(call) not in q.group_applies)
+
+
 def blocks(q) -> bool:
+  """Overrides Optax cannot take: on a proven optimizer, or on a call the rewrite would
+  convert otherwise (converting the file's other calls around it would half-migrate it)."""
   f = q.f
   return bool(q.mixed_lr
               or any(apply_problem(q, c) for c in f.apply_calls if q.is_optimizer(c.func.value))
+              or any(_unconvertible(c) for c in f.apply_calls if _converted_unproven(q, c))
               or any(flow_lr_problem(q, c) for c in f.optimize_calls
                      if q.is_optimizer(c.func.value)))
 
@@ -186,12 +203,24 @@ def leave_optimize_lr(p, original) -> bool:
 
 
 def leave_apply_problem(p, original) -> bool:
+  """Overrides Optax cannot take, on an optimizer or on a call the rewrite would otherwise
+  convert (the file keeps its legacy code)."""
   q = p.q
-  if m.matches(original.func, _APPLY) and q.is_optimizer(original.func.value):
+  if not m.matches(original.func, _APPLY):
+    return False
+  if q.is_optimizer(original.func.value):
     problem = apply_problem(q, original)
-    if problem:
-      p.flag(original, 'OM102', problem, blocks=True)
-      return True
+  elif (any(original is c for c in q.f.apply_calls) and _converted_unproven(q, original)
+        and _unconvertible(original)):
+    other = sorted(set(kwargs(original)) - {'learning_rate', 'grads'})
+    problem = apply_problem(q, original) or (
+        f'apply_gradient overrides {other} have no Optax equivalent here; inject them with '
+        'optax.inject_hyperparams')
+  else:
+    return False
+  if problem:
+    p.flag(original, 'OM102', problem, blocks=True)
+    return True
   return False
 
 
@@ -207,12 +236,8 @@ def leave_apply(p, original) -> bool:
                                             'then apply_gradients')])
     return True
   kw = kwargs(original)
-  other = sorted(set(kw) - {'learning_rate', 'grads'})
-  if apply_grads(original) is None or other:
-    p.flag(original, 'OM102', apply_problem(q, original) or
-           f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
-           'with optax.inject_hyperparams')
-    return True
+  if _unconvertible(original):
+    return True  # (flagged by leave_apply_problem: the file keeps its legacy code)
   if 'learning_rate' in kw:
     p.fix(original, apply_apply, [('OM002', 'apply_gradient(g, learning_rate=lr) -> lr set in '
                                             'opt_state (inject_hyperparams), then apply_gradients')])

@@ -48,11 +48,3 @@ class Rule:
   def example(self):
     """``(before, after)``, or None (what ``codemod.rule_docs`` shows)."""
     return (self.before, self.after) if self.before else None
-
-
-def table() -> dict[str, Rule]:
-  """Every rule, by id, in id order (the entries live in ``catalog_fixes`` and
-  ``catalog_manual``)."""
-  from codemod.rules.catalog_fixes import FIXES
-  from codemod.rules.catalog_manual import MANUAL
-  return {r.id: r for r in sorted((*FIXES, *MANUAL), key=lambda r: r.id)}
