@@ -29,6 +29,7 @@ import sys
 from typing import Iterable, Optional
 
 from codemod import engine, flow as flow_lib
+from codemod.config import ConfigError, read_table
 from codemod.legacy_api import has_legacy_use
 from codemod.sources import SourceFile
 from codemod.rules import RULES, Options, check_rule_ids
@@ -46,10 +47,6 @@ CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'uns
 OTHER_KEYS = {'check'}
 
 
-class ConfigError(ValueError):
-  """A bad ``[tool.optim-migrate]`` table or option value (message names it)."""
-
-
 def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
   """The nearest ``pyproject.toml`` at or above ``start`` that has ``[tool.optim-migrate]``.
 
@@ -61,34 +58,10 @@ def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
   for d in [start, *start.parents] if start.is_dir() else [start.parent, *start.parent.parents]:
     candidate = d / 'pyproject.toml'
     if candidate.is_file():
-      table = _read_table(candidate)
+      table = read_table(candidate)
       if table is not None:
         return candidate
   return None
-
-
-def _read_table(path: pathlib.Path) -> Optional[dict]:
-  """``[tool.optim-migrate]`` of ``path``, or None when it has none.
-
-  Raises:
-    ConfigError: unreadable, not TOML, or ``tool`` / ``tool.optim-migrate`` is not a table.
-  """
-  try:
-    import tomllib
-  except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-  try:
-    data = tomllib.loads(path.read_text(encoding='utf-8'))
-  except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-    raise ConfigError(f'{path}: cannot read: {e}') from e
-  tool = data.get('tool', {})
-  if not isinstance(tool, dict):
-    raise ConfigError(f'{path}: tool must be a table ([tool]), got {tool!r}')
-  table = tool.get('optim-migrate')
-  if table is not None and not isinstance(table, dict):
-    raise ConfigError(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
-                      f'got {table!r}')
-  return table
 
 
 def load_config(path: Optional[pathlib.Path]) -> dict:
@@ -102,7 +75,7 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
   """
   if path is None:
     return {}
-  table = _read_table(path) or {}
+  table = read_table(path) or {}
   unknown = sorted(set(table) - CONFIG_KEYS - OTHER_KEYS)
   if unknown:
     raise ConfigError(f'{path}: [tool.optim-migrate]: unknown key(s) {unknown}; '

@@ -702,12 +702,12 @@ def test_prefer_stock_optax_measured_difference(case_id):
   """--prefer-stock-optax: the stock source, run against real flax.optim's golden trajectory,
   is as far off as the table says (the report repeats this number), and no further."""
   from equivalence_tests import cases, core, record_golden
-  from optim_compat import spec
+  from optim_compat import emitted, spec
   _, name, kwargs = next(c for c in cases.CASES if c[0] == case_id)
   alt = spec.STOCK_ALTERNATIVES[name]
   source = alt.emit(spec.SPECS[name], {k: repr(v) for k, v in kwargs.items()})
   assert source.startswith('optax.') and 'optim_compat' not in source
-  traj = core.run_optax(spec.tx_from_source(source), cases.params_for(case_id), cases.STEPS,
+  traj = core.run_optax(emitted.tx_from_source(source), cases.params_for(case_id), cases.STEPS,
                         cases.SEED, record=cases.RECORDED_STEPS)
   worst, _ = core.compare(traj, record_golden.load(case_id)[0])
   assert 1000 < worst <= alt.max_ulp  # intrinsic, and within the stated measurement
