@@ -177,8 +177,9 @@ def rewrite_parsed(module: cst.Module, source: str, path: str,
     return result
   findings = list(plan.findings)
   parsed: dict[str, ast.Module] = {}  # CPython's parse of a text, for the re-parse check
-  if new_source != source and any(f.fixed and f.rule != 'OM006' for f in findings):
-    imports = import_finding(source, new_source, parsed)  # OM006 reports its own import rewrites
+  if new_source != source and any(f.fixed and f.rule not in ('OM006', 'OM014') for f in findings):
+    # (OM006 and OM014, the shim fallback, report their own imports)
+    imports = import_finding(source, new_source, parsed)
     if imports is not None:
       findings.append(imports)
   if new_source != source:

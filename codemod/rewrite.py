@@ -16,7 +16,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from codemod.facts.setaside import restore
 from codemod.failures import failure
 from codemod.findings import stale_todo
-from codemod.rules import imports
+from codemod.rules import fallback, imports
 
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
@@ -81,6 +81,12 @@ def apply_plan(analysis, plan, context: CodemodContext) -> cst.Module:
   tree = analysis.module.visit(_Apply(plan, Context(context, plan.queries)))
   tree = restore(tree, analysis.originals)
   try:
-    return imports.finish(context, plan.queries, tree, analysis.full)
+    tree = imports.finish(context, plan.queries, tree, analysis.full)
   except Exception as e:  # noqa: BLE001
     raise failure(e, None, analysis.names, 'imports') from e
+  if plan.fallback:
+    try:
+      tree = fallback.apply(tree)
+    except Exception as e:  # noqa: BLE001
+      raise failure(e, None, analysis.names, 'fallback') from e
+  return tree

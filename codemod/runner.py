@@ -1,7 +1,8 @@
 """``optim-migrate rewrite``: the whole-tree run (ruff conventions).
 
     optim-migrate rewrite PATH... [--write | --check] [--diff] [--select/--ignore RULES]
-        [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]
+        [--unsafe-fixes] [--prefer-stock-optax] [--no-shim-fallback] [--jobs N]
+        [--report FILE.json] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``--diff`` with ``--write``
@@ -14,7 +15,7 @@ options too).
 
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
-``prefer-stock-optax``, ``unsafe-fixes``); command-line flags win.
+``prefer-stock-optax``, ``unsafe-fixes``, ``shim-fallback``); command-line flags win.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ PROGRESS_MIN_FILES = 20
 #: Fewer files to parse than this run in-process (a worker costs a process start, and where
 #: processes are spawned rather than forked, the codemod's imports again).
 POOL_MIN_FILES = 8
-CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes'}
+CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes',
+               'shim-fallback'}
 #: Sub-tables other subcommands read (``[[tool.optim-migrate.check]]``): not ours to check.
 OTHER_KEYS = {'check'}
 
@@ -96,7 +98,7 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
     if bad:
       raise ConfigError(f'{path}: [tool.optim-migrate] {key}: unknown rule id(s) {bad}; '
                         f'valid: {sorted(RULES)}')
-  for key in ('prefer-stock-optax', 'unsafe-fixes'):
+  for key in ('prefer-stock-optax', 'unsafe-fixes', 'shim-fallback'):
     if key in table and not isinstance(table[key], bool):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be true or false')
   jobs = table.get('jobs')
@@ -426,7 +428,9 @@ def build_options(args, config: dict) -> Options:
       raise ConfigError(f'{flag}: unknown rule id(s) {bad}; valid: {sorted(RULES)}')
   return Options(select=select, ignore=ignore,
                  unsafe_fixes=args.unsafe_fixes or config.get('unsafe-fixes', False),
-                 prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False))
+                 prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False),
+                 shim_fallback=not getattr(args, 'no_shim_fallback', False)
+                 and config.get('shim-fallback', True))
 
 
 def _summary(results, n_missing, verb) -> str:
@@ -619,6 +623,9 @@ def add_arguments(p) -> None:
   p.add_argument('--ignore', action='append', default=None, metavar='RULES',
                  help='skip these rules (ids or prefixes, comma-separated)')
   p.add_argument('--unsafe-fixes', action='store_true', help='also apply fixes marked unsafe')
+  p.add_argument('--no-shim-fallback', action='store_true',
+                 help='a file that keeps its legacy optimizer code gets its TODOs only, not '
+                      'optim_compat.install() (OM014), which runs it on the shim')
   p.add_argument('--prefer-stock-optax', action='store_true',
                  help='emit stock Optax where the faithful optim_compat transform would be '
                       'emitted (the report gives the measured difference)')

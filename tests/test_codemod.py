@@ -12,6 +12,7 @@ import pytest
 
 from codemod import engine
 from codemod.rules import Options
+from codemod_helpers import kept_lines
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'codemod'
 CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -384,6 +385,25 @@ def test_demo_rejects_a_count_below_one_naming_the_option_and_value(tmp_path, op
   assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
 
 
+def test_no_shim_fallback_flag_and_config_key(tmp_path):
+  """`--no-shim-fallback` / `shim-fallback = false`: a file kept legacy gets its TODOs only;
+  a value that is not true/false is refused (exit 2, naming the key)."""
+  source = 'from flax import optim\n\n\ndef make(params, kw):\n  return optim.Adam(**kw).create(params)\n'
+  legacy = tmp_path / 'm.py'
+  legacy.write_text(source)
+  proc = _cli('rewrite', '--diff', str(legacy), cwd=tmp_path)
+  assert proc.returncode == 1 and '+optim_compat.install()' in proc.stdout
+  assert f'{legacy}:1:1: OM014' not in proc.stderr  # a fix: not listed with the manual items
+  proc = _cli('rewrite', '--diff', '--no-shim-fallback', str(legacy), cwd=tmp_path)
+  assert proc.returncode == 1 and 'optim_compat' not in proc.stdout and 'OM118' in proc.stdout
+  (tmp_path / 'pyproject.toml').write_text('[tool.optim-migrate]\nshim-fallback = false\n')
+  assert 'optim_compat' not in _cli('rewrite', '--diff', str(legacy), cwd=tmp_path).stdout
+  (tmp_path / 'pyproject.toml').write_text('[tool.optim-migrate]\nshim-fallback = "no"\n')
+  proc = _cli('rewrite', '--diff', str(legacy), cwd=tmp_path)
+  assert proc.returncode == 2 and 'shim-fallback must be true or false' in proc.stderr
+  assert legacy.read_text() == source
+
+
 @pytest.mark.parametrize('value', ['true', 'false', '0', '2.5'])
 def test_config_jobs_boolean_or_non_count_is_refused(tmp_path, value):
   """Found by review: `jobs = true` was taken as 1 (a bool is an int in Python)."""
@@ -721,6 +741,7 @@ def test_prefer_stock_optax_measured_difference(case_id):
 PROGRAMS = FIXTURES.parent / 'programs'
 
 
+
 @pytest.mark.parametrize('program', ['legacy_multi_frozen', 'legacy_user_def'])
 def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_python, tmp_path):
   """The legacy program on real flax.optim 0.5.3 (old stack) and its codemod output on the
@@ -748,6 +769,46 @@ def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_pyth
       np.testing.assert_array_equal(new[leaf], new[f'init/{leaf}'])
       np.testing.assert_array_equal(old[leaf], old[f'init/{leaf}'])
     assert not np.array_equal(new['head/bias'], new['init/head/bias'])
+
+
+def test_a_program_kept_legacy_runs_on_the_shim_after_the_fallback(legacy_python, tmp_path):
+  """Issue 17, part 1: a program the plan keeps on its legacy code (OM102, OM109, OM116) gets
+  `optim_compat.install()` (OM014) and nothing else but its TODOs; on the modern stack it
+  runs as it is: bitwise what the shim computes for the unmodified program (`optim-migrate
+  run`, same stack), and within rounding of real flax.optim 0.5.3 on the old stack (the
+  gradients come from each stack's jax). Without the fallback the program fails at its
+  first flax.optim import."""
+  import numpy as np
+  source = (PROGRAMS / 'legacy_kept_on_the_shim.py').read_text()
+  result = engine.rewrite_source(source, 'kept.py')
+  assert sorted({f.rule for f in result.findings}) == ['OM014', 'OM102', 'OM109', 'OM116']
+  assert kept_lines(result.new) == source  # the TODOs and the two fallback lines only
+  assert engine.rewrite_source(result.new, 'again.py').new == result.new
+  bare = engine.rewrite_source(source, 'kept.py', Options(shim_fallback=False))
+  assert 'optim_compat.install' not in bare.new and kept_lines(bare.new) == source
+  kept = tmp_path / 'kept.py'
+  kept.write_text(result.new)
+  plain = tmp_path / 'plain.py'
+  plain.write_text(bare.new)
+  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
+  runs = {'fallback': [sys.executable, str(kept)],
+          'shim': [sys.executable, '-m', 'codemod.cli', 'run', str(PROGRAMS / 'legacy_kept_on_the_shim.py')],
+          'legacy': [legacy_python, str(PROGRAMS / 'legacy_kept_on_the_shim.py')]}
+  out = {}
+  for name, cmd in runs.items():
+    out[name] = tmp_path / f'{name}.npz'
+    proc = subprocess.run([*cmd, str(out[name])], capture_output=True, text=True, cwd=tmp_path,
+                          env=env)
+    assert proc.returncode == 0, (name, proc.stderr[-3000:])
+  proc = subprocess.run([sys.executable, str(plain), str(tmp_path / 'x.npz')],
+                        capture_output=True, text=True, cwd=tmp_path, env=env)
+  assert proc.returncode == 1 and "cannot import name 'optim' from 'flax'" in proc.stderr
+  new, shim, old = (np.load(out[k]) for k in ('fallback', 'shim', 'legacy'))
+  assert int(new['step']) == int(old['step']) == 10
+  for key in ('w', 'b', 'losses'):
+    np.testing.assert_array_equal(new[key], shim[key], err_msg=key)
+    np.testing.assert_allclose(new[key], old[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  assert old['losses'][-1] < old['losses'][0]
 
 
 def test_replicated_program_resumes_a_real_legacy_checkpoint(legacy_python, tmp_path):
@@ -956,9 +1017,11 @@ def test_method_reference_and_name_conflicts_keep_the_file_legacy():
   assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'optax' not in result.new
   assert [f.rule for f in result.manual] == ['OM108']
   assert '`train_state` is bound to something else' in result.manual[0].message
-  # the TODO stands in the file, above its first statement, once
-  assert result.new.startswith('# TODO(optim-migrate): OM108: `train_state` is bound to')
-  assert result.manual[0].line == 1 and result.new[result.new.index('\n') + 1:] == shadowed
+  # the TODO stands in the file, above its first statement, once (below the shim fallback)
+  shimmed = result.new.split('\n', 2)[2]
+  assert result.new.startswith('import optim_compat\noptim_compat.install()  # optim-migrate')
+  assert shimmed.startswith('# TODO(optim-migrate): OM108: `train_state` is bound to')
+  assert result.manual[0].line == 1 and shimmed[shimmed.index('\n') + 1:] == shadowed
   assert engine.rewrite_source(result.new, 's.py').new == result.new
 
 
@@ -1055,9 +1118,7 @@ def test_multi_group_hyper_params_that_are_not_safe_stay_flagged(override, why):
             f'  opt = opt.apply_gradient(g, hyper_params={override})\n'
             '  return opt.target\n')
   result = engine.rewrite_source(source, 'm.py')
-  kept = ''.join(line for line in result.new.splitlines(keepends=True)
-                 if not line.lstrip().startswith('# TODO(optim-migrate): '))
-  assert kept == source, why  # the file keeps its legacy code, with TODOs
+  assert kept_lines(result.new) == source, why  # the file keeps its legacy code, with TODOs
   assert 'OM102' in {f.rule for f in result.manual} and not any(f.fixed for f in result.findings)
   assert 'per-group learning rates convert only' in next(
       f.message for f in result.manual if f.rule == 'OM102')

@@ -11,10 +11,12 @@ import pytest
 
 from codemod import engine, flow, runner
 from codemod.rules import Options
+from codemod_helpers import kept_lines
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TREES = pathlib.Path(__file__).parent / 'fixtures' / 'flow'
 PROGRAM = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_two_modules'
+
 
 
 def _cli(*args, cwd, stdin=None):
@@ -53,9 +55,11 @@ def test_converted_uses_name_the_creating_function_and_unproven_ones_stay_legacy
   for name in ('lr_at_apply.py', 'creator_kept_legacy.py', 'through_a_parameter.py',
                'no_lr_at_apply.py', 'unknown_module.py', 'own_and_imported.py',
                'step_callers.py', 'kept_caller.py', 'models/legacy_steps.py'):
-    kept = ''.join(line for line in after[name].splitlines(keepends=True)
-                   if '# TODO(optim-migrate): ' not in line)
-    assert kept == before[name], name
+    assert kept_lines(after[name]) == before[name], name
+    # the shim fallback (OM014): where the file names flax.optim, it runs on the shim; a
+    # file that never imports it (a step function kept legacy) needs nothing
+    names_flax_optim = 'from flax import optim' in before[name] or 'flax.optim' in before[name]
+    assert ('optim_compat.install()' in after[name]) == names_flax_optim, name
   assert 'created by models/legacy_opt.py:create_logged, which keeps its legacy' \
       in after['creator_kept_legacy.py']
   assert 'created by models/opt.py:create_optimizer, whose conversion does not inject' \

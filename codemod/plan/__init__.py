@@ -13,6 +13,7 @@ from typing import Optional
 from codemod.failures import failure
 from codemod.findings import Finding
 from codemod.plan import sites, verdict
+from codemod.rules import fallback
 from codemod.plan.queries import Queries
 
 #: Fixes that change optimizer code (OM005 imports and OM006 DynamicScale paths do not).
@@ -45,6 +46,8 @@ class Plan:
     fixes: ``id(node)`` -> :class:`codemod.plan.sites.Fix`.
     todos: ``id(statement)`` -> the TODO lines it gets.
     marks: ids of the nodes on the way to a fix or a TODO (the rewrite enters only those).
+    fallback: the file keeps flax.optim code and gets ``optim_compat.install()``
+      (``codemod.rules.fallback``, OM014).
   """
   queries: Queries
   verdict: str = 'convert'
@@ -55,6 +58,7 @@ class Plan:
   first_statement: object = None
   header_comments: set = dataclasses.field(default_factory=set)
   summary: Optional[Summary] = None
+  fallback: bool = False  # optim_compat.install() goes before the first flax.optim use (OM014)
 
   @property
   def converts(self) -> bool:
@@ -63,7 +67,8 @@ class Plan:
   @property
   def changes(self) -> bool:
     """The rewrite changes the file (a fix, a TODO, an earlier run's stale TODO dropped)."""
-    return self.verdict != 'untouched' and bool(self.fixes or self.todos or self.marks)
+    return self.verdict != 'untouched' and bool(self.fixes or self.todos or self.marks
+                                                or self.fallback)
 
   @property
   def blocking(self) -> list[Finding]:
@@ -80,8 +85,7 @@ def make_plan(analysis, options) -> Plan:
   except Exception as e:  # noqa: BLE001 - named with the family that raised
     raise failure(e, None, analysis.names, 'plan') from e
   plan = Plan(q, verdict='keep-legacy' if q.blocked else 'unproven' if q.unproven else 'convert')
-  body = analysis.module.body
-  plan.first_statement = body[0] if body else None
+  plan.first_statement = fallback.first_statement(analysis.module.body)
   plan.header_comments = {ll.comment.value for ll in analysis.module.header if ll.comment}
   analysis.module.visit(sites.SitePlanner(q, plan))
   converts = q.converts
@@ -93,6 +97,9 @@ def make_plan(analysis, options) -> Plan:
                                    - set(f.steps)), converts),
       inject_lr=q.inject_lr)
   _unselected(plan, options)
+  if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
+    plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
+    plan.fallback = True
   return plan
 
 

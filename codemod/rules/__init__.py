@@ -41,6 +41,9 @@ class Options:
   ignore: tuple[str, ...] = ()
   unsafe_fixes: bool = False
   prefer_stock_optax: bool = False
+  #: a file that keeps its legacy code gets optim_compat.install() (OM014); False
+  #: (``--no-shim-fallback``, ``shim-fallback = false``): it gets its TODOs only
+  shim_fallback: bool = True
 
   def enabled(self, rule: str) -> bool:
     if self.select is not None and not any(rule.startswith(s) for s in self.select):

@@ -239,4 +239,31 @@ FIXES = (
                 '`optim_compat.checkpoint.restore_legacy(...)`: legacy checkpoints are '
                 'converted, TrainState-layout ones and fresh runs (no checkpoint yet) behave as '
                 'before; other arguments (`prefix=`, ...) are flagged'),
+    Rule('OM014', 'safe', family='fallback', summary=
+         'a file that keeps its legacy optimizer code -> `optim_compat.install()` before its '
+         'first flax.optim use: it runs on the shim (legacy numerics) on Flax >= 0.6',
+         why='A file kept legacy (the TODOs say why) would fail at its first flax.optim import '
+             'on Flax >= 0.6; install() points every flax.optim path (imports, submodules, '
+             '`flax.optim.X` after `import flax`, import_module strings) at the shim, so the '
+             'file runs at once, bitwise to flax.optim 0.5.3 on the same stack, and changes '
+             'nothing on Flax <= 0.5.3. Off with --no-shim-fallback (shim-fallback = false).',
+         before=_IMPORT + 'def make(params, kw):\n  return optim.Adam(**kw).create(params)\n',
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
+               '\n'
+               '\n'
+               'def make(params, kw):\n'
+               '  # TODO(optim-migrate): OM118: Adam(*args/**kwargs) cannot be converted statically (this file keeps its legacy optimizer code)\n'
+               '  return optim.Adam(**kw).create(params)\n',
+         readme='a file that keeps its legacy optimizer code (any reason; also one whose only '
+                '`flax.optim` use is an import it may re-export) gets `import optim_compat` + '
+                '`optim_compat.install()` right before its first statement that imports or '
+                'names flax.optim: on Flax ≥ 0.6 every `flax.optim` path (`from flax import '
+                'optim`, `import flax.optim as X`, `from flax.optim.adam import '
+                '_AdamParamState`, `flax.optim.Adam` after `import flax`, '
+                '`importlib.import_module("flax.optim")`, ...) then gives the shim\'s module of '
+                'the same name (the legacy numerics), on Flax ≤ 0.5.3 nothing changes; names and '
+                'TODOs stay as they are (`--no-shim-fallback` or `shim-fallback = false`: the '
+                'TODOs only). One report entry per file'),
 )

@@ -20,7 +20,9 @@ MANUAL = (
          before=_IMPORT + 'def make(params):\n'
                 '  return optim.WeightNorm(optim.Adam(0.1)).create(params)\n\n\n'
                 'def step(opt, grads):\n  return opt.apply_gradient(grads, learning_rate=0.1)\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def make(params):\n'
@@ -40,7 +42,9 @@ MANUAL = (
          before=_IMPORT + 'def step(params, grads):\n'
                 '  opt = optim.Adam(learning_rate=0.1).create(params)\n'
                 '  return opt.apply_gradient(grads, beta1=0.5)\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def step(params, grads):\n'
@@ -61,7 +65,9 @@ MANUAL = (
          before=_IMPORT + 'def moments(params):\n'
                 '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
                 '  return opt.state.param_states\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def moments(params):\n'
@@ -133,7 +139,9 @@ MANUAL = (
          why='The emitted code would name the wrong object. ' + _KEPT,
          before=_IMPORT + 'def init(params):\n  train_state = {"epoch": 0}\n'
                 '  return optim.Adam(learning_rate=0.1).create(params), train_state\n',
-         after='# TODO(optim-migrate): OM108: `train_state` is bound to something else in this file, and the rewrite would use that name for the module it imports: rename it, then rerun (this file keeps its legacy optimizer code)\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               '# TODO(optim-migrate): OM108: `train_state` is bound to something else in this file, and the rewrite would use that name for the module it imports: rename it, then rerun (this file keeps its legacy optimizer code)\n'
                'from flax import optim\n'
                '\n'
                '\n'
@@ -148,7 +156,9 @@ MANUAL = (
          why='`optim.Optimizer(...)` built by hand, `isinstance(x, optim.Adam)` and the like '
              'have no Optax form. ' + _KEPT,
          before=_IMPORT + 'def is_adam(x):\n  return isinstance(x, optim.Adam)\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def is_adam(x):\n'
@@ -160,7 +170,9 @@ MANUAL = (
          why='An alias or a None check of the module cannot be followed, and Flax >= 0.6 has '
              'no flax.optim. ' + _KEPT,
          before=_IMPORT + 'opt_lib = optim\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                '# TODO(optim-migrate): OM110: `optim`, the flax.optim module itself, is used as a value (an alias, a None check, an argument): the codemod cannot follow it, and Flax >= 0.6 has no flax.optim; convert its uses by hand (this file keeps its legacy optimizer code)\n'
@@ -172,7 +184,9 @@ MANUAL = (
          why='The names it brings cannot be told apart from others. ' + _KEPT,
          before='from flax.optim import *\n\n\ndef make(params):\n'
                 '  return Adam(learning_rate=0.1).create(params)\n',
-         after='# TODO(optim-migrate): OM111: `from flax.optim import *`: the names it brings cannot be told apart from others, so nothing here is converted; import them by name, then rerun (this file keeps its legacy optimizer code)\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               '# TODO(optim-migrate): OM111: `from flax.optim import *`: the names it brings cannot be told apart from others, so nothing here is converted; import them by name, then rerun (this file keeps its legacy optimizer code)\n'
                'from flax.optim import *\n'
                '\n'
                '\n'
@@ -185,6 +199,8 @@ MANUAL = (
              'followed. ' + _KEPT,
          before='import importlib\n\nm = importlib.import_module("flax.optim")\n',
          after='import importlib\n'
+               'import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
                '\n'
                '# TODO(optim-migrate): OM112: `importlib.import_module("flax.optim")` reaches flax.optim by name at run time, and Flax >= 0.6 has no flax.optim (here: a ModuleNotFoundError); the codemod cannot follow the module it gets: use `optim_compat` (the shim, same names) in its place, or migrate its uses to Optax by hand (this file keeps its legacy optimizer code)\n'
                'm = importlib.import_module("flax.optim")\n',
@@ -198,7 +214,9 @@ MANUAL = (
          why='It may be a re-export (a package\'s `__init__.py`): kept, not deleted, so that '
              'its importers still find it until they are migrated.',
          before='from flax import optim\n\nx = 1\n',
-         after='# TODO(optim-migrate): OM113: flax.optim is imported here (`from flax import optim`) but not used in this module: drop it from the import; if other modules import it from here (a re-export), migrate them first (flax >= 0.6 has no flax.optim; `optim-migrate run` supplies the shim meanwhile)\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               '# TODO(optim-migrate): OM113: flax.optim is imported here (`from flax import optim`) but not used in this module: drop it from the import; if other modules import it from here (a re-export), migrate them first (flax >= 0.6 has no flax.optim; `optim-migrate run` supplies the shim meanwhile)\n'
                'from flax import optim\n'
                '\n'
                'x = 1\n',
@@ -208,7 +226,9 @@ MANUAL = (
          'an optimizer def handed to other code (returned, passed, a class attribute)',
          why='As an Optax transformation it would arrive there without `.create()`. ' + _KEPT,
          before=_IMPORT + 'def make_def():\n  return optim.Adam(1e-3)\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def make_def():\n'
@@ -223,7 +243,9 @@ MANUAL = (
              'closure; otherwise the def needs its own name. ' + _KEPT,
          before=_IMPORT + 'def make(params):\n  opt = optim.Adam(1e-3)\n  f = lambda: opt\n'
                 '  opt = opt.create(params)\n  return opt, f\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def make(params):\n'
@@ -245,7 +267,9 @@ MANUAL = (
          before=_IMPORT + 'def save(params):\n'
                 '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
                 '  return opt.state_dict()\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def save(params):\n'
@@ -293,7 +317,9 @@ MANUAL = (
              '`MultiOptimizer` group that is not a literal (traversal, def) pair, a `focus=` '
              'that is not a traversal built in the file. ' + _KEPT,
          before=_IMPORT + 'def make(params, kw):\n  return optim.Adam(**kw).create(params)\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def make(params, kw):\n'
@@ -309,7 +335,9 @@ MANUAL = (
              '`hyper_params.replace(...)` (new values for an override). ' + _KEPT,
          before=_IMPORT + 'def make(params, lr):\n  opt_def = optim.Adam(learning_rate=lr)\n'
                 '  return opt_def.create(params), opt_def.hyper_params.learning_rate\n',
-         after='from flax import optim\n'
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
                '\n'
                '\n'
                'def make(params, lr):\n'
