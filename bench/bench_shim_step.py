@@ -34,6 +34,7 @@ from flax import traverse_util
 from flax.training import train_state
 
 import optim_compat
+from optim_compat import emitted
 from optim_compat import spec as spec_lib
 
 from common import fmt_range, hlo_entry_op_count, hlo_op_count, interleave, ratios, summary
@@ -72,7 +73,7 @@ MOMENTUM_KW = {'learning_rate': 0.05, 'beta': 0.9, 'nesterov': True}
 def _stock_tx(name: str, kwargs: dict) -> optax.GradientTransformation:
   """The Optax chain the codemod writes for ``name(**kwargs)``."""
   src = spec_lib.SPECS[name].emit({k: repr(v) for k, v in kwargs.items()})
-  return spec_lib.tx_from_source(src)
+  return emitted.tx_from_source(src)
 
 
 def _is_bias(path) -> bool:

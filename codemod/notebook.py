@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import re
 
+from codemod import legacy_api
+from codemod.findings import Finding
 from codemod.rules import Options
 
 _CELL = '__optim_migrate_cell__ = {}\n'
@@ -32,7 +34,6 @@ class NotebookError(ValueError):
 _TIMED = re.compile(r'^([ \t]*)(%(?:time|timeit|prun)[ \t]+)(?!-)(\S.*)$')
 _TIMED_TAG = '  # __optim_migrate_prefix_{}__'
 _TIMED_RE = re.compile(r'^([ \t]*)(.*?)  # __optim_migrate_prefix_(\d+)__$', re.M)
-_MARKERS = ('optim', 'apply_gradient', '.target')
 
 
 def _mask(source: str, masked: list[str], prefixes: list[str], legacy_lines: list[int]) -> str:
@@ -50,21 +51,23 @@ def _mask(source: str, masked: list[str], prefixes: list[str], legacy_lines: lis
       indent = line[:len(line) - len(line.lstrip())]
       lines.append(indent + _MASK.format(len(masked)))
       masked.append(line)
-      if any(marker in line for marker in _MARKERS):
+      if legacy_api.mentions_legacy(line):
         legacy_lines.append(n)
     else:
       lines.append(line)
   return '\n'.join(lines)
 
 
-def _ipython_finding(line: int, what: str):
-  from codemod.transform import Finding
-  return Finding(line, 1, 'OM100', f'{what} mentions flax.optim and is not Python: the codemod '
-                                   'cannot rewrite it; convert it by hand', False)
+def _ipython_finding(line: int, what: str) -> Finding:
+  return Finding(line, 1, 'OM107', f'{what} mentions flax.optim and is not Python: the codemod '
+                                   'cannot rewrite it; convert it by hand', False, blocks=True)
 
 
-def rewrite_notebook(text: str, path: str, options: Options | None = None):
+def rewrite_notebook(text: str, path: str, options: Options | None, rewrite_source):
   """Rewrite the code cells of notebook JSON ``text``.
+
+  ``rewrite_source(source, path, options)``: the codemod on one module's text
+  (``codemod.engine.rewrite_source``), run on the code cells joined.
 
   Returns:
     ``(new_text, findings, error)``: the notebook JSON (unchanged text when
@@ -74,7 +77,6 @@ def rewrite_notebook(text: str, path: str, options: Options | None = None):
   Raises:
     NotebookError: not JSON, or no ``cells`` list.
   """
-  from codemod import engine
   try:
     nb = json.loads(text)
   except json.JSONDecodeError as e:
@@ -98,7 +100,7 @@ def rewrite_notebook(text: str, path: str, options: Options | None = None):
       raise NotebookError(f'{path}:cell{i}: not a notebook: "source" is not a string or a list '
                           'of strings')
     if src.lstrip().startswith('%%'):
-      if any(marker in src for marker in _MARKERS):
+      if legacy_api.mentions_legacy(src):
         ipython.append((i, _ipython_finding(1, 'this %% cell magic')))
       continue  # a cell magic: not Python
     legacy_lines: list[int] = []
@@ -116,7 +118,7 @@ def rewrite_notebook(text: str, path: str, options: Options | None = None):
   if not code_cells:
     return text, [], None
   module = ''.join(parts)
-  result = engine.rewrite_source(module, path, options)
+  result = rewrite_source(module, path, options)
 
   def where(lineno):
     cell = max((c for c in code_cells if starts[c] <= lineno), default=code_cells[0])
@@ -125,7 +127,7 @@ def rewrite_notebook(text: str, path: str, options: Options | None = None):
   findings = []
   for f in result.findings:
     cell, ln = where(f.line)
-    findings.append((cell, f.__class__(ln, f.col, f.rule, f.message, f.fixed)))
+    findings.append((cell, f.moved(ln)))
   if result.error:
     m = re.match(r'.*?:(\d+):(\d+): (.*)', result.error)
     if m:

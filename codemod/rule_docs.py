@@ -115,8 +115,12 @@ def _table_example(rule) -> Optional[Example]:
     before, after = value.before, getattr(value, 'after', '')
   else:  # a single text: shown as it is
     before, after = str(value), ''
+  options = getattr(rule, 'options', None) or {}
+  flags = ' '.join('--' + key.replace('_', '-') + ('' if value is True else
+                                                   f' {",".join(map(str, value))}')
+                   for key, value in sorted(options.items()) if value)
   return Example('the rule table', textwrap.dedent(before).strip('\n'),
-                 textwrap.dedent(after).strip('\n'))
+                 textwrap.dedent(after).strip('\n'), flags)
 
 
 def _findings(folder: pathlib.Path, rule_id: str) -> list[int]:

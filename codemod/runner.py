@@ -1,7 +1,8 @@
 """``optim-migrate rewrite``: the whole-tree run (ruff conventions).
 
     optim-migrate rewrite PATH... [--write | --check] [--diff] [--select/--ignore RULES]
-        [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]
+        [--unsafe-fixes] [--prefer-stock-optax] [--no-shim-fallback] [--jobs N]
+        [--report FILE.json] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``--diff`` with ``--write``
@@ -14,21 +15,24 @@ options too).
 
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
-``prefer-stock-optax``, ``unsafe-fixes``); command-line flags win.
+``prefer-stock-optax``, ``unsafe-fixes``, ``shim-fallback``); command-line flags win.
 """
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import fnmatch
 import json
 import os
 import pathlib
-import re
 import sys
 from typing import Iterable, Optional
 
 from codemod import engine, flow as flow_lib
+from codemod.config import ConfigError, read_table
+from codemod.legacy_api import has_legacy_use
+from codemod.sources import SourceFile
 from codemod.rules import RULES, Options, check_rule_ids
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
@@ -39,13 +43,10 @@ PROGRESS_MIN_FILES = 20
 #: Fewer files to parse than this run in-process (a worker costs a process start, and where
 #: processes are spawned rather than forked, the codemod's imports again).
 POOL_MIN_FILES = 8
-CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes'}
+CONFIG_KEYS = {'select', 'ignore', 'exclude', 'jobs', 'prefer-stock-optax', 'unsafe-fixes',
+               'shim-fallback'}
 #: Sub-tables other subcommands read (``[[tool.optim-migrate.check]]``): not ours to check.
 OTHER_KEYS = {'check'}
-
-
-class ConfigError(ValueError):
-  """A bad ``[tool.optim-migrate]`` table or option value (message names it)."""
 
 
 def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
@@ -59,34 +60,10 @@ def find_config(start: pathlib.Path) -> Optional[pathlib.Path]:
   for d in [start, *start.parents] if start.is_dir() else [start.parent, *start.parent.parents]:
     candidate = d / 'pyproject.toml'
     if candidate.is_file():
-      table = _read_table(candidate)
+      table = read_table(candidate)
       if table is not None:
         return candidate
   return None
-
-
-def _read_table(path: pathlib.Path) -> Optional[dict]:
-  """``[tool.optim-migrate]`` of ``path``, or None when it has none.
-
-  Raises:
-    ConfigError: unreadable, not TOML, or ``tool`` / ``tool.optim-migrate`` is not a table.
-  """
-  try:
-    import tomllib
-  except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-  try:
-    data = tomllib.loads(path.read_text(encoding='utf-8'))
-  except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-    raise ConfigError(f'{path}: cannot read: {e}') from e
-  tool = data.get('tool', {})
-  if not isinstance(tool, dict):
-    raise ConfigError(f'{path}: tool must be a table ([tool]), got {tool!r}')
-  table = tool.get('optim-migrate')
-  if table is not None and not isinstance(table, dict):
-    raise ConfigError(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
-                      f'got {table!r}')
-  return table
 
 
 def load_config(path: Optional[pathlib.Path]) -> dict:
@@ -100,7 +77,7 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
   """
   if path is None:
     return {}
-  table = _read_table(path) or {}
+  table = read_table(path) or {}
   unknown = sorted(set(table) - CONFIG_KEYS - OTHER_KEYS)
   if unknown:
     raise ConfigError(f'{path}: [tool.optim-migrate]: unknown key(s) {unknown}; '
@@ -121,7 +98,7 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
     if bad:
       raise ConfigError(f'{path}: [tool.optim-migrate] {key}: unknown rule id(s) {bad}; '
                         f'valid: {sorted(RULES)}')
-  for key in ('prefer-stock-optax', 'unsafe-fixes'):
+  for key in ('prefer-stock-optax', 'unsafe-fixes', 'shim-fallback'):
     if key in table and not isinstance(table[key], bool):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be true or false')
   jobs = table.get('jobs')
@@ -201,20 +178,28 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
 
 
 def _work(args) -> engine.FileResult:
-  path, options, flow = args
-  return engine.rewrite_file(pathlib.Path(path), options, flow)
+  path, options, flow, data = args
+  return engine.rewrite_file(pathlib.Path(path), options, flow, SourceFile(path, data))
 
 
-def _candidate(path: pathlib.Path, flow=None) -> int:
+def _candidate(source: SourceFile, flow=None) -> int:
   """Cheap prefilter on raw bytes: 0 if this file cannot hold legacy code (nor call a
   factory of ``flow``), else its size in bytes plus one (unreadable files pass:
   ``rewrite_file`` reports them)."""
   try:
-    data = path.read_bytes()
+    data = source.data
   except OSError:
     return 1
-  text = data.decode('latin-1')
+  text = source.words()
   return len(data) + 1 if engine.wanted(text, flow) or engine.has_todos(text) else 0
+
+
+def _data(source: SourceFile):
+  """The bytes a worker gets (None: unreadable, the worker reports it)."""
+  try:
+    return source.data
+  except OSError:
+    return None
 
 
 def _progress(total: int):
@@ -226,19 +211,25 @@ def _progress(total: int):
   return Progress(transient=True, console=Console(stderr=True))
 
 
-def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None):
+def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None,
+              sources: Optional[dict] = None):
   """Yield a :class:`engine.FileResult` per file (input order), ``jobs`` processes.
 
-  Files without any marker are never parsed (a clean result without reading
-  twice); the rest go to a process pool when there are several, largest first
-  (so that no long file starts last while the other workers idle). ``flows``:
-  each file's :class:`codemod.flow.Flow` (cross-module optimizers), or None.
+  Each file is read once (``sources``: the :class:`codemod.sources.SourceFile` of each
+  path, shared with the cross-module pre-pass). Files without any marker are never parsed;
+  a file the pre-pass parsed is rewritten here, from that parse; the rest go to a process
+  pool when there are several, largest first (so that no long file starts last while the
+  other workers idle), with their bytes. ``flows``: each file's
+  :class:`codemod.flow.Flow` (cross-module optimizers), or None.
   """
   flows = flows or [None] * len(files)
+  sources = {} if sources is None else sources
+  for f in files:
+    sources.setdefault(f, SourceFile(f))
   results: dict[int, engine.FileResult] = {}
   todo, sizes = [], {}
   for i, f in enumerate(files):
-    size = _candidate(f, flows[i])
+    size = _candidate(sources[f], flows[i])
     if size:
       todo.append(i)
       sizes[i] = size
@@ -249,22 +240,29 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   if progress is not None:
     progress.start()
     task = progress.add_task('optim-migrate', total=len(files), completed=len(results))
+  parsed = [i for i in todo if sources[files[i]].cache]  # planned by the pre-pass
+  todo = [i for i in todo if not sources[files[i]].cache]
+  use_pool = jobs > 1 and len(todo) >= POOL_MIN_FILES
   try:
-    if jobs > 1 and len(todo) >= POOL_MIN_FILES:
-      with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-        futures = {pool.submit(_work, (str(files[i]), options, flows[i])): i
+    with contextlib.ExitStack() as stack:
+      futures = {}
+      if use_pool:
+        pool = stack.enter_context(
+            concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo))))
+        futures = {pool.submit(_work, (str(files[i]), options, flows[i],
+                                       _data(sources[files[i]]))): i
                    for i in sorted(todo, key=lambda i: -sizes[i])}
-        for fut in concurrent.futures.as_completed(futures):
-          i = futures[fut]
-          try:
-            results[i] = fut.result()
-          except Exception as e:  # noqa: BLE001 - a dead worker must not stop the run
-            results[i] = engine.FileResult(str(files[i]), '', error=f'{files[i]}: {type(e).__name__}: {e}')
-          if progress is not None:
-            progress.advance(task)
-    else:
-      for i in todo:
-        results[i] = _work((str(files[i]), options, flows[i]))
+      # the files the pre-pass parsed (their parse is here), while the workers run
+      for i in parsed + ([] if use_pool else todo):
+        results[i] = engine.rewrite_file(files[i], options, flows[i], sources[files[i]])
+        if progress is not None:
+          progress.advance(task)
+      for fut in concurrent.futures.as_completed(futures):
+        i = futures[fut]
+        try:
+          results[i] = fut.result()
+        except Exception as e:  # noqa: BLE001 - a dead worker must not stop the run
+          results[i] = engine.FileResult(str(files[i]), '', error=f'{files[i]}: {type(e).__name__}: {e}')
         if progress is not None:
           progress.advance(task)
   finally:
@@ -273,16 +271,25 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   return [results[i] for i in range(len(files))]
 
 
-def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options) -> list:
+def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options,
+               sources: Optional[dict] = None) -> list:
   """The cross-module pre-pass (:mod:`codemod.flow`): each file's Flow, or None for all
   files when no module of the tree defines an optimizer factory or step function another
-  one imports."""
+  one imports. ``sources``: the run's :class:`codemod.sources.SourceFile` by path (the
+  pre-pass adds those it reads; the files it parses keep their parse there)."""
   roots = flow_lib.roots_of(paths)
   named = _named(files, roots)
+  sources = {} if sources is None else sources
+  texts = {}
+  for path, _, _ in named:
+    try:
+      texts[path] = sources.setdefault(path, SourceFile(path)).words()
+    except OSError:
+      continue  # reported by the per-file run
   # modules the files import that the run does not include are read (never written)
-  texts = flow_lib.read_texts(named)
   extra = flow_lib.outside_modules(named, [r for rs in roots.values() for r in rs], texts)
-  factories, steps = flow_lib.build_flows(named + extra, options, [p for p, _, _ in extra], texts)
+  factories, steps = flow_lib.build_flows(named + extra, options, [p for p, _, _ in extra],
+                                          sources)
   if not factories and not steps:
     return [None] * len(files)
   return [flow_lib.Flow(factories, names[0][0] if names else None,
@@ -301,14 +308,9 @@ def _named(files, roots) -> list[tuple[pathlib.Path, list[tuple[str, bool]], str
   return named
 
 
-#: What an importer's legacy use of a converted function's optimizer spells (an importer
-#: migrated earlier has none of these, and is not reported).
-_LEGACY_USE = re.compile(r'\boptim\b|\.apply_gradient\b|\.target\b|\.state\.step\b|\.optimize\(')
-
-
 def outside_importers(results, files: list[pathlib.Path], paths: list[str],
                       exclude: Iterable[str] = ()) -> list[dict]:
-  """Report rows (``OM100``, manual) for files outside the run that import a function this
+  """Report rows (``OM125``, manual) for files outside the run that import a function this
   run converted: a factory that now returns a ``TrainState``, or a step function that now
   takes one (pre-commit passes only the changed files; ``rewrite models/`` leaves out the
   scripts that use them). Those files are read, never written; their call sites fail until
@@ -352,7 +354,7 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
       continue
     if not any(fn in text for _, what in changed.values() for fn in what):
       continue
-    if not _LEGACY_USE.search(text):
+    if not has_legacy_use(text):
       continue  # no flax.optim word, `.apply_gradient`, `.target` or `.state.step`: migrated
     names = flow_lib.module_names(f, search)
     module, is_package = names[0] if names else (None, False)
@@ -369,7 +371,7 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
                      if 'import' in text_line and last in text_line), None)
         shown_here = f.relative_to(cwd).as_posix() if cwd in f.absolute().parents else str(f)
         rows.append({'file': shown_here, 'line': line, 'column': 1 if line else None,
-                     'rule': 'OM100', 'safety': RULES['OM100'].safety,
+                     'rule': 'OM125', 'safety': RULES['OM125'].safety,
                      'message': f'imports {fn} from {shown}, which this run rewrites so that it '
                                 f'{change}; this file is not in the run: where it still uses '
                                 'it the flax.optim way, it fails: rewrite it too (optim-migrate '
@@ -426,7 +428,9 @@ def build_options(args, config: dict) -> Options:
       raise ConfigError(f'{flag}: unknown rule id(s) {bad}; valid: {sorted(RULES)}')
   return Options(select=select, ignore=ignore,
                  unsafe_fixes=args.unsafe_fixes or config.get('unsafe-fixes', False),
-                 prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False))
+                 prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False),
+                 shim_fallback=not getattr(args, 'no_shim_fallback', False)
+                 and config.get('shim-fallback', True))
 
 
 def _summary(results, n_missing, verb) -> str:
@@ -501,7 +505,8 @@ def cmd_rewrite(args) -> int:
     print(f'rewrite: --report {args.report}: is one of the files this run reads; name another '
           'file', file=sys.stderr)
     return EXIT_ERROR
-  results = run_files(files, options, jobs, tree_flows(files, paths, options))
+  sources: dict = {}  # each file read once, parsed at most once (codemod.sources)
+  results = run_files(files, options, jobs, tree_flows(files, paths, options, sources), sources)
   outside = outside_importers(results, files, paths, config.get('exclude', ()))
   for result in results:
     if result.error:
@@ -528,7 +533,7 @@ def cmd_rewrite(args) -> int:
         sys.stdout.write(result.diff())
   for row in outside:
     where = f"{row['file']}:{row['line']}:{row['column']}" if row['line'] else row['file']
-    print(f"{where}: OM100 [manual] {row['message']}", file=sys.stderr)
+    print(f"{where}: {row['rule']} [manual] {row['message']}", file=sys.stderr)
   if args.report:
     rows = [row for r in results for row in report_entries(r)] + outside
     rows += [{'file': p, 'line': None, 'column': None, 'rule': None, 'safety': None,
@@ -618,6 +623,9 @@ def add_arguments(p) -> None:
   p.add_argument('--ignore', action='append', default=None, metavar='RULES',
                  help='skip these rules (ids or prefixes, comma-separated)')
   p.add_argument('--unsafe-fixes', action='store_true', help='also apply fixes marked unsafe')
+  p.add_argument('--no-shim-fallback', action='store_true',
+                 help='a file that keeps its legacy optimizer code gets its TODOs only, not '
+                      'optim_compat.install() (OM014), which runs it on the shim')
   p.add_argument('--prefer-stock-optax', action='store_true',
                  help='emit stock Optax where the faithful optim_compat transform would be '
                       'emitted (the report gives the measured difference)')

@@ -494,20 +494,16 @@ def _recorded_runs(args, index, meta) -> dict:
 def _literal_def(expr: str):
   """The def ``expr`` builds when it is a call of a ``--legacy`` name with literal arguments
   only (so a file's recorded expression is never evaluated as code), else None."""
-  import ast
   import warnings
+  from optim_compat import def_text
   try:
-    node = ast.parse(expr.strip(), mode='eval').body
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+    call = def_text.parse_call(expr)
+    if call.dotted or call.name is None:
       return None
-    if any(isinstance(a, ast.Starred) for a in node.args) or any(
-        k.arg is None for k in node.keywords):
-      return None
-    args = [ast.literal_eval(a) for a in node.args]
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
-  except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+    args, kwargs = call.literals()
+  except (ValueError, TypeError, MemoryError, RecursionError):  # (DefTextError is one)
     return None
-  cls = legacy_namespace().get(node.func.id)
+  cls = legacy_namespace().get(call.name)
   if not (isinstance(cls, type) and hasattr(cls, 'create')):
     return None
   try:
@@ -576,24 +572,14 @@ def _config_entries(path: str) -> list[dict]:
       outside 0..max, a negative or non-finite ``max-ulp``); the message names the file,
       the entry (its index, and its name if it has one) and the key.
   """
-  try:
-    import tomllib
-  except ImportError:  # Python 3.10
-    import tomli as tomllib
+  from codemod.config import ConfigError, read_table
   file = pathlib.Path(path)
   if not file.is_file():
     raise BadInput(f'no --legacy/--tx given and no {path} with [[tool.optim-migrate.check]]')
   try:
-    config = tomllib.loads(file.read_text(encoding='utf-8'))
-  except (OSError, ValueError) as e:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
-    raise BadInput(f'{path}: cannot read: {e}') from None
-  tool = config.get('tool', {})
-  if not isinstance(tool, dict):
-    raise BadInput(f'{path}: tool must be a table ([tool]), got {tool!r}')
-  table = tool.get('optim-migrate', {})
-  if not isinstance(table, dict):
-    raise BadInput(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
-                   f'got {table!r}')
+    table = read_table(path) or {}
+  except ConfigError as e:
+    raise BadInput(str(e)) from None
   entries = table.get('check', [])
   if isinstance(entries, dict):
     entries = [entries]

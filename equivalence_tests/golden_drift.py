@@ -54,7 +54,7 @@ def emitted_trajectory(case) -> dict:
   """What the codemod writes for ``case`` (its Optax source; ``to_optax(def)`` for a
   user def), run as ``tests/test_golden.py`` runs it."""
   from equivalence_tests import grid
-  from optim_compat import spec
+  from optim_compat import emitted, spec
   case_id, def_name, kwargs = case
   if def_name.startswith('user:'):
     import optim_compat
@@ -62,18 +62,18 @@ def emitted_trajectory(case) -> dict:
     return core.run_optax(optim_compat.to_optax(opt_def), cases.params_for(case_id), cases.STEPS,
                           cases.SEED, record=cases.RECORDED_STEPS)
   schedule = cases.APPLY[kwargs['apply']][0] if 'apply' in kwargs else None
-  return core.run_optax(spec.tx_from_source(grid.emitted_source(case)), cases.params_for(case_id),
+  return core.run_optax(emitted.tx_from_source(grid.emitted_source(case)), cases.params_for(case_id),
                         cases.STEPS, cases.SEED, record=cases.RECORDED_STEPS, hyperparams=schedule,
                         corrupt_grads=cases.GRADS.get(kwargs.get('grads')))
 
 
 def stock_trajectory(case) -> dict:
   """The ``--prefer-stock-optax`` source for ``case``, 20 jitted steps."""
-  from optim_compat import spec
+  from optim_compat import emitted, spec
   case_id, def_name, kwargs = case
   alt = spec.STOCK_ALTERNATIVES[def_name]
   source = alt.emit(spec.SPECS[def_name], {k: repr(v) for k, v in kwargs.items()})
-  return core.run_optax(spec.tx_from_source(source), cases.params_for(case_id), cases.STEPS,
+  return core.run_optax(emitted.tx_from_source(source), cases.params_for(case_id), cases.STEPS,
                         cases.SEED, record=cases.RECORDED_STEPS)
 
 

@@ -70,8 +70,8 @@ def emitted_source(case) -> str:
 
 def emitted_tx(case):
   """The Optax transformation the codemod emits for a converted case."""
-  from optim_compat import spec
-  return spec.tx_from_source(emitted_source(case))
+  from optim_compat import emitted
+  return emitted.tx_from_source(emitted_source(case))
 
 
 def eligible(case) -> bool:

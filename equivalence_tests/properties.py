@@ -61,7 +61,7 @@ def check_entry(name: str, dtype: str, max_examples: int) -> None:
   """Run the property for one table entry and dtype; raises on a counterexample."""
   from hypothesis import HealthCheck, given, settings
   import optim_compat
-  from optim_compat import spec
+  from optim_compat import emitted, spec
   from equivalence_tests import checker
   entry = spec.SPECS[name]
   kwargs = HYPER_PARAMS[name]
@@ -82,7 +82,7 @@ def check_entry(name: str, dtype: str, max_examples: int) -> None:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore', DeprecationWarning)
       legacy = getattr(optim_compat, name)(**kwargs)
-    tx = spec.tx_from_source(entry.emit({k: repr(v) for k, v in kwargs.items()}))
+    tx = emitted.tx_from_source(entry.emit({k: repr(v) for k, v in kwargs.items()}))
     report = checker.check(legacy, tx, tree, steps=3, devices=(2,), mode='pmap', max_ulp=bound)
     assert report.ok, f'{name} {dtype} {tree}:\n{report}'
   prop()

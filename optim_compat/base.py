@@ -27,7 +27,7 @@ import optax
 from flax import jax_utils, serialization, struct
 
 from optim_compat import spec as spec_lib
-from optim_compat import transforms
+from optim_compat import legacy_rule
 
 
 @struct.dataclass
@@ -91,13 +91,13 @@ class OptimizerDef:
       check_hyper_params(self._spec, {f.name: getattr(hyper_params, f.name)
                                       for f in dataclasses.fields(hyper_params)})
     if params is None and self._spec is not None:  # an empty tree, as legacy takes it
-      transforms.flatten_like(jax.tree_util.tree_structure(None), grads)
+      legacy_rule.flatten_like(jax.tree_util.tree_structure(None), grads)
       return None, OptimizerState(state.step + 1, state.param_states)
     if self._spec is None:  # a user's per-leaf def: the legacy loop, exactly
       treedef = jax.tree_util.tree_structure(params)
       flat_states = treedef.flatten_up_to(state.param_states)
       flat_params = treedef.flatten_up_to(params)
-      flat_grads = transforms.flatten_like(treedef, grads, flat_params)
+      flat_grads = legacy_rule.flatten_like(treedef, grads, flat_params)
       out = [self.apply_param_gradient(state.step, hyper_params, p, s, g)
              for p, s, g in zip(flat_params, flat_states, flat_grads)]
       new_params_flat, new_states_flat = list(zip(*out)) if out else ((), ())
@@ -105,8 +105,8 @@ class OptimizerDef:
               OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
     rule = self._spec.param_update
     new_param_rule = getattr(rule, 'new_param', None)  # the new value itself, exactly
-    tx = transforms.from_legacy_rule(self, hyper_params, new_param_rule or rule)
-    opt_state = transforms.LegacyRuleState(state.step, state.param_states)
+    tx = legacy_rule.from_legacy_rule(self, hyper_params, new_param_rule or rule)
+    opt_state = legacy_rule.LegacyRuleState(state.step, state.param_states)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     if new_param_rule is not None:
       new_params = updates
@@ -299,8 +299,8 @@ def check_param_leaves(opt_def, paths, values, what: str) -> None:
   for path, value in zip(paths, values):
     where = f'{name}.{what}: ' + (f'the leaf at {path} is' if path else
                                   f'{what.split("(")[1].rstrip(")")} is')
-    if not transforms.is_array_or_number(value):
-      raise TypeError(f'{where} {transforms.describe_leaf(value)}, not '
+    if not legacy_rule.is_array_or_number(value):
+      raise TypeError(f'{where} {legacy_rule.describe_leaf(value)}, not '
                       f'{"an array or a number" if path else "a pytree of arrays"} (the '
                       'parameters to optimize)')
     if not hasattr(value, 'dtype') and name in _READS_PARAM_DTYPE:
@@ -387,7 +387,7 @@ class MultiOptimizer(OptimizerDef):
       ps = tuple(focus.iterate(params))
       gs = tuple(focus.iterate(grads))
       if opt._spec is not None:  # a leaf no group selects may have a None gradient, as legacy
-        transforms.check_gradient_leaves([s.path for s in focus.iterate(names)], ps, gs)
+        legacy_rule.check_gradient_leaves([s.path for s in focus.iterate(names)], ps, gs)
       ss = tuple(focus.iterate(state.param_states))
       group_params, group_state = opt.apply_gradient(hp, ps, OptimizerState(state.step, ss), gs)
       new_params = focus.set(list(group_params), new_params)
@@ -555,7 +555,7 @@ def to_optax(opt_def: OptimizerDef, **hyper_param_overrides) -> optax.GradientTr
   ``init_param_state`` / ``apply_param_gradient`` run per leaf (the update is
   ``new_param - param``); whole-tree defs (WeightNorm, MultiOptimizer, an
   overridden ``apply_gradient``) update the tree at once. The state is the
-  legacy step and per-parameter states (``transforms.LegacyRuleState``, or the
+  legacy step and per-parameter states (``legacy_rule.LegacyRuleState``, or the
   ``OptimizerState`` itself for whole-tree defs).
 
   Raises:
@@ -563,42 +563,14 @@ def to_optax(opt_def: OptimizerDef, **hyper_param_overrides) -> optax.GradientTr
   """
   hp = opt_def.update_hyper_params(**hyper_param_overrides)
   if opt_def._spec is not None:
-    return transforms.from_legacy_rule(opt_def, hp, opt_def._spec.param_update)
+    return legacy_rule.from_legacy_rule(opt_def, hp, opt_def._spec.param_update)
   if type(opt_def).apply_gradient is not OptimizerDef.apply_gradient:
     return _whole_tree_tx(opt_def, hp)
 
   def user_rule(d, step, hp, param, state, grad):
     new_param, new_state = d.apply_param_gradient(step, hp, param, state, grad)
     return new_param - param, new_state
-  return transforms.from_legacy_rule(opt_def, hp, user_rule)
-
-
-def faithful_factory(entry: spec_lib.OptimizerSpec):
-  """``(learning_rate=None, <legacy hyper-params>) -> GradientTransformation``.
-
-  The function has the legacy def's exact signature (so
-  ``optax.inject_hyperparams`` can inject ``learning_rate`` and keep the
-  rest static) and builds the faithful transformation of ``entry``.
-  """
-  import inspect
-  from optim_compat import defs
-
-  def factory(*args, **kwargs):
-    with warnings.catch_warnings():
-      warnings.simplefilter('ignore', DeprecationWarning)
-      opt_def = getattr(defs, entry.name)(*args, **kwargs)
-    return transforms.from_legacy_rule(opt_def, opt_def.hyper_params, entry.param_update)
-
-  params = [inspect.Parameter(h.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=h.default)
-            for h in entry.hyper_params]
-  params += [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=v)
-             for k, v in entry.extra_args]
-  factory.__signature__ = inspect.Signature(params)
-  factory.__name__ = factory.__qualname__ = entry.name.lower()
-  factory.__doc__ = (f'Legacy flax.optim 0.5.3 ``{entry.name}`` as an Optax GradientTransformation '
-                     f'(arguments as ``optim_compat.{entry.name}``; state: '
-                     f'``transforms.LegacyRuleState``). {entry.differences}.')
-  return factory
+  return legacy_rule.from_legacy_rule(opt_def, hp, user_rule)
 
 
 def _whole_tree_tx(opt_def: OptimizerDef, hyper_params) -> optax.GradientTransformation:

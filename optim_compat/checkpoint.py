@@ -81,7 +81,7 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
       or, into a target replicated over the same ``n`` devices
       (``jax_utils.replicate`` before the restore), restored device by device.
     target: a ``flax.training.train_state.TrainState`` built with the tx the
-      codemod emits for the def (``spec.tx_from_source(SPECS[name].emit(...))``;
+      codemod emits for the def (``emitted.tx_from_source(SPECS[name].emit(...))``;
       ``optax.multi_transform`` of those for MultiOptimizer / ``focus=``), or
       with ``optim_compat.to_optax(def)`` (any def, WeightNorm included), a
       shim ``Optimizer``, or a container (dict, tuple, namedtuple, dataclass)

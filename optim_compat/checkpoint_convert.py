@@ -24,7 +24,7 @@ import numpy as np
 from flax import serialization
 from flax.training import train_state as train_state_lib
 
-from optim_compat import spec
+from optim_compat import def_text, emitted, spec
 from optim_compat.checkpoint_files import (
     CheckpointError, ReplicatedCheckpointWarning, _is_orbax, _msgpack_checkpoint_problem,
     _pack_stream, _TooLarge)
@@ -51,35 +51,34 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
       the message names the argument and value.
   """
   try:
-    node = ast.parse(text.strip(), mode='eval').body
-  except SyntaxError as e:
-    raise CheckpointError(f'--optimizer {text!r}: not a Python call ({e.msg})') from None
-  bare = node.attr if isinstance(node, ast.Attribute) else getattr(node, 'id', None)
-  if bare in spec.SPECS:
-    raise CheckpointError(f'--optimizer {text!r} is the class {bare}, not called: call it, e.g. '
-                          f'{bare}(learning_rate=1e-3)')
-  name = getattr(node, 'func', None)
-  name = name.attr if isinstance(name, ast.Attribute) else getattr(name, 'id', None)
-  if not isinstance(node, ast.Call) or name not in spec.SPECS:
+    call = def_text.parse_call(text)
+  except def_text.DefTextError as e:
+    if e.kind == 'syntax':
+      raise CheckpointError(f'--optimizer {text!r}: not a Python call ({e.detail})') from None
+    if e.detail in spec.SPECS:
+      raise CheckpointError(f'--optimizer {text!r} is the class {e.detail}, not called: call it, '
+                            f'e.g. {e.detail}(learning_rate=1e-3)') from None
+    call = None
+  if call is None or call.name not in spec.SPECS:
     raise CheckpointError(f'--optimizer {text!r}: expected one of {sorted(spec.SPECS)} '
                           f'called with its legacy arguments')
-  entry = spec.SPECS[name]
+  name, entry = call.name, spec.SPECS[call.name]
   pairs = []
-  for i, a in enumerate(node.args):
+  for i, a in enumerate(call.args):
     if isinstance(a, ast.Starred):
       raise CheckpointError(f'--optimizer {text!r}: cannot unpack {ast.unparse(a)}: give each '
                             'argument as a literal')
     if i >= len(entry.hyper_params):
       raise CheckpointError(f'--optimizer {text!r}: too many positional arguments')
     pairs.append((entry.hyper_params[i].name, a))
-  for kw in node.keywords:
-    if kw.arg is None:
-      raise CheckpointError(f'--optimizer {text!r}: cannot unpack **{ast.unparse(kw.value)}: '
+  for keyword, value in call.keywords:
+    if keyword is None:
+      raise CheckpointError(f'--optimizer {text!r}: cannot unpack **{ast.unparse(value)}: '
                             'give each argument as a literal')
-    if kw.arg not in entry.hyper_param_names:
-      raise CheckpointError(f'--optimizer {text!r}: {name} has no argument {kw.arg!r}; '
+    if keyword not in entry.hyper_param_names:
+      raise CheckpointError(f'--optimizer {text!r}: {name} has no argument {keyword!r}; '
                             f'valid: {list(entry.hyper_param_names)}')
-    pairs.append((kw.arg, kw.value))
+    pairs.append((keyword, value))
   seen = set()
   for key, _ in pairs:  # Python: TypeError, multiple values for argument
     if key in seen:
@@ -96,7 +95,7 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
       ok, is_literal = literal is None or isinstance(literal, (bool, int, float)), True
     if ok and key == 'learning_rate' and isinstance(literal, float) and not math.isfinite(literal):
       # legacy takes it and turns every parameter into NaN at the first step
-      written = ast.get_source_segment(text.strip(), value) or ast.unparse(value)
+      written = call.spelled(value)
       raise CheckpointError(f'--optimizer {text!r}: learning_rate={written} is {literal}, not a '
                             'finite number')
     if ok:
@@ -205,7 +204,7 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
       args = dict(args, learning_rate='0.0')  # not in the state layout; set it in the train step
     source = spec.SPECS[name].emit(args, learning_rate_injected)
     try:
-      tx = spec.tx_from_source(source)
+      tx = emitted.tx_from_source(source)
     except Exception as e:  # noqa: BLE001 - any failure building it is the argument's
       raise CheckpointError(f'--optimizer {optimizer!r}: cannot build {source}: '
                             f'{type(e).__name__}: {e}') from None

@@ -18,23 +18,3 @@ LAMB, _LAMBHyperParams, _LAMBParamState = _base.make_def_class(_spec.LAMB, __nam
 LARS, _LARSHyperParams, _LARSParamState = _base.make_def_class(_spec.LARS, __name__)
 Adafactor, _AdafactorHyperParams, _AdafactorParamState = _base.make_def_class(
     _spec.ADAFACTOR, __name__)
-
-
-def _legacy_modules() -> dict:
-  """``{legacy submodule name: module}`` holding each def and its private classes."""
-  import sys
-  import types
-  modules = {}
-  for entry in _spec.SPECS.values():
-    name = f'{__name__.rsplit(".", 1)[0]}.{entry.module_name}'
-    module = types.ModuleType(name, f'Legacy flax.optim.{entry.module_name} names (optim_compat).')
-    for attr in (entry.name, f'_{entry.name}HyperParams', f'_{entry.name}ParamState'):
-      if attr in globals():
-        setattr(module, attr, globals()[attr])
-    module.OptimizerDef = _base.OptimizerDef
-    sys.modules[name] = module
-    modules[entry.module_name] = module
-  return modules
-
-
-LEGACY_MODULES = _legacy_modules()

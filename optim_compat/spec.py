@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from optim_compat import rules  # its jax import waits for a rule's first use
+from optim_compat import update_rules  # its jax import waits for a rule's first use
 
 #: Marker for "the learning rate is set at apply time" in :meth:`OptimizerSpec.emit`.
 INJECT = object()
@@ -78,7 +78,7 @@ class OptimizerSpec:
     stock_max_ulp: measured bound (ulps of a leaf's largest magnitude, 20
       steps) of the emitted Optax chain against legacy flax.optim; 0 = bitwise.
     differences: human-readable statement of every known difference.
-    param_update: the legacy per-parameter rule (``optim_compat.rules``), run
+    param_update: the legacy per-parameter rule (``optim_compat.update_rules``), run
       by the shim through ``transforms.from_legacy_rule``.
     init_param_state: ``ParamStateClass -> (opt_def, param) -> state``
       (default: every field ``zeros_like(param)``).
@@ -238,7 +238,7 @@ GRADIENT_DESCENT = OptimizerSpec(
     legacy_module='sgd',
     hyper_params=(HyperParam('learning_rate', None),),
     state_fields=(),
-    param_update=rules.sgd,
+    param_update=update_rules.sgd,
     emit_fn=_sgd_emit,
     stock_max_ulp=0,
     differences=('none in float32: optax.sgd is bitwise equal (p - lr*g). In bfloat16 / '
@@ -272,7 +272,7 @@ MOMENTUM = OptimizerSpec(
                                  '(a Python number: the rule branches on wd != 0)'),
                   HyperParam('nesterov', False, static=True)),
     state_fields=('momentum',),
-    param_update=rules.momentum,
+    param_update=update_rules.momentum,
     emit_fn=_momentum_emit,
     stock_max_ulp=0,
     differences=('none: weight_decay is coupled L2 added to the gradient before '
@@ -311,7 +311,7 @@ ADAM = OptimizerSpec(
                   HyperParam('beta2', 0.999), HyperParam('eps', 1e-8),
                   HyperParam('weight_decay', 0.0, doc=_LR_SCALED_DECAY)),
     state_fields=('grad_ema', 'grad_sq_ema'),
-    param_update=rules.adam,
+    param_update=update_rules.adam,
     emit_fn=_adam_emit,
     stock_max_ulp=6,
     stock_max_ulp_low_precision=17,
@@ -341,7 +341,7 @@ ADAM = OptimizerSpec(
 
 
 # --------------------------------------------------------------------------
-# Entries run through the legacy per-parameter rules (optim_compat.rules)
+# Entries run through the legacy per-parameter rules (optim_compat.update_rules)
 
 
 def _ours(name, a, lr, keys):
@@ -400,7 +400,7 @@ ADABELIEF = _rule_entry(
                   HyperParam('eps', 1e-16, doc='added to the belief term s at every step and to '
                                                'the denominator sqrt(s^) + eps'),
                   HyperParam('weight_decay', 0.0, doc=_LR_SCALED_DECAY)),
-    ('grad_ema', 'grad_sq_ema'), rules.adabelief, _adabelief_emit, 7,
+    ('grad_ema', 'grad_sq_ema'), update_rules.adabelief, _adabelief_emit, 7,
     'float32 params: rounding only on optax >= 0.2 (scale_by_belief with eps_root=eps); '
     'optax 0.1.5 used the old mean in (g - m) and is intrinsically different. bfloat16 / '
     'float16 params: INTRINSIC, not rounding: legacy rounds beta1, beta2 and t to the params\' '
@@ -423,7 +423,7 @@ ADADELTA = _rule_entry(
                  HyperParam('eps', 1e-6, doc='added inside both square roots'),
                  HyperParam('weight_decay', 0.0, doc=_LR_SCALED_DECAY + ' (the legacy '
                             'docstring says "l2", but it is applied like Adam\'s)')),
-    ('sq_avg', 'acc_delta'), rules.adadelta, _adadelta_emit, 7,
+    ('sq_avg', 'acc_delta'), update_rules.adadelta, _adadelta_emit, 7,
     'rounding only (<= 7 ulp on the recorded tree; 8 measured on another tree with weight '
     'decay over 30 steps); optax.adadelta(weight_decay=) is coupled L2, so weight decay is '
     'emitted as add_decayed_weights after scale_by_adadelta. '
@@ -432,7 +432,7 @@ ADADELTA = _rule_entry(
     equation=('sq <- rho*sq + (1-rho)*g^2; delta = sqrt(acc+eps)/sqrt(sq+eps)*g (the old acc); '
               'p <- p - lr*delta - lr*wd*p; acc <- rho*acc + (1-rho)*delta^2'))
 ADAGRAD = _rule_entry(
-    'Adagrad', (_LR, HyperParam('eps', 1e-8, doc=_EPS_OUTSIDE)), ('G',), rules.adagrad,
+    'Adagrad', (_LR, HyperParam('eps', 1e-8, doc=_EPS_OUTSIDE)), ('G',), update_rules.adagrad,
     lambda a, lr: _ours('adagrad', a, lr, ('learning_rate', 'eps')), 0,
     'optax.adagrad is intrinsically different (accumulator starts at 0.1, eps inside the '
     'sqrt): the faithful optim_compat.transforms.adagrad is emitted. '
@@ -443,13 +443,13 @@ RMSPROP = _rule_entry(
                 HyperParam('centered', False, static=True,
                            doc='divide by the centred second moment sqrt(v - mg^2) (a Python '
                                'bool: the rule branches on it; mg is None unless centred)')),
-    ('v', 'mg'), rules.rmsprop, _rmsprop_emit, 3,
+    ('v', 'mg'), update_rules.rmsprop, _rmsprop_emit, 3,
     'rounding only with eps_in_sqrt=False (<= 3 ulp on the recorded tree; centred, on other '
     'trees: 3.5 ulp over 20 steps, 6 over 30; optax >= 0.2; the optax default puts eps inside '
     'the sqrt and is intrinsically different). '
     + _float32_grads('3.5 bfloat16 ulp (rel 0.049)', 'cast the params to float32 before '
                      'TrainState.create to keep legacy\'s numbers (then within the 3 ulp '
-                     'above, measured)'), init_param_state=rules.rmsprop_init,
+                     'above, measured)'), init_param_state=update_rules.rmsprop_init,
     equation=('v <- b2*v + (1-b2)*g^2; centred: mg <- b2*mg + (1-b2)*g, den = sqrt(v - mg^2) '
               '+ eps, else den = sqrt(v) + eps; p <- p - lr*g/den'))
 LAMB = _rule_entry(
@@ -458,7 +458,7 @@ LAMB = _rule_entry(
                         doc='wd*p is added to the Adam direction before the trust ratio (a '
                             'Python number: the rule branches on wd != 0)'),
              HyperParam('eps', 1e-6)),
-    ('grad_ema', 'grad_sq_ema'), rules.lamb,
+    ('grad_ema', 'grad_sq_ema'), update_rules.lamb,
     lambda a, lr: _ours('lamb', a, lr, ('learning_rate', 'beta1', 'beta2', 'weight_decay', 'eps')),
     2, 'optax.lamb moves zero-initialised leaves (trust ratio 1 where legacy gives 0): '
        'the faithful optim_compat.transforms.lamb is emitted. '
@@ -475,7 +475,7 @@ LARS = _rule_entry(
              HyperParam('trust_coefficient', 1e-3, doc='scales the layer-wise trust ratio'),
              HyperParam('eps', 0, doc='added to the trust-ratio denominator'),
              HyperParam('nesterov', False, static=True)),
-    ('momentum',), rules.lars, _lars_emit, 2,
+    ('momentum',), update_rules.lars, _lars_emit, 2,
     'rounding only without weight decay (optax.lars; <= 2 ulp on the recorded tree, 3 measured '
     'on another tree with lr=3, trust_coefficient=0.02, eps=1e-3 over 20 steps); with weight '
     'decay optax uses ||g + wd*p|| in the trust ratio, so the faithful '
@@ -508,14 +508,14 @@ ADAFACTOR = _rule_entry(
                                  'this (read from the def)'),
                   HyperParam('epsilon1', 1e-30, doc='added to g^2'),
                   HyperParam('epsilon2', 1e-3, doc='floor of RMS(p) in the parameter scale')),
-    ('v_row', 'v_col', 'v', 'm'), rules.adafactor,
+    ('v_row', 'v_col', 'v', 'm'), update_rules.adafactor,
     lambda a, lr: _ours('adafactor', a, lr, tuple(a)), 2,
     'the faithful optim_compat.transforms.adafactor is emitted (a stock chain exists but '
     'optax.adafactor has no epsilon2). bfloat16 / float16 params with float32 gradients: no '
     'difference: legacy casts its new params back to the params\' dtype, as '
     'optax.apply_updates does (the faithful transformation lands on legacy 0.5.3\'s params '
     'bitwise, measured in the old stack)',
-    init_param_state=rules.adafactor_init,  # factoring flags: read from the def, as legacy
+    init_param_state=update_rules.adafactor_init,  # factoring flags: read from the def, as legacy
     extra_args=(('dtype_momentum', np.dtype('float32')),),  # what jax.numpy.dtype returns
     equation=('g in float32; rho = 1 - (t - step_offset + 1)^-decay_rate (0 at the first '
               'step); g2 = g^2 + eps1; factored (largest axis d0, second largest d1): '
@@ -531,15 +531,6 @@ ADAFACTOR = _rule_entry(
 SPECS: dict[str, OptimizerSpec] = {s.name: s for s in (
     GRADIENT_DESCENT, MOMENTUM, ADAM, ADABELIEF, ADADELTA, ADAGRAD, RMSPROP, LAMB, LARS,
     ADAFACTOR)}
-
-
-def tx_from_source(source: str) -> optax.GradientTransformation:
-  """Evaluate emitted Optax source text (used by tests and the equivalence grid)."""
-  import jax
-  import optax
-
-  import optim_compat
-  return eval(source, {'optax': optax, 'jax': jax, 'optim_compat': optim_compat})  # noqa: S307
 
 
 # --------------------------------------------------------------------------

@@ -1,211 +1,49 @@
-"""Faithful Optax transformations of legacy ``flax.optim`` update rules.
+"""Faithful Optax transformations of legacy ``flax.optim`` update rules (the public names).
 
-The shim runs every legacy def through :func:`from_legacy_rule`: the def's
-per-parameter rule (``optim_compat.rules``), keeping the legacy *order of
-operations*, so the shim reproduces real ``flax.optim`` 0.5.3 bit for bit on the
-same jax version. Its state is :class:`LegacyRuleState`, i.e. the legacy
-``OptimizerState`` (step, per-parameter states with the legacy field names), so
-converting between the legacy layout and ``opt_state`` is a re-labelling.
-
-``optim_compat.transforms.<name>(...)`` (e.g. ``lamb``) builds the same
-transformation from the legacy arguments; the codemod emits it where stock
-Optax differs intrinsically (see ``spec.py``).
+``optim_compat.transforms.<name>(...)`` (e.g. ``lamb``) builds the transformation of
+the legacy def ``<Name>`` from the legacy arguments, running its per-parameter rule
+in the legacy order of operations (:func:`from_legacy_rule`, its state
+:class:`LegacyRuleState`); the codemod emits it where stock Optax differs
+intrinsically (see ``spec.py``).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import inspect
+import warnings
 
-import jax
-import jax.numpy as jnp
-import optax
+from optim_compat import defs, spec
+from optim_compat.legacy_rule import LegacyRuleState, from_legacy_rule  # noqa: F401 - public
 
-
-class LegacyRuleState(NamedTuple):
-  """State of :func:`from_legacy_rule`: exactly the legacy ``OptimizerState``.
-
-  Attributes:
-    count: int32 scalar, the legacy ``step`` (pre-increment at each update).
-    param_states: pytree like params whose leaves are the legacy per-parameter
-      state objects (legacy field names, e.g. ``_LAMBParamState``).
-  """
-  count: Any
-  param_states: Any
+__all__ = ['LegacyRuleState', 'from_legacy_rule',
+           *sorted(e.name.lower() for e in spec.SPECS.values() if e.param_update is not None)]
 
 
-def from_legacy_rule(opt_def, hyper_params, param_update) -> optax.GradientTransformation:
-  """An Optax ``GradientTransformation`` running a legacy per-parameter rule.
+def faithful_factory(entry: spec.OptimizerSpec):
+  """``(learning_rate=None, <legacy hyper-params>) -> GradientTransformation``.
 
-  Args:
-    opt_def: the legacy ``OptimizerDef`` (its ``init_param_state`` builds the
-      state; rules may read construction-time settings from it).
-    hyper_params: the legacy hyper-parameter dataclass for these updates
-      (values may be traced).
-    param_update: ``(opt_def, step, hp, param, state, grad) -> (update,
-      new_state)``; see ``optim_compat.rules``.
-
-  Returns:
-    A transformation whose state is :class:`LegacyRuleState`; ``update``
-    requires ``params``.
-
-  Raises:
-    ValueError (from ``update``): ``params`` missing, or gradients whose tree
-      differs from the params tree (the message names both structures).
+  The function has the legacy def's exact signature (so
+  ``optax.inject_hyperparams`` can inject ``learning_rate`` and keep the
+  rest static) and builds the faithful transformation of ``entry``.
   """
 
-  def init_fn(params):
-    # flax.nnx.Optimizer passes params wrapped in nnx Variables: the state mirrors the
-    # values (the per-parameter states are the nodes, as optax's own states are)
-    states = jax.tree_util.tree_map(lambda p: opt_def.init_param_state(_unwrap(p)), params,
-                                    is_leaf=_is_nnx_variable)
-    return LegacyRuleState(jnp.zeros([], jnp.int32), states)
+  def factory(*args, **kwargs):
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      opt_def = getattr(defs, entry.name)(*args, **kwargs)
+    return from_legacy_rule(opt_def, opt_def.hyper_params, entry.param_update)
 
-  def update_fn(updates, state, params=None):
-    if params is None:
-      raise ValueError('legacy optimizer rules need params: call tx.update(grads, state, params)')
-    treedef = jax.tree_util.tree_structure(params)
-    flat_p = treedef.flatten_up_to(params)
-    flat_s = treedef.flatten_up_to(state.param_states)
-    # the table's rules need an array or number per leaf; a user's rule may take None
-    flat_g = flatten_like(treedef, updates, flat_p,
-                          strict=getattr(opt_def, '_spec', None) is not None)
-    out = [param_update(opt_def, state.count, hyper_params, p, s, g)
-           for p, s, g in zip(flat_p, flat_s, flat_g)]
-    flat_u = [u for u, _ in out]
-    new_states = treedef.unflatten([s for _, s in out])
-    return treedef.unflatten(flat_u), LegacyRuleState(state.count + 1, new_states)
-
-  return optax.GradientTransformation(init_fn, update_fn)
+  params = [inspect.Parameter(h.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=h.default)
+            for h in entry.hyper_params]
+  params += [inspect.Parameter(k, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=v)
+             for k, v in entry.extra_args]
+  factory.__signature__ = inspect.Signature(params)
+  factory.__name__ = factory.__qualname__ = entry.name.lower()
+  factory.__doc__ = (f'Legacy flax.optim 0.5.3 ``{entry.name}`` as an Optax GradientTransformation '
+                     f'(arguments as ``optim_compat.{entry.name}``; state: '
+                     f'``transforms.LegacyRuleState``). {entry.differences}.')
+  return factory
 
 
-def _is_nnx_variable(x) -> bool:
-  return type(x).__module__.startswith('flax.nnx') and hasattr(x, 'get_value')
-
-
-def _unwrap(x):
-  return x.get_value() if _is_nnx_variable(x) else x
-
-
-def flatten_like(treedef, tree, flat_params=None, strict: bool = False):
-  """``treedef.flatten_up_to(tree)`` for a gradient tree, with clear errors.
-
-  Args:
-    treedef: the params' tree structure.
-    tree: the gradients.
-    flat_params: the params' leaves; when given, each gradient leaf must
-      broadcast to its parameter's shape without changing it.
-    strict: every gradient leaf must be an array or a number (the table's rules;
-      a user's own rule may accept ``None``).
-
-  Raises:
-    ValueError: the trees differ (the message names the first differing
-      pytree path and shows both structures), or a gradient leaf's shape would
-      change its parameter's shape (legacy flax.optim broadcast it silently:
-      a (3,) parameter took a (3, 3) gradient and became (3, 3)).
-    TypeError: with ``strict``, a gradient leaf that is ``None`` or not an array
-      or number (:func:`check_gradient_leaves`; names its path).
-  """
-  try:
-    flat = treedef.flatten_up_to(tree)
-  except (ValueError, TypeError) as e:
-    other = jax.tree_util.tree_structure(tree)
-    raise ValueError(f'gradient tree does not match the params tree at '
-                     f'{_first_difference(treedef, tree)}:\n  params: {treedef}\n'
-                     f'  grads:  {other}') from e
-  if strict:
-    check_gradient_leaves([jax.tree_util.keystr(k) for k in _paths(treedef)], flat_params, flat)
-  if flat_params is not None:
-    for i, (p, g) in enumerate(zip(flat_params, flat)):
-      p_shape, g_shape = jnp.shape(p), jnp.shape(g)
-      if p_shape != g_shape and _broadcast(p_shape, g_shape) != p_shape:
-        path = jax.tree_util.keystr(_paths(treedef)[i])
-        raise ValueError(f'gradient at {path or "the root"} has shape {g_shape}, but the '
-                         f'parameter has shape {p_shape}')
-  return flat
-
-
-def is_array_or_number(x) -> bool:
-  """A jax/numpy array, tracer or numpy scalar of a numeric dtype, or a Python number."""
-  if isinstance(x, (bool, int, float, complex)):
-    return True
-  dtype = getattr(x, 'dtype', None)
-  return (dtype is not None and hasattr(x, 'shape')
-          and getattr(dtype, 'kind', None) in tuple('biufcV'))  # V: bfloat16's numpy kind
-
-
-def describe_leaf(x) -> str:
-  """``x`` for a message: ``a float32[3, 2] array``, ``a str 'hello'``, ``None``."""
-  if x is None:
-    return 'None'
-  if hasattr(x, 'shape') and hasattr(x, 'dtype'):
-    return f'a {x.dtype}{list(x.shape)} array'
-  text, kind = repr(x), type(x).__name__
-  article = 'an' if kind[:1].lower() in 'aeiou' else 'a'
-  return f'{article} {kind} {text if len(text) <= 60 else text[:57] + "..."}'
-
-
-def check_gradient_leaves(paths, flat_params, flat_grads) -> None:
-  """Every gradient leaf is an array or a number (``paths``: the leaves' ``keystr``).
-
-  Raises:
-    TypeError: a leaf is ``None`` (legacy flax.optim 0.5.3 failed inside the update
-      rule, e.g. ``unsupported operand type(s) for *: 'float' and 'NoneType'``) or
-      something else (a str, an object); the message names its path and its parameter.
-  """
-  flat_params = flat_params if flat_params is not None else [None] * len(flat_grads)
-  for path, p, g in zip(paths, flat_params, flat_grads):
-    if is_array_or_number(g):
-      continue
-    where = path or 'the root'
-    param = f' (the parameter there is {describe_leaf(p)})' if p is not None else ''
-    if g is None:
-      raise TypeError(f'gradient at {where} is None{param}: every parameter needs a gradient '
-                      'array; pass zeros (jnp.zeros_like) for one that gets none, or leave it '
-                      'out of the optimizer (MultiOptimizer or create(focus=...) leave '
-                      'unselected parameters alone)')
-    raise TypeError(f'gradient at {where} is {describe_leaf(g)}, not an array or a '
-                    f'number{param}')
-
-
-def _broadcast(a, b):
-  try:
-    return tuple(jnp.broadcast_shapes(a, b))
-  except ValueError:
-    return None
-
-
-def _paths(treedef):
-  skeleton = treedef.unflatten([0] * treedef.num_leaves)
-  return [path for path, _ in jax.tree_util.tree_flatten_with_path(skeleton)[0]]
-
-
-def _first_difference(treedef, tree) -> str:
-  """``keystr`` of the first leaf path where ``tree`` departs from ``treedef``."""
-  expected = _paths(treedef)
-  found = [path for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  for a, b in zip(expected, found):
-    if a != b:
-      return f'{jax.tree_util.keystr(a)} (grads have {jax.tree_util.keystr(b)})'
-  if len(expected) > len(found):
-    return f'{jax.tree_util.keystr(expected[len(found)])} (missing from the grads)'
-  if len(found) > len(expected):
-    return f'{jax.tree_util.keystr(found[len(expected)])} (not in the params)'
-  return 'a container of a different type'
-
-
-_FACTORIES: dict = {}
-
-
-def __getattr__(name: str):
-  """``optim_compat.transforms.<lowercase def name>``: the faithful factories.
-
-  E.g. ``optim_compat.transforms.lamb(learning_rate=1e-3, weight_decay=1e-2)``;
-  the arguments are the legacy def's (see the migration table), so
-  ``optax.inject_hyperparams`` can inject ``learning_rate``.
-  """
-  if name not in _FACTORIES:
-    from optim_compat import base, spec
-    entries = {e.name.lower(): e for e in spec.SPECS.values() if e.param_update is not None}
-    if name not in entries:
-      raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    _FACTORIES[name] = base.faithful_factory(entries[name])
-  return _FACTORIES[name]
+# one factory per table def that runs a legacy rule: optim_compat.transforms.lamb, .adagrad, ...
+globals().update({e.name.lower(): faithful_factory(e) for e in spec.SPECS.values()
+                  if e.param_update is not None})

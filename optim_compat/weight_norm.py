@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax import lax
 
-from optim_compat import transforms
+from optim_compat import legacy_rule
 from optim_compat.base import OptimizerDef, _deprecation_warning
 
 
@@ -102,7 +102,7 @@ class WeightNorm(OptimizerDef):
 
   def apply_gradient(self, hyper_params, params, state, grads):
     treedef = jax.tree_util.tree_structure(params)
-    transforms.flatten_like(treedef, grads, treedef.flatten_up_to(params), strict=True)
+    legacy_rule.flatten_like(treedef, grads, treedef.flatten_up_to(params), strict=True)
     leaves = treedef.flatten_up_to(state.param_states)
     pick = lambda name: treedef.unflatten([getattr(s, name) for s in leaves])
     direction, scale = pick('direction'), pick('scale')

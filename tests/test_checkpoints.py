@@ -26,7 +26,7 @@ from flax.training import checkpoints, train_state
 import optim_compat as oc
 from equivalence_tests import cases, checkpoint_legacy, core
 from optim_compat import checkpoint as ck
-from optim_compat import spec, state_map
+from optim_compat import emitted, spec, state_map
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SELECTED = checkpoint_legacy.selected_cases()
@@ -68,7 +68,7 @@ def _ckpt(legacy, case_id):
 
 def _emitted_tx(def_name, kwargs, injected=False):
   args = {k: repr(v) for k, v in kwargs.items()}
-  return spec.tx_from_source(spec.SPECS[def_name].emit(args, injected))
+  return emitted.tx_from_source(spec.SPECS[def_name].emit(args, injected))
 
 
 def _shim_def(def_name, kwargs):
@@ -759,7 +759,7 @@ def _trained_states():
   with warnings.catch_warnings():
     warnings.simplefilter('ignore', DeprecationWarning)
     for name, source in _emitted_chains().items():
-      fresh = _target(params, spec.tx_from_source(source))
+      fresh = _target(params, emitted.tx_from_source(source))
       state = fresh
       if 'injected' in name or name == 'multi_transform':
         state = state.replace(opt_state=optax.tree_utils.tree_set(

@@ -12,6 +12,7 @@ import pytest
 
 from codemod import engine
 from codemod.rules import Options
+from codemod_helpers import kept_lines
 
 FIXTURES = pathlib.Path(__file__).parent / 'fixtures' / 'codemod'
 CASES = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
@@ -173,7 +174,7 @@ def test_a_name_rebound_to_another_object_is_flagged_not_rewritten():
             'print(opt.target)\n')
   result = engine.rewrite_source(source, 'r.py')
   assert 'print(opt.target)' in result.new and 'opt.params' not in result.new
-  assert [f.rule for f in result.manual] == ['OM100']
+  assert [f.rule for f in result.manual] == ['OM117']
 
 
 def test_run_passes_every_argument_after_the_script(tmp_path):
@@ -213,7 +214,7 @@ def test_apply_gradient_in_a_file_without_flax_optim_is_flagged_not_rewritten():
   result = engine.rewrite_source(source, 'o.py')
   assert 'opt.apply_gradient(g)' in result.new and 'apply_gradients' not in result.new
   # the `.apply_gradient` and the `.target` of the same name: each line that fails gets its TODO
-  assert [(f.rule, f.line) for f in result.manual] == [('OM100', 2), ('OM100', 3)]
+  assert [(f.rule, f.line) for f in result.manual] == [('OM122', 2), ('OM122', 3)]
   assert not [f for f in result.findings if f.fixed]
 
 
@@ -384,6 +385,25 @@ def test_demo_rejects_a_count_below_one_naming_the_option_and_value(tmp_path, op
   assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
 
 
+def test_no_shim_fallback_flag_and_config_key(tmp_path):
+  """`--no-shim-fallback` / `shim-fallback = false`: a file kept legacy gets its TODOs only;
+  a value that is not true/false is refused (exit 2, naming the key)."""
+  source = 'from flax import optim\n\n\ndef make(params, kw):\n  return optim.Adam(**kw).create(params)\n'
+  legacy = tmp_path / 'm.py'
+  legacy.write_text(source)
+  proc = _cli('rewrite', '--diff', str(legacy), cwd=tmp_path)
+  assert proc.returncode == 1 and '+optim_compat.install()' in proc.stdout
+  assert f'{legacy}:1:1: OM014' not in proc.stderr  # a fix: not listed with the manual items
+  proc = _cli('rewrite', '--diff', '--no-shim-fallback', str(legacy), cwd=tmp_path)
+  assert proc.returncode == 1 and 'optim_compat' not in proc.stdout and 'OM118' in proc.stdout
+  (tmp_path / 'pyproject.toml').write_text('[tool.optim-migrate]\nshim-fallback = false\n')
+  assert 'optim_compat' not in _cli('rewrite', '--diff', str(legacy), cwd=tmp_path).stdout
+  (tmp_path / 'pyproject.toml').write_text('[tool.optim-migrate]\nshim-fallback = "no"\n')
+  proc = _cli('rewrite', '--diff', str(legacy), cwd=tmp_path)
+  assert proc.returncode == 2 and 'shim-fallback must be true or false' in proc.stderr
+  assert legacy.read_text() == source
+
+
 @pytest.mark.parametrize('value', ['true', 'false', '0', '2.5'])
 def test_config_jobs_boolean_or_non_count_is_refused(tmp_path, value):
   """Found by review: `jobs = true` was taken as 1 (a bool is an int in Python)."""
@@ -486,7 +506,7 @@ def test_cli_check_select_ignore_report_and_stdin(tmp_path):
   rows = json.loads(report.read_text())
   assert [(r['line'], r['rule'], r['safety'], r['applied']) for r in rows] == [
       (7, 'OM001', 'safe', True), (8, 'OM001', 'safe', True), (13, 'OM002', 'safe', True),
-      (14, 'OM004', 'safe', True), (18, 'OM100', 'manual', False), (2, 'OM005', 'safe', True)]
+      (14, 'OM004', 'safe', True), (18, 'OM117', 'manual', False), (2, 'OM005', 'safe', True)]
   assert all(r['file'] == str(legacy) and r['column'] >= 1 and r['message'] for r in rows)
 
   # a manual rule ignored: no TODO, no report entry; the fixes still apply
@@ -532,12 +552,12 @@ def test_check_keeps_failing_until_an_earlier_runs_todo_is_deleted(tmp_path):
                  't = T({})\nprint(t.optimizer.state.step)\n')
   assert _cli('rewrite', '--write', str(src)).returncode == 1
   written = src.read_text()
-  assert 'flax import optim' not in written and written.count('# TODO(optim-migrate): OM100') == 1
+  assert 'flax import optim' not in written and written.count('# TODO(optim-migrate): OM117') == 1
   proc = _cli('rewrite', '--check', str(src))
   assert proc.returncode == 1 and proc.stdout == ''
-  assert f'{src}:12:1: OM100 [manual] still to do, from an earlier run: if `t.optimizer`' \
+  assert f'{src}:12:1: OM117 [manual] still to do, from an earlier run: if `t.optimizer`' \
       in proc.stderr
-  assert _cli('rewrite', '--check', '--ignore', 'OM100', str(src)).returncode == 0
+  assert _cli('rewrite', '--check', '--ignore', 'OM117', str(src)).returncode == 0
   quoted = tmp_path / 'quoted.py'  # the marker inside a string is no TODO
   quoted.write_text("S = '''\n# TODO(optim-migrate): OM100: text in a string\n'''\n")
   assert _cli('rewrite', '--check', str(quoted)).returncode == 0
@@ -606,7 +626,7 @@ def test_unapplied_safe_fix_keeps_the_file_legacy():
   before = (FIXTURES / 'bare_flax_import' / 'before.py').read_text()
   result = engine.rewrite_source(before, 'b.py', Options(ignore=('OM003',)))
   assert result.new == before and not result.findings[0].fixed
-  assert result.findings[0].rule == 'OM100' and 'OM003' in result.findings[0].message
+  assert result.findings[0].rule == 'OM106' and 'OM003' in result.findings[0].message
 
 
 def test_tree_walk_config_jobs_and_skipped_directories(tmp_path):
@@ -705,12 +725,12 @@ def test_prefer_stock_optax_measured_difference(case_id):
   CPU ``spec.STOCK_MEASURED_ON`` names (another CPU rounds a little differently: an AMD EPYC
   gave 493505.5 ulp for adagrad_large, stated 493505.25)."""
   from equivalence_tests import cases, core, record_golden
-  from optim_compat import spec
+  from optim_compat import emitted, spec
   _, name, kwargs = next(c for c in cases.CASES if c[0] == case_id)
   alt = spec.STOCK_ALTERNATIVES[name]
   source = alt.emit(spec.SPECS[name], {k: repr(v) for k, v in kwargs.items()})
   assert source.startswith('optax.') and 'optim_compat' not in source
-  traj = core.run_optax(spec.tx_from_source(source), cases.params_for(case_id), cases.STEPS,
+  traj = core.run_optax(emitted.tx_from_source(source), cases.params_for(case_id), cases.STEPS,
                         cases.SEED, record=cases.RECORDED_STEPS)
   worst, _ = core.compare(traj, record_golden.load(case_id)[0])
   assert worst > 1000  # intrinsic
@@ -724,6 +744,7 @@ def test_prefer_stock_optax_measured_difference(case_id):
 
 
 PROGRAMS = FIXTURES.parent / 'programs'
+
 
 
 @pytest.mark.parametrize('program', ['legacy_multi_frozen', 'legacy_user_def'])
@@ -753,6 +774,46 @@ def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_pyth
       np.testing.assert_array_equal(new[leaf], new[f'init/{leaf}'])
       np.testing.assert_array_equal(old[leaf], old[f'init/{leaf}'])
     assert not np.array_equal(new['head/bias'], new['init/head/bias'])
+
+
+def test_a_program_kept_legacy_runs_on_the_shim_after_the_fallback(legacy_python, tmp_path):
+  """Issue 17, part 1: a program the plan keeps on its legacy code (OM102, OM109, OM116) gets
+  `optim_compat.install()` (OM014) and nothing else but its TODOs; on the modern stack it
+  runs as it is: bitwise what the shim computes for the unmodified program (`optim-migrate
+  run`, same stack), and within rounding of real flax.optim 0.5.3 on the old stack (the
+  gradients come from each stack's jax). Without the fallback the program fails at its
+  first flax.optim import."""
+  import numpy as np
+  source = (PROGRAMS / 'legacy_kept_on_the_shim.py').read_text()
+  result = engine.rewrite_source(source, 'kept.py')
+  assert sorted({f.rule for f in result.findings}) == ['OM014', 'OM102', 'OM109', 'OM116']
+  assert kept_lines(result.new) == source  # the TODOs and the two fallback lines only
+  assert engine.rewrite_source(result.new, 'again.py').new == result.new
+  bare = engine.rewrite_source(source, 'kept.py', Options(shim_fallback=False))
+  assert 'optim_compat.install' not in bare.new and kept_lines(bare.new) == source
+  kept = tmp_path / 'kept.py'
+  kept.write_text(result.new)
+  plain = tmp_path / 'plain.py'
+  plain.write_text(bare.new)
+  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
+  runs = {'fallback': [sys.executable, str(kept)],
+          'shim': [sys.executable, '-m', 'codemod.cli', 'run', str(PROGRAMS / 'legacy_kept_on_the_shim.py')],
+          'legacy': [legacy_python, str(PROGRAMS / 'legacy_kept_on_the_shim.py')]}
+  out = {}
+  for name, cmd in runs.items():
+    out[name] = tmp_path / f'{name}.npz'
+    proc = subprocess.run([*cmd, str(out[name])], capture_output=True, text=True, cwd=tmp_path,
+                          env=env)
+    assert proc.returncode == 0, (name, proc.stderr[-3000:])
+  proc = subprocess.run([sys.executable, str(plain), str(tmp_path / 'x.npz')],
+                        capture_output=True, text=True, cwd=tmp_path, env=env)
+  assert proc.returncode == 1 and "cannot import name 'optim' from 'flax'" in proc.stderr
+  new, shim, old = (np.load(out[k]) for k in ('fallback', 'shim', 'legacy'))
+  assert int(new['step']) == int(old['step']) == 10
+  for key in ('w', 'b', 'losses'):
+    np.testing.assert_array_equal(new[key], shim[key], err_msg=key)
+    np.testing.assert_allclose(new[key], old[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  assert old['losses'][-1] < old['losses'][0]
 
 
 def test_replicated_program_resumes_a_real_legacy_checkpoint(legacy_python, tmp_path):
@@ -834,11 +895,11 @@ def test_notebook_rewritten_cell_by_cell_and_runs(tmp_path):
   blocked = tmp_path / 'blocked.ipynb'
   blocked.write_text((NOTEBOOKS / 'blocked.ipynb').read_text())
   proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), str(tmp_path))
-  assert proc.returncode == 1 and f'{blocked}:cell3:1:1: OM100' in proc.stderr
+  assert proc.returncode == 1 and f'{blocked}:cell3:1:1: OM107' in proc.stderr
   assert blocked.read_text() == (NOTEBOOKS / 'blocked.ipynb').read_text()  # never half-migrated
   rows = json.loads((tmp_path / 'r.json').read_text())
   assert [(r['file'], r['line'], r['rule'], r['applied']) for r in rows] == [
-      (f'{blocked}:cell3', 1, 'OM100', False)]
+      (f'{blocked}:cell3', 1, 'OM107', False)]
   bad = tmp_path / 'bad.ipynb'
   bad.write_text('{"cells": [{"cell_type": "code", "source": "from flax import optim\\ndef f(:"}]}')
   proc = _cli('rewrite', str(bad))
@@ -859,7 +920,7 @@ def test_notebook_rewritten_cell_by_cell_and_runs(tmp_path):
 def test_prefilter_skips_lookalikes_and_misses_no_legacy_file():
   """What the text prefilter skips, the codemod (run without it) would neither change nor flag."""
   from libcst.codemod import CodemodContext
-  from codemod.transform import MigrateCommand
+  from codemod.command import MigrateCommand
   torch = ('import torch\n\ndef fit(model, batch):\n  opt = torch.optim.SGD(model.parameters(), 0.1)\n'
            '  optimizer = opt\n  return batch.target, optimizer\n')
   modern = 'import flax\nimport optax\n\noptimizer = optax.adam(1e-3)\nprint(state.target)\n'
@@ -881,7 +942,7 @@ def test_prefilter_skips_lookalikes_and_misses_no_legacy_file():
 def test_statements_no_rule_can_see_are_set_aside_without_changing_the_result(monkeypatch):
   """The scope analysis runs on the legacy part of a long module only: same output, same
   finding positions as analysing all of it."""
-  from codemod import transform
+  from codemod.facts import setaside
   filler = ''.join(f'\n\ndef helper_{i}(values, scale={i}):\n  """Totals."""\n  total = 0\n'
                    f'  for v in values:\n    total += v * scale\n  return total\n\n\n'
                    f'TABLE_{i} = {{"alpha": {i}, "beta": [1, 2]}}\n' for i in range(12))
@@ -889,10 +950,10 @@ def test_statements_no_rule_can_see_are_set_aside_without_changing_the_result(mo
                'om007_annotations', 'legacy_only_attrs'):
     before = (FIXTURES / case / 'before.py').read_text()
     source = before.replace('\n\ndef ', filler + '\n\ndef ', 1) + filler
-    monkeypatch.setattr(transform, '_MIN_REDUCE', 10 ** 9)
+    monkeypatch.setattr(setaside, 'MIN_STATEMENTS', 10 ** 9)
     whole = engine.rewrite_source(source, 'w.py')
-    monkeypatch.setattr(transform, '_MIN_REDUCE', 8)
-    reduced, originals = transform._reduce(cst.parse_module(source))
+    monkeypatch.setattr(setaside, 'MIN_STATEMENTS', 8)
+    reduced, originals = setaside.reduce(cst.parse_module(source))
     assert len(originals) >= 24, case  # the helpers and tables are set aside
     part = engine.rewrite_source(source, 'w.py')
     assert part.new == whole.new and part.changed, case
@@ -953,17 +1014,19 @@ def test_method_reference_and_name_conflicts_keep_the_file_legacy():
   result = engine.rewrite_source(method_ref, 'm.py')
   assert 'optim.GradientDescent(learning_rate=0.1).create(params)' in result.new
   assert 'TrainState' not in result.new and 'from flax import optim' in result.new
-  assert [f.rule for f in result.manual] == ['OM100']
+  assert [f.rule for f in result.manual] == ['OM116']
   assert '`.apply_gradient` used as a value' in result.manual[0].message
   shadowed = ('from flax import optim\n\ndef init(params):\n  train_state = {"epoch": 0}\n'
               '  opt = optim.Adam(learning_rate=0.1).create(params)\n  return opt, train_state\n')
   result = engine.rewrite_source(shadowed, 's.py')
   assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'optax' not in result.new
-  assert [f.rule for f in result.manual] == ['OM100']
+  assert [f.rule for f in result.manual] == ['OM108']
   assert '`train_state` is bound to something else' in result.manual[0].message
-  # the TODO stands in the file, above its first statement, once
-  assert result.new.startswith('# TODO(optim-migrate): OM100: `train_state` is bound to')
-  assert result.manual[0].line == 1 and result.new[result.new.index('\n') + 1:] == shadowed
+  # the TODO stands in the file, above its first statement, once (below the shim fallback)
+  shimmed = result.new.split('\n', 2)[2]
+  assert result.new.startswith('import optim_compat\noptim_compat.install()  # optim-migrate')
+  assert shimmed.startswith('# TODO(optim-migrate): OM108: `train_state` is bound to')
+  assert result.manual[0].line == 1 and shimmed[shimmed.index('\n') + 1:] == shadowed
   assert engine.rewrite_source(result.new, 's.py').new == result.new
 
 
@@ -1059,9 +1122,7 @@ def test_multi_group_hyper_params_that_are_not_safe_stay_flagged(override, why):
             f'  opt = opt.apply_gradient(g, hyper_params={override})\n'
             '  return opt.target\n')
   result = engine.rewrite_source(source, 'm.py')
-  kept = ''.join(line for line in result.new.splitlines(keepends=True)
-                 if not line.lstrip().startswith('# TODO(optim-migrate): '))
-  assert kept == source, why  # the file keeps its legacy code, with TODOs
+  assert kept_lines(result.new) == source, why  # the file keeps its legacy code, with TODOs
   assert 'OM102' in {f.rule for f in result.manual} and not any(f.fixed for f in result.findings)
   assert 'per-group learning rates convert only' in next(
       f.message for f in result.manual if f.rule == 'OM102')
@@ -1119,7 +1180,7 @@ def test_ignoring_every_rule_hides_the_kept_legacy_item(tmp_path):
   legacy = tmp_path / 'legacy.py'
   legacy.write_text((FIXTURES / 'from_import_lr_at_apply' / 'before.py').read_text())
   proc = _cli('rewrite', '--check', '--ignore', 'OM', str(legacy))
-  assert proc.returncode == 0 and 'OM100' not in proc.stderr and proc.stdout == ''
+  assert proc.returncode == 0 and '[manual]' not in proc.stderr and proc.stdout == ''
   proc = _cli('rewrite', '--check', '--ignore', 'OM0', str(legacy))
   assert proc.returncode == 1 and 'which are not selected' in proc.stderr
 
@@ -1132,8 +1193,8 @@ def test_dynamic_flax_optim_imports_pass_the_prefilter_and_are_flagged():
     source = f'import flax\nimport importlib\nimport sys\n{line}\n'
     assert engine.may_need_rewrite(source)
     result = engine.rewrite_source(source, 'm.py')
-    assert [(f.line, f.rule, f.fixed) for f in result.findings] == [(4, 'OM100', False)], line
-    assert 'TODO(optim-migrate): OM100: `' + line[4:] + '` reaches flax.optim' in result.new
+    assert [(f.line, f.rule, f.fixed) for f in result.findings] == [(4, 'OM112', False)], line
+    assert 'TODO(optim-migrate): OM112: `' + line[4:] + '` reaches flax.optim' in result.new
   source = 'import importlib\nm = importlib.import_module("torch.optim")\n'
   assert not engine.may_need_rewrite(source)
   assert engine.rewrite_source(source, 'm.py').findings == []

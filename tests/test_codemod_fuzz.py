@@ -155,3 +155,15 @@ def test_mutated_fixtures_never_fail_internally(case, names, seed):
 def test_every_fixture_with_calls_split_over_lines(case):
   """Each fixture with every call's arguments on lines of their own (the shape that crashed)."""
   check_mutant(case, ['split_args'], 0)
+
+
+@pytest.mark.parametrize('case, names, seed', [
+    # a value wrapped in a conditional / a one-element list: the file was half-migrated, and
+    # a second run added 'never imports flax.optim' TODOs
+    ('om102_kept_legacy_keeps_its_import', ['wrap_values', 'split_args', 'wrap_values'], 42652),
+    ('om008_multi_group_hyper_params', ['rename', 'wrap_values'], 35250),
+    # an OM2xx TODO quoting a multi-line excerpt: CSTValidationError, the file failed
+    ('om2xx_flags_and_static_sizes', ['split_args', 'wrap_values', 'split_args'], 18422),
+])
+def test_mutants_that_longer_runs_found(case, names, seed):
+  check_mutant(case, names, seed)

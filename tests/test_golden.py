@@ -15,7 +15,7 @@ import pytest
 
 import optim_compat as optim
 from equivalence_tests import cases, core, golden_drift, grid, record_golden
-from optim_compat import spec
+from optim_compat import emitted, spec
 
 ROOT = __import__('pathlib').Path(__file__).resolve().parents[1]
 IDS = [c[0] for c in cases.CASES]
@@ -50,7 +50,7 @@ def test_emitted_optax_chain_matches_golden(case_id, def_name, kwargs):
   entry = spec.SPECS[def_name]
   schedule = cases.APPLY[kwargs['apply']][0] if 'apply' in kwargs else None
   source = grid.emitted_source((case_id, def_name, kwargs))
-  traj = core.run_optax(spec.tx_from_source(source), cases.params_for(case_id),
+  traj = core.run_optax(emitted.tx_from_source(source), cases.params_for(case_id),
                         cases.STEPS, cases.SEED, record=cases.RECORDED_STEPS,
                         hyperparams=schedule, corrupt_grads=cases.GRADS.get(kwargs.get('grads')))
   golden, _ = record_golden.load(case_id)
@@ -112,7 +112,7 @@ def test_learning_rate_at_apply_time_matches_injected_form(def_name, kwargs):
   entry = spec.SPECS[def_name]
   source = entry.emit({k: repr(v) for k, v in kwargs.items()}, learning_rate_injected=True)
   assert 'inject_hyperparams' in source
-  tx_traj = core.run_optax(spec.tx_from_source(source), params, 10, cases.SEED,
+  tx_traj = core.run_optax(emitted.tx_from_source(source), params, 10, cases.SEED,
                            hyperparams=lambda s: {'learning_rate': schedule(s)})
   worst, where = core.compare(tx_traj, shim_traj)
   bound = 4 if entry.stock_max_ulp == 0 else entry.stock_max_ulp

@@ -29,7 +29,7 @@ from flax.training import train_state
 import optim_compat as oc
 from equivalence_tests import cases, core
 from optim_compat import checkpoint as ck
-from optim_compat import spec
+from optim_compat import emitted, spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / 'tests' / 'fixtures' / 'programs' / 'legacy_view'
@@ -60,7 +60,7 @@ def _build(def_name, kwargs):
 
 def _emitted(def_name, kwargs, injected=False):
   args = {k: repr(v) for k, v in kwargs.items()}
-  return spec.tx_from_source(spec.SPECS[def_name].emit(args, injected))
+  return emitted.tx_from_source(spec.SPECS[def_name].emit(args, injected))
 
 
 def _multi_transform(kwargs, injected=False):

@@ -33,7 +33,7 @@ from flax.training import train_state
 from codemod import cli
 from equivalence_tests import core
 from optim_compat import checkpoint as ck
-from optim_compat import spec
+from optim_compat import emitted, spec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PROGRAMS = ROOT / 'tests' / 'fixtures' / 'programs' / 'lifecycle'
@@ -212,7 +212,7 @@ def test_a_replicated_orbax_save_restores_in_a_one_device_process(runs):
   refused it before, it has no sharding for 2 devices) into an unreplicated target: device 0's
   copy, the uninterrupted run's last params and step."""
   assert jax.local_device_count() == 1
-  tx = spec.tx_from_source(spec.SPECS['Momentum'].emit(
+  tx = emitted.tx_from_source(spec.SPECS['Momentum'].emit(
       {'learning_rate': '0.05', 'beta': '0.8', 'nesterov': 'True'}))
   target = train_state.TrainState.create(apply_fn=None, params=_common().make_params(), tx=tx)
   with pytest.warns(ck.ReplicatedCheckpointWarning, match='device axis of 2'):

@@ -9,6 +9,7 @@ import pytest
 from flax import jax_utils, serialization, traverse_util
 
 import optim_compat as optim
+from optim_compat import emitted
 from equivalence_tests import cases, core, record_golden
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -545,7 +546,7 @@ def test_bfloat16_params_with_float32_gradients_shim_vs_train_state():
     opt = getattr(optim, name)(learning_rate=0.1, **kw).create(pbf)
     for g in grads:
       opt = step(opt, g)
-    tx = optim.spec.tx_from_source(optim.SPECS[name].emit(
+    tx = emitted.tx_from_source(optim.SPECS[name].emit(
         {'learning_rate': '0.1', **{k: repr(v) for k, v in kw.items()}}))
     kept = _run_train_state(tx, pbf, grads)
     cast = _run_train_state(tx, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), pbf),

@@ -27,7 +27,7 @@ from libcst.metadata import (ImportAssignment, PositionProvider, QualifiedNamePr
 
 from codemod.modern import table
 from codemod.rules import RULES, TODO_PREFIX, Options
-from codemod.transform import Finding
+from codemod.findings import Finding, one_line
 
 _GROUPS = table.prefilter_words()
 _RENAMES = table.renames()
@@ -328,6 +328,7 @@ class _Rewriter(cst.CSTTransformer):
   def flag(self, node, rule: str, message: str) -> None:
     if not self.opts.enabled(rule):
       return
+    message = one_line(message)  # a multi-line excerpt would make the comment no comment
     text = f'{TODO_PREFIX}{rule}: {message}'
     if self._pending and text in self._pending[-1]:
       return  # once per statement

@@ -1,4 +1,7 @@
-"""The codemod's rules: id, fix safety and what each rewrites.
+"""The codemod's rules: the catalog (``catalog``), the options that select them, and one
+module per rule family (``defs``, ``apply_gradient``, ``attributes``, ``methods``,
+``restores``, ``references``, ``imports``, ``crossmodule``), each holding the checks, the
+site decisions and the fixes of its rules.
 
 Safety follows ruff / TorchFix: ``safe`` fixes are applied by default,
 ``unsafe`` ones only with ``--unsafe-fixes`` (otherwise they are reported,
@@ -11,51 +14,19 @@ import dataclasses
 from typing import Iterable, Optional
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-  id: str
-  safety: str  # 'safe' | 'unsafe' | 'manual'
-  summary: str
+from codemod.rules.catalog import Rule
+from codemod.rules.catalog_fixes import FIXES
+from codemod.rules.catalog_manual import MANUAL
 
+#: Every rule by id, in id order (the catalog: ``codemod.rules.catalog``; the OM2xx family, JAX / Flax APIs
+#: removed beside flax.optim, registers its own table, ``codemod.modern.table``).
+RULES = {r.id: r for r in sorted((*FIXES, *MANUAL), key=lambda r: r.id)}
 
-RULES = {r.id: r for r in (
-    Rule('OM001', 'safe', '`Def(...).create(params)` -> `train_state.TrainState.create('
-                          'apply_fn=None, params=params, tx=<Optax chain from the migration table>)`'),
-    Rule('OM002', 'safe', '`opt.apply_gradient(grads)` -> `opt.apply_gradients(grads=grads)`; '
-                          '`learning_rate=lr` -> set in an `optax.inject_hyperparams` state'),
-    Rule('OM003', 'safe', '`opt.target` -> `opt.params`; `opt.replace(target=...)` -> `replace(params=...)`'),
-    Rule('OM004', 'safe', '`opt.state.step` -> `opt.step` (also `step[0]` on a replicated optimizer)'),
-    Rule('OM005', 'safe', 'imports: add `optax` / `flax.training.train_state`, drop unused `flax.optim`'),
-    Rule('OM006', 'safe', '`DynamicScale` imports -> `flax.training.dynamic_scale`'),
-    Rule('OM007', 'safe', 'annotations: `optim.Optimizer` -> `train_state.TrainState`, '
-                          '`optim.OptimizerDef` -> `optax.GradientTransformation`'),
-    Rule('OM008', 'safe', '`MultiOptimizer` + `ModelParamTraversal` and `create(p, focus=)` -> '
-                          '`optax.multi_transform` with labels from the traversal filters; '
-                          'unselected leaves -> `optax.set_to_zero()`'),
-    Rule('OM009', 'unsafe', '`opt.replicate()` -> `jax_utils.replicate(opt)`: legacy also averaged '
-                            'the gradients over the pmap axis inside `apply_gradient`'),
-    Rule('OM010', 'safe', '`opt.unreplicate()` -> `jax_utils.unreplicate(opt)`'),
-    Rule('OM011', 'safe', '`opt.compute_gradient(f)` -> `jax.value_and_grad(f)(opt.params)`; '
-                          '`opt.optimize(f)` -> that, then `apply_gradients`'),
-    Rule('OM012', 'safe', '`opt.optimizer_def.hyper_params.<name>` -> the literal the def was built with'),
-    Rule('OM013', 'safe', 'restoring an optimizer checkpoint -> '
-                          '`optim_compat.checkpoint.restore_legacy` (legacy layout converted; a '
-                          'TrainState-layout checkpoint or none yet behaves as restore_checkpoint)'),
-    Rule('OM100', 'manual', 'a flax.optim use this version cannot convert safely'),
-    Rule('OM101', 'manual', 'legacy optimizer def not in the migration table yet'),
-    Rule('OM102', 'manual', 'per-call hyper-parameter override other than learning_rate, or mixed '
-                            'override/no-override apply sites'),
-    Rule('OM103', 'manual', 'optimizer state surgery (`opt.state`, `OptimizerState`)'),
-    Rule('OM104', 'manual', 'user `OptimizerDef` subclass: kept on the shim (`optim_compat`), '
-                            'wrapped with `optim_compat.to_optax(...)` for TrainState'),
-    Rule('OM105', 'manual', 'pre-Linen `flax.nn` model: migrate the model to Linen first'),
-)}
-
-# the OM2xx family (JAX / Flax APIs removed beside flax.optim): its table is data only
 from codemod.modern import table as _om2xx  # noqa: E402
 
 RULES.update({i: Rule(i, safety, summary) for i, safety, summary in _om2xx.RULES})
 
+#: Starts every comment line the codemod writes (``<prefix><rule>: <message>``).
 TODO_PREFIX = '# TODO(optim-migrate): '
 
 
@@ -70,9 +41,9 @@ class Options:
   ignore: tuple[str, ...] = ()
   unsafe_fixes: bool = False
   prefer_stock_optax: bool = False
-  #: keep every optimizer use legacy (the engine's second pass when a first pass would leave
-  #: a half-migrated file: an OM100 item it could not convert next to converted code)
-  keep_legacy: bool = False
+  #: a file that keeps its legacy code gets optim_compat.install() (OM014); False
+  #: (``--no-shim-fallback``, ``shim-fallback = false``): it gets its TODOs only
+  shim_fallback: bool = True
 
   def enabled(self, rule: str) -> bool:
     if self.select is not None and not any(rule.startswith(s) for s in self.select):

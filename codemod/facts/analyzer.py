@@ -1,0 +1,462 @@
+"""The analysis pass: one visit of a module collecting its :class:`~codemod.facts.model.Facts`.
+
+Which names hold optimizer defs and optimizers (by scope, via LibCST's
+``ScopeProvider``; legacy names are resolved with ``QualifiedNameProvider``,
+never by text), where flax.optim is referenced, and what each function takes
+and returns. Parameters and rebinds are settled after the visit
+(``codemod.facts.following``).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemod import legacy_api as api
+from codemod.facts import following
+from codemod.facts.model import Facts
+from codemod.facts.values import produces_optimizer
+from codemod.names import (Names, attr_chain, code, container_values, legacy_module_name,
+                           target_names)
+
+_HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
+_STATE_STEP = m.Attribute(attr=m.Name('state'))
+_STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
+#: attributes the late checks of the plan look at (a method used as a value, a member of
+#: another module's optimizer)
+_MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
+
+
+class Analyzer(cst.CSTVisitor):
+  """Collect def variables, optimizer variables, legacy references and their contexts."""
+
+  def __init__(self, names: Names):
+    super().__init__()
+    self.n = names
+    self.f: Facts = names.facts
+    self._class_depth = 0
+    self._annotation_depth = 0
+    self._subclass_depth = 0
+    self._state_step: set[int] = set()
+    self._inner: set[int] = set()
+    self._group_args: set[int] = set()
+    self._function_stack: list[str] = []
+    self._blocks: list[int] = []   # ids of the statement blocks being visited
+    #: settled after the visit (codemod.facts.following)
+    self.chain_copies: list = []   # (chain, replicated chain): `self.o = replicate(self.o)`
+    self.rebinds: set = set()      # bindings a loop, walrus, `with` or unpacking gives other values
+    self.assign_sites: dict = {}   # binding -> [(target Name, value, id(block))]: `x = ...`
+
+  # -- imports: only whether flax.optim is imported ----------------------------------------
+  def visit_Import(self, node: cst.Import) -> bool:
+    for alias in node.names:
+      if code(alias.name).startswith(api.LEGACY):
+        self.f.uses_legacy = True
+        self.f.legacy_imports.append(node)
+    return False
+
+  def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    if node.module is None:
+      return False
+    module = code(node.module)
+    if module == api.LEGACY or module.startswith(api.LEGACY + '.'):
+      self.f.uses_legacy = True
+      self.f.legacy_imports.append(node)
+      if isinstance(node.names, cst.ImportStar):
+        self.f.star_imports.append(node)
+    elif module == 'flax' and not isinstance(node.names, cst.ImportStar) and any(
+        isinstance(a.name, cst.Name) and a.name.value == 'optim' for a in node.names):
+      self.f.uses_legacy = True
+      self.f.legacy_imports.append(node)
+    return False
+
+  # -- contexts ----------------------------------------------------------------------------
+  def visit_Annotation(self, node) -> None:
+    self._annotation_depth += 1
+
+  def leave_Annotation(self, node) -> None:
+    self._annotation_depth -= 1
+
+  def visit_ClassDef(self, node: cst.ClassDef) -> None:
+    self._class_depth += 1
+    if any(self.n.symbol(base.value) for base in node.bases):
+      self.f.subclasses.append(node)
+      self.f.subclass_names.add(node.name.value)
+      self._subclass_depth += 1
+
+  def leave_ClassDef(self, node: cst.ClassDef) -> None:
+    self._class_depth -= 1
+    if any(node is c for c in self.f.subclasses):
+      self._subclass_depth -= 1
+
+  def visit_IndentedBlock(self, node) -> None:
+    self._blocks.append(id(node))
+
+  def leave_IndentedBlock(self, node) -> None:
+    self._blocks.pop()
+
+  def visit_SimpleStatementSuite(self, node) -> None:
+    self._blocks.append(id(node))
+
+  def leave_SimpleStatementSuite(self, node) -> None:
+    self._blocks.pop()
+
+  # -- references ----------------------------------------------------------------------------
+  def _reference(self, node) -> None:
+    if id(node) in self._inner:
+      if isinstance(node, cst.Attribute):
+        self._inner.add(id(node.value))
+      return
+    qnames = self.n.qnames(node)
+    sym = sorted(filter(None, map(api.legacy_symbol, qnames)))
+    f = self.f
+    if sym:
+      f.uses_legacy = True
+      f.refs[id(node)] = sym[0]
+      f.ref_nodes[id(node)] = node
+      if self._annotation_depth:
+        f.in_annotation.add(id(node))
+      if self._subclass_depth:
+        f.in_subclass.add(id(node))
+    elif any(q == api.NN_PREFIX or q.startswith(api.NN_PREFIX + '.') for q in qnames):
+      f.nn_refs.add(id(node))
+    else:
+      if any(q == api.LEGACY for q in qnames):
+        f.uses_legacy = True
+        f.module_refs.append(node)  # the module object itself (`opt_lib = optim`)
+      return
+    if isinstance(node, cst.Attribute):
+      self._inner.add(id(node.value))
+
+  def visit_Name(self, node) -> None:
+    self._reference(node)
+
+  def visit_Attribute(self, node: cst.Attribute) -> None:
+    self._reference(node)
+    f = self.f
+    attr = node.attr.value
+    if attr == 'step' and m.matches(node.value, _STATE_STEP):
+      self._state_step.add(id(node.value))  # `.state.step` is converted (OM004)
+    if attr in api.ARRAY_ONLY_ATTRS and m.matches(node.value, _STEP_OF_STATE):
+      f.step_array_uses.add(id(node.value))  # `opt.state.step.astype(...)`
+    elif attr in api.LEGACY_ONLY_ATTRS and id(node) not in self._state_step:
+      f.legacy_attrs.append(node)
+    if m.matches(node, _HP_READ):
+      owner = node.value.value
+      if m.matches(owner, m.Attribute(attr=m.Name('optimizer_def'))):
+        f.hp_reads[id(node)] = (owner.value, attr, True)
+      else:
+        f.hp_reads[id(node)] = (owner, attr, False)
+    if attr in api.DEF_ONLY_ATTRS and isinstance(node.value, cst.Name):
+      f.def_attrs.append(node)
+    if attr in _MEMBER_NAMES:
+      f.member_attrs.append(node)
+
+  # -- functions and their parameters ---------------------------------------------------------
+  def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    self._function_stack.append(node.name.value)
+    if not self._class_depth:
+      self.f.functions.append(node)
+      if len(self._function_stack) == 1:
+        self.f.top_functions.append(node)
+    if node.name.value == 'apply_gradient':
+      self.f.defines_apply_gradient = True
+
+  def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+    self._function_stack.pop()
+
+  def visit_Param(self, node: cst.Param) -> None:
+    if (b := self.n.binding(node.name)):
+      self.f.params.add(b)
+      annotation = node.annotation.annotation if node.annotation is not None else None
+      if annotation is not None and self.n.symbol(annotation) == 'Optimizer':
+        self.f.opt_vars.add(b)
+      if annotation is not None and self.n.symbol(annotation) == 'OptimizerDef':
+        self.f.def_vars[b] = None  # a def of unknown kind: `.create` on it is still converted
+
+  def visit_Return(self, node: cst.Return) -> None:
+    f, value = self.f, node.value
+    if value is not None and self.n.is_def(value):
+      f.escaping[id(value)] = value
+    if value is not None and self._function_stack and (
+        produces_optimizer(self.n, value)
+        or (isinstance(value, cst.Name) and self.n.binding(value) in f.opt_vars)):
+      f.opt_factories.add(self._function_stack[-1])
+      if len(self._function_stack) == 1 and not self._class_depth:
+        f.module_factories.add(self._function_stack[0])
+    elif (value is not None and self._function_stack
+          and isinstance(value, (cst.Tuple, cst.List, cst.Dict))
+          and any(produces_optimizer(self.n, v)
+                  or (isinstance(v, cst.Name) and self.n.binding(v) in f.opt_vars)
+                  for v in container_values(value))):
+      f.bundle_factories.add(self._function_stack[-1])  # `return optimizer, lr`
+
+  # -- bindings -------------------------------------------------------------------------------
+  def _target_bindings(self, target):
+    """Bindings of the names a for/comprehension target binds (unpacking included)."""
+    return self.n.name_bindings(target_names(target))
+
+  def visit_For(self, node: cst.For) -> None:
+    bindings = set(self._target_bindings(node.target))
+    self.f.loop_vars.update(bindings)
+    self.rebinds.update(bindings)  # `for opt in batches:` rebinds a name an optimizer may hold
+
+  def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+    if isinstance(node.target, cst.Name) and (b := self.n.binding(node.target)):
+      if produces_optimizer(self.n, node.value):
+        self.f.opt_vars.add(b)
+      else:
+        self.rebinds.add(b)
+
+  def visit_WithItem(self, node: cst.WithItem) -> None:
+    if node.asname is not None:
+      self.rebinds.update(self._target_bindings(node.asname.name))
+
+  def visit_CompFor(self, node: cst.CompFor) -> None:
+    self.f.loop_vars.update(self._target_bindings(node.target))
+
+  def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+    n, f = self.n, self.f
+    if n.symbol(node.annotation.annotation) == 'Optimizer':
+      f.opt_vars.update(n.name_bindings([node.target]))
+    if (self._class_depth and not self._function_stack and isinstance(node.target, cst.Name)
+        and any(n.symbol(x) in ('Optimizer', 'ReplicatedOptimizer') for x in m.findall(
+            node.annotation, m.Name() | m.Attribute()))):
+      # `optimizer: optim.Optimizer` (also Optional[...]) in a dataclass / NamedTuple: a
+      # proof that `<anything>.optimizer` holds one, wherever it is read in this file
+      f.annotated_fields.add(node.target.value)
+    if node.value is not None and (n.legacy_def(node.value) or n.is_user_def(node.value)):
+      f.def_vars.update(dict.fromkeys(n.name_bindings([node.target]), node.value))
+
+  def flow_source(self, value):
+    """The factory whose optimizer ``value`` is: its call, or a step/replicate of a name
+    holding one (``opt.apply_gradient(g)``, ``jax_utils.replicate(opt)``)."""
+    n, f = self.n, self.f
+    found = n.factory_of_call(value)
+    if isinstance(value, cst.Name):  # an alias: `best = opt`
+      return f.flow_vars.get(n.binding(value))
+    if found is not None or not isinstance(value, cst.Call):
+      return found
+    func = value.func
+    if n.qnames(func) & api.REPLICATE_FNS:  # before `x.unreplicate(...)`: `jax_utils` is no optimizer
+      if value.args and isinstance(value.args[0].value, cst.Name):
+        return f.flow_vars.get(n.binding(value.args[0].value))
+      return None
+    if m.matches(func, m.Attribute(value=m.Name(), attr=m.Name('apply_gradient') | m.Name('replicate')
+                                   | m.Name('unreplicate') | m.Name('replace'))):
+      return f.flow_vars.get(n.binding(func.value))
+    return None
+
+  def visit_Assign(self, node: cst.Assign) -> None:
+    n, f = self.n, self.f
+    value = node.value
+    targets = [t.target for t in node.targets]
+    for t in targets:
+      if isinstance(t, (cst.Tuple, cst.List)):
+        self._unpacking(t, value)
+    if self._class_depth and not self._function_stack and n.legacy_def(value):
+      f.escaping[id(value)] = value  # `class Cfg: opt_def = Adam(...)`: used as Cfg.opt_def
+    if isinstance(value, cst.Name) and n.binding(value) in f.opt_vars and \
+        n.binding(value) not in f.rebound:
+      f.opt_vars.update(n.name_bindings(targets))  # `best = opt`: an alias
+    for t in targets:
+      if (chain := attr_chain(t)) is not None:
+        self._chain_assigned(chain, value)
+    if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
+        and value.args and value.args[0].keyword is None and not value.args[0].star
+        and n.qnames(value.func) & api.CALL_WRAPPERS):
+      f.wrapped.append((node, value))  # (`jax.pmap(steps.train_step)` too: codemod.flow)
+    f.assignments.append((targets, value))
+    if len(targets) == 1 and isinstance(targets[0], cst.Name) and (b := n.binding(targets[0])):
+      block = self._blocks[-1] if self._blocks else None
+      self.assign_sites.setdefault(b, []).append((targets[0], value, block))
+    source = self.flow_source(value) if f.flow is not None else None
+    if source is not None:
+      f.flow_vars.update(dict.fromkeys(n.name_bindings(targets), source))
+    if n.legacy_def(value) or n.is_user_def(value):
+      f.def_vars.update(dict.fromkeys(n.name_bindings(targets), value))
+    elif n.is_traversal(value) and isinstance(value, cst.Call):
+      f.traversal_vars.update(dict.fromkeys(n.name_bindings(targets), value))
+    elif produces_optimizer(n, value):
+      f.opt_vars.update(n.name_bindings(targets))
+    elif source is not None:
+      pass  # another module's optimizer, kept legacy there: flagged where it is used
+    elif isinstance(value, cst.Name) and n.binding(value) in f.opt_vars:
+      pass  # an alias (above)
+    elif not _passes_name_through(value, targets):
+      # `opt = Thing()`: this name also holds something else; never rewrite it blindly
+      f.rebound.update(n.name_bindings(targets))
+    self._gradient_assign(node, targets, value)
+
+  def _chain_assigned(self, chain: str, value) -> None:
+    n, f = self.n, self.f
+    inner = (attr_chain(value.args[0].value) if isinstance(value, cst.Call) and value.args
+             and n.qnames(value.func) & api.REPLICATE_FNS else None)
+    if inner is None and isinstance(value, cst.Call) and any(
+        attr_chain(a.value) == chain for a in value.args):
+      inner = chain  # passed through: `self.opt = restore_checkpoint(d, self.opt)`
+    if inner is not None:
+      self.chain_copies.append((chain, inner))  # settled after the visit
+    elif produces_optimizer(n, value) or (
+        isinstance(value, cst.Name) and n.binding(value) in f.opt_vars):
+      f.attr_chains.add(chain)
+      if (factory := n.factory_of_call(value)) is not None and factory.converted:
+        f.attr_flow[chain] = factory  # `self.opt = create_optimizer(p)`, converted there
+    elif not m.matches(value, m.Name('None')):
+      f.attr_other.add(chain)  # `self.opt = Thing()`: never rewritten blindly
+
+  def _gradient_assign(self, node, targets, value) -> None:
+    """``a, b = opt.compute_gradient(f)`` and ``opt, loss = opt.optimize(f)`` (OM011)."""
+    n, f = self.n, self.f
+    if (len(targets) == 1 and m.matches(targets[0], m.Tuple())
+        and m.matches(value, m.Call(func=m.Attribute(attr=m.Name('compute_gradient')
+                                                     | m.Name('compute_gradients'))))
+        and len(targets[0].elements) in (2, 3)
+        and all(isinstance(e, cst.Element) for e in targets[0].elements)
+        and len(value.args) == 1 and value.args[0].keyword is None and not value.args[0].star):
+      f.grad_assigns.add(id(node))
+      f.handled.add(id(value.func))
+    if (len(targets) == 1 and m.matches(targets[0], m.Tuple())
+        and m.matches(value, m.Call(func=m.Attribute(value=m.Name(), attr=m.Name('optimize'))))
+        and len(targets[0].elements) in (2, 3)
+        and all(isinstance(e, cst.Element) and isinstance(e.value, cst.Name)
+                for e in targets[0].elements)
+        and value.func.value.value not in {e.value.value for e in targets[0].elements[1:]}
+        and len(value.args) >= 1 and value.args[0].keyword is None
+        and all(not a.star for a in value.args)
+        and all(a.keyword is not None and a.keyword.value == 'learning_rate'
+                for a in value.args[1:])):
+      f.optimize_assigns.add(id(node))
+      f.optimize_calls.append(value)
+      f.handled.add(id(value.func))
+      first = list(n.name_bindings([targets[0].elements[0].value]))
+      f.opt_vars.update(first)
+      f.rebound.difference_update(first)
+
+  def _unpacking(self, target, value) -> None:
+    """``a, b = ...``: a name an optimizer may hold keeps it only when passed through
+    (``opt, metrics = train_step(opt, batch)``, ``opt, loss = opt.optimize(f)``) or
+    given an optimizer element-wise (``opt, n = Adam(...).create(p), 0``)."""
+    n, f = self.n, self.f
+    elements = [e.value for e in target.elements if isinstance(e, cst.Element)]
+    values = ([e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List))
+              and len(value.elements) == len(target.elements) else None)
+    for i, element in enumerate(elements):
+      for name in target_names(element):
+        b = n.binding(name)
+        if b is None:
+          continue
+        if values is not None and isinstance(element, cst.Name):
+          v = values[i]
+          if f.flow is not None and (source := self.flow_source(v)) is not None:
+            f.flow_vars[b] = source  # `o, n = opt, 0` / `o, = [opt]`: another module's
+          if produces_optimizer(n, v) or (isinstance(v, cst.Name) and v.value == name.value):
+            continue
+          if isinstance(v, cst.Name) and n.binding(v) in f.opt_vars:
+            f.opt_vars.add(b)
+            continue
+        elif values is None and (_passes_name_through(value, [name]) or (
+            i == 0 and m.matches(value, m.Call(func=m.Attribute(attr=m.Name('optimize')))))):
+          continue  # (`new, loss = opt.optimize(f)`: the first is an optimizer)
+        self.rebinds.add(b)
+
+  # -- calls ----------------------------------------------------------------------------------
+  def visit_Subscript(self, node: cst.Subscript) -> None:
+    if (failure := dynamic_import(self.n, node)) is not None:
+      self.f.uses_legacy = True
+      self.f.dynamic_imports[id(node)] = failure
+
+  def visit_Arg(self, node: cst.Arg) -> None:
+    if self.n.is_def(node.value) and id(node) not in self._group_args:
+      self.f.escaping[id(node.value)] = node.value
+
+  def visit_Call(self, node: cst.Call) -> None:
+    n, f = self.n, self.f
+    f.call_funcs.add(id(node.func))
+    if (failure := dynamic_import(n, node)) is not None:
+      f.uses_legacy = True
+      f.dynamic_imports[id(node)] = failure
+    f.calls_by_func[id(node.func)] = node
+    if (factory := n.factory_of_call(node)) is not None:
+      f.flow_used[factory.qualified] = factory
+    elif (factory := n.factory_of_call(node, bundle=True)) is not None and factory.converted:
+      f.flow_used[factory.qualified] = factory  # `o, lr = make_pair(p)`: its items are flagged
+    name = n.legacy_def(node)
+    if name == api.WEIGHT_NORM:
+      self._group_args.update(id(a) for a in node.args)
+    if name:
+      f.def_calls.append(node)
+      if name == api.WEIGHT_NORM and node.args and n.legacy_def(node.args[0].value):
+        f.wn_inner.add(id(node.args[0].value))
+    func = node.func
+    if m.matches(func, m.Attribute(attr=m.Name('create'))) and n.is_def(func.value):
+      f.create_calls.append(node)
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and not self._subclass_depth:
+      # (inside a user OptimizerDef subclass it is the def's own method: kept on the shim)
+      f.apply_calls.append(node)
+      recv = func.value
+      if isinstance(recv, cst.Name) and (b := n.binding(recv)):
+        f.opt_vars.add(b)
+      elif (chain := attr_chain(recv)) is not None:
+        f.attr_chains.add(chain)
+    if m.matches(func, m.Attribute(attr=m.Name('replicate') | m.Name('unreplicate'))):
+      f.method_calls[id(node)] = node
+      f.handled.add(id(func))
+      if isinstance(func.value, cst.Name) and (b := n.binding(func.value)) and \
+          all(a.keyword is not None for a in node.args):
+        f.opt_vars.add(b)  # flax.optim's own methods, as for apply_gradient
+    if n.qnames(func) & set(api.RESTORES):
+      f.restores.append(node)
+
+  def leave_Module(self, node: cst.Module) -> None:
+    following.settle(self)
+
+
+def _passes_name_through(value, targets) -> bool:
+  """``x = f(x, ...)``: a step function returning its (optimizer) argument."""
+  if not isinstance(value, cst.Call):
+    return False
+  names = {t.value for t in targets if isinstance(t, cst.Name)}
+  if m.matches(value.func, m.Attribute(value=m.Name())) and value.func.value.value in names:
+    return True  # `x = x.method(...)`
+  return any(isinstance(a.value, cst.Name) and a.value.value in names for a in value.args)
+
+
+# -- flax.optim reached by name at run time -------------------------------------------------
+def dynamic_import(n: Names, node) -> Optional[str]:
+  """How ``node`` fails on Flax >= 0.6 if it reaches flax.optim by name, else None:
+  ``importlib.import_module('flax.optim[.adam]')`` / ``__import__(...)`` (also
+  ``import_module('.optim', 'flax')``), ``sys.modules['flax.optim']`` (and ``.get``,
+  ``.pop``, ``.setdefault``), ``getattr(flax, 'optim'[, default])``."""
+  if isinstance(node, cst.Subscript):
+    if (len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index)
+        and legacy_module_name(node.slice[0].slice.value)
+        and 'sys.modules' in n.qnames(node.value)):  # (the cheap tests first)
+      return 'a KeyError'
+    return None
+  if not isinstance(node, cst.Call) or not node.args or any(a.star for a in node.args) \
+      or not any(isinstance(a.value, (cst.SimpleString, cst.ConcatenatedString))
+                 for a in node.args):
+    return None
+  fn = n.qnames(node.func)
+  args = {a.keyword.value if a.keyword is not None else i: a.value
+          for i, a in enumerate(node.args)}
+  if fn & {'importlib.import_module', 'builtins.__import__'}:
+    name = args.get(0, args.get('name'))
+    package = args.get(1, args.get('package')) if 'importlib.import_module' in fn else None
+    if legacy_module_name(name) or (
+        isinstance(package, (cst.SimpleString, cst.ConcatenatedString))
+        and package.evaluated_value == 'flax'
+        and legacy_module_name(name, prefix='.optim')):
+      return 'a ModuleNotFoundError'
+    return None
+  if m.matches(node.func, m.Attribute(attr=m.Name('get') | m.Name('pop') | m.Name('setdefault'))) \
+      and 'sys.modules' in n.qnames(node.func.value) and legacy_module_name(args.get(0)):
+    return {'get': 'None (or the default)', 'pop': 'a KeyError (or the default)',
+            'setdefault': 'the default'}[node.func.attr.value]
+  if 'builtins.getattr' in fn and len(node.args) in (2, 3) and 'flax' in n.qnames(args[0]) \
+      and isinstance(args.get(1), (cst.SimpleString, cst.ConcatenatedString)) \
+      and args[1].evaluated_value == 'optim':
+    return 'the default' if len(node.args) == 3 else 'an AttributeError'
+  return None

@@ -1,0 +1,213 @@
+"""Facts settled after the analysis visit: rebinds, attribute copies, parameters that
+receive optimizers, and the module's step functions."""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemod.facts.values import holds_optimizer, made_here
+from codemod.names import Names, call_argument
+
+
+def settle(analyzer) -> None:
+  """Finish ``analyzer``'s facts once the whole module has been visited."""
+  n, f = analyzer.n, analyzer.f
+  f.rebound.update(analyzer.rebinds & f.opt_vars)
+  _split_def_rebinds(n, analyzer.assign_sites)
+  changed = True
+  while changed:  # `self.o = jax_utils.replicate(self.o)` wherever it stands in the file
+    changed = False
+    for chain, inner in analyzer.chain_copies:
+      if inner in f.attr_chains and chain not in f.attr_chains:
+        f.attr_chains.add(chain)
+        changed = True
+  f.attr_other.update(chain for chain, inner in analyzer.chain_copies
+                      if inner not in f.attr_chains)
+  if f.uses_legacy or f.flow_vars:
+    _follow_parameters(n)
+  f.steps = _step_params(n)
+
+
+# -- a name holding a def, then the optimizer its create returns ---------------------------
+def _split_def_rebinds(n: Names, assign_sites: dict) -> None:
+  """``opt = Adam(1e-3)`` then ``opt = opt.create(p)``: one name, two values in time.
+
+  When the def's assignment is the name's first and the create's its next, both plain
+  assignments in the same block, and every read of the name is in its own scope after
+  the def's, the reads after the create are the optimizer's: they are not taken for the
+  def (passing the optimizer on or calling its ``apply_gradient`` converts; the def
+  becomes the Optax transformation and ``tx=opt`` reads it before the rebind). Any other
+  such name is flagged with what happened (``Facts.mixed_defs``) and keeps the file legacy.
+  """
+  f = n.facts
+  for b in sorted(set(f.def_vars) & f.opt_vars - f.rebound, key=str):
+    sites = assign_sites.get(b, [])
+    if not any(m.matches(v, m.Call(func=m.Attribute(value=m.Name(t.value), attr=m.Name('create'))))
+               for t, v, _ in sites[1:]):
+      continue  # no `x = x.create(...)`: not this case
+    after = _optimizer_reads(n, sites)
+    reads = {id(r.node) for t, _, _ in sites for r in _accesses(n, t)}
+    if after is None:
+      defs = [v for _, v, _ in sites if n.legacy_def(v) or n.is_user_def(v)]
+      if defs:
+        f.mixed_defs[id(defs[0])] = sites[0][0].value
+      after = reads  # its uses are flagged there, not as a def's
+    f.escaping = {k: v for k, v in f.escaping.items() if k not in after}
+    f.def_attrs = [a for a in f.def_attrs if id(a.value) not in after]
+
+
+def _accesses(n: Names, name: cst.Name):
+  scope = n.scope(name)
+  if scope is None:
+    return []
+  # (a read before every assignment is linked to none of them: the scope's own list has it)
+  reads = {id(r): r for r in scope.accesses[name.value]}
+  reads.update((id(r), r) for a in scope.assignments[name.value] for r in a.references)
+  return list(reads.values())
+
+
+def _optimizer_reads(n: Names, sites) -> Optional[set[int]]:
+  """ids of the reads of a def name that see the optimizer (see :func:`_split_def_rebinds`),
+  or None when that cannot be told."""
+  if len(sites) < 2:
+    return None
+  (d_name, d_value, d_block), (c_name, c_value, c_block) = sites[:2]
+  scope = n.scope(d_name)
+  is_def = lambda v: n.legacy_def(v) or n.is_user_def(v)
+  if (scope is None or len(list(scope.assignments[d_name.value])) != len(sites)
+      or not is_def(d_value) or any(is_def(v) for _, v, _ in sites[1:])
+      or d_block != c_block
+      or not m.matches(c_value, m.Call(func=m.Attribute(value=m.Name(d_name.value),
+                                                        attr=m.Name('create'))))):
+    return None
+  d_end, c_end = n.position(d_value), n.position(c_value)
+  if d_end is None or c_end is None:
+    return None
+  d_end, c_end = (d_end.end.line, d_end.end.column), (c_end.end.line, c_end.end.column)
+  after = set()
+  for read in _accesses(n, d_name):
+    where = n.position(read.node)
+    if read.scope is not scope or where is None:
+      return None  # a closure or comprehension: read when it runs
+    at = (where.start.line, where.start.column)
+    if at < d_end:
+      return None  # before the def (a loop's next round sees the optimizer)
+    if at > c_end:
+      after.add(id(read.node))
+  return after
+
+
+# -- parameters that receive optimizers -------------------------------------------------------
+def _parameters(fn: cst.FunctionDef):
+  return [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]
+
+
+def _follow_parameters(n: Names) -> None:
+  """Parameters proven to hold optimizers join ``opt_vars``.
+
+  A parameter is proven when its function (not a method) is only ever called
+  in this file, directly or through ``jax.jit``/``jax.pmap`` bound to a name,
+  and every call passes it a proven optimizer (``evaluate(optimizer, batch)``
+  after ``optimizer = Adam(...).create(p)``). A function used any other way
+  (passed as a value, called with ``*args``) proves nothing. Repeated until
+  nothing changes, so a helper called by a proven function is followed too.
+  """
+  f = n.facts
+  sites = {}
+  for fn in f.functions:
+    calls = _call_sites(n, fn.name)
+    if calls:
+      sites[id(fn)] = (fn, calls)
+  changed = True
+  while changed:
+    changed = False
+    for fn, calls in sites.values():
+      for param in _parameters(fn):
+        b = n.binding(param.name)
+        if b is None or b in f.rebound or b in f.flow_vars:
+          continue
+        args = [_argument(fn, param, call) for call in calls]
+        sources = {n.name_factory(a) for a in args}
+        if len(sources) == 1 and (factory := sources.pop()) is not None and factory.converted:
+          f.flow_vars[b] = factory  # `step(opt, g)` with `opt = create_optimizer(p)`
+          changed = True
+        elif b in f.opt_vars:
+          continue
+        elif f.uses_legacy and all(a is not None and holds_optimizer(n, a) for a in args):
+          f.opt_vars.add(b)
+          changed = True
+  changed = True
+  while changed:  # parameters every call passes an optimizer made in this file (or a factory's)
+    changed = False
+    for fn, calls in sites.values():
+      for param in _parameters(fn):
+        b = n.binding(param.name)
+        if b is None or b in f.made_here_params:
+          continue
+        args = [_argument(fn, param, call) for call in calls]
+        if all(a is not None and (made_here(n, a) or n.name_factory(a) is not None)
+               for a in args):
+          f.made_here_params.add(b)
+          changed = True
+
+
+def _call_sites(n: Names, name: cst.Name) -> Optional[list[cst.Call]]:
+  """Every call of the function ``name`` defines, or None when it is used otherwise."""
+  scope = n.scope(name)
+  assignments = list(scope[name.value]) if scope is not None else []
+  if len(assignments) != 1:
+    return None  # redefined or rebound: cannot tell which one a call reaches
+  calls = []
+  for access in assignments[0].references:
+    call = n.facts.calls_by_func.get(id(access.node))
+    if call is not None:
+      calls.append(call)
+      continue
+    alias = _wrapper_alias(n, access.node)
+    if alias is None:
+      return None
+    more = _call_sites(n, alias)
+    if more is None:
+      return None
+    calls.extend(more)
+  return calls
+
+
+def _wrapper_alias(n: Names, node) -> Optional[cst.Name]:
+  """``p_step`` in ``p_step = jax.pmap(step, ...)`` when ``node`` is that ``step``."""
+  for (assign, call) in n.facts.wrapped:
+    if call.args and call.args[0].value is node and call.args[0].keyword is None:
+      return assign.targets[0].target
+  return None
+
+
+def _argument(fn: cst.FunctionDef, param: cst.Param, call: cst.Call):
+  """The expression ``call`` passes to ``param`` (None: a default, or cannot tell)."""
+  positional = [*fn.params.posonly_params, *fn.params.params]
+  index = next((i for i, p in enumerate(positional) if p is param), None)
+  keyword = None if any(param is p for p in fn.params.posonly_params) else param.name.value
+  return call_argument(call, index, keyword)
+
+
+def _step_params(n: Names) -> dict[str, tuple[tuple[Optional[int], str], ...]]:
+  """Module-level functions with parameters this file treats as optimizers (``def
+  train_step(opt, batch)`` that calls ``opt.apply_gradient``): ``{function: ((position
+  among the positional parameters or None, name), ...)}``, for :mod:`codemod.flow`."""
+  f = n.facts
+  names = [fn.name.value for fn in f.top_functions]
+  out = {}
+  for fn in f.top_functions:
+    if names.count(fn.name.value) > 1:
+      continue  # defined twice: which one a caller reaches cannot be told
+    positional = [*fn.params.posonly_params, *fn.params.params]
+    found = []
+    for index, param in [*enumerate(positional), *((None, p) for p in fn.params.kwonly_params)]:
+      b = n.binding(param.name)
+      if b is not None and b not in f.rebound and (
+          b in f.opt_vars or (b in f.flow_vars and f.flow_vars[b].converted)):
+        found.append((index, param.name.value))
+    if found:
+      out[fn.name.value] = tuple(found)
+  return out

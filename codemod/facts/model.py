@@ -1,0 +1,116 @@
+"""What the analysis of one module finds: plain data, read by the plan and the cross-module flow.
+
+Bindings are ``(id(scope), name)`` pairs (``codemod.names.Names.binding``);
+nodes are those of the analysed (possibly reduced) module, keyed by ``id``
+where a set is enough.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import libcst as cst
+
+
+def _field(kind=dict):
+  return dataclasses.field(default_factory=kind)
+
+
+@dataclasses.dataclass
+class Facts:
+  """One module's facts. Filled by :class:`codemod.facts.analyzer.Analyzer`."""
+  #: ``codemod.flow.Flow``: the factories and step functions of other modules, or None.
+  flow: object = None
+
+  # -- flax.optim in the module --------------------------------------------------------
+  uses_legacy: bool = False           # the module references flax.optim at all
+  legacy_imports: list = _field(list)  # import statements of flax.optim
+  star_imports: list = _field(list)   # `from flax.optim import *`: its names cannot be resolved
+  refs: dict = _field()               # id(outermost legacy reference) -> legacy symbol
+  ref_nodes: dict = _field()          # id -> that node
+  in_annotation: set = _field(set)    # ids of references inside annotations
+  in_subclass: set = _field(set)      # ids of references inside a user OptimizerDef subclass
+  nn_refs: set = _field(set)          # ids of pre-Linen flax.nn references
+  module_refs: list = _field(list)    # uses of the flax.optim module object itself
+  dynamic_imports: dict = _field()    # id(node) -> what it does without flax.optim
+  subclasses: list = _field(list)     # user OptimizerDef subclasses (ClassDef)
+  subclass_names: set = _field(set)
+  defines_apply_gradient: bool = False  # the module has its own `def apply_gradient`
+  #: names the rewrite would emit (`optax`, `train_state`, ...) bound here to something else
+  bound_names: set = _field(set)
+
+  # -- defs and optimizers -----------------------------------------------------------------
+  def_vars: dict = _field()           # binding -> the def call it holds (None: unknown kind)
+  def_calls: list = _field(list)      # legacy def calls, in order
+  wn_inner: set = _field(set)         # ids of def calls wrapped by WeightNorm(...)
+  create_calls: list = _field(list)   # `<def>.create(...)`
+  traversal_vars: dict = _field()     # binding -> ModelParamTraversal call
+  opt_vars: set = _field(set)         # bindings holding optimizers
+  rebound: set = _field(set)          # bindings also assigned something else
+  params: set = _field(set)           # bindings of function parameters
+  loop_vars: set = _field(set)        # bindings of loop and comprehension targets
+  made_here_params: set = _field(set)  # parameters only ever given this file's optimizers
+  escaping: dict = _field()           # id -> def handed to other code (returned, passed, class attr)
+  mixed_defs: dict = _field()         # id(def call) -> name that then holds its optimizer
+  attr_chains: set = _field(set)      # `self.optimizer`-like chains holding optimizers
+  attr_other: set = _field(set)       # chains also assigned something else
+  attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it
+  annotated_fields: set = _field(set)  # class fields annotated `flax.optim.Optimizer`
+  assignments: list = _field(list)    # (targets, value) of every `=` statement
+
+  # -- uses of optimizers and defs ----------------------------------------------------------
+  apply_calls: list = _field(list)    # `.apply_gradient(...)` calls (outside user defs)
+  optimize_calls: list = _field(list)  # `opt, loss = opt.optimize(f)` calls
+  optimize_assigns: set = _field(set)  # ids of those assignments
+  grad_assigns: set = _field(set)     # ids of `a, b = opt.compute_gradient(f)`
+  method_calls: dict = _field()       # id(call) -> `.replicate()` / `.unreplicate()` call
+  restores: list = _field(list)       # checkpoint restore calls (legacy_api.RESTORES)
+  legacy_attrs: list = _field(list)   # opt.optimizer_def, opt.state, opt.replicate...
+  member_attrs: list = _field(list)   # every `.apply_gradient`, `.target` and `.state`
+  handled: set = _field(set)          # ids of legacy_attrs a rule converts
+  step_array_uses: set = _field(set)  # ids of `.state.step` nodes used as an array
+  hp_reads: dict = _field()           # id(attr) -> (receiver, name, via_optimizer)
+  def_attrs: list = _field(list)      # attributes of a name that only a def has
+  call_funcs: set = _field(set)       # ids of every call's func node
+  calls_by_func: dict = _field()      # id(call.func) -> call
+  wrapped: list = _field(list)        # (assignment, call): `p_step = jax.pmap(step, ...)`
+
+  # -- functions ----------------------------------------------------------------------------
+  functions: list = _field(list)      # functions outside classes (parameter following)
+  top_functions: list = _field(list)  # module-level ones
+  opt_factories: set = _field(set)    # functions returning a new optimizer
+  module_factories: set = _field(set)  # module-level ones
+  bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
+  steps: dict = _field()              # module-level function -> its optimizer parameters
+
+  # -- other modules (codemod.flow) -------------------------------------------------------
+  flow_vars: dict = _field()          # binding -> flow.Factory whose result it holds
+  flow_used: dict = _field()          # qualified name -> flow.Factory this file calls
+
+  @property
+  def only_imports(self) -> bool:  # (a star import's names are never seen as used)
+    """flax.optim is imported and nothing in the module uses it: maybe a re-export
+    (``from flax import optim`` in a package's ``__init__.py``)."""
+    return bool(self.legacy_imports) and not self.star_imports and not (
+        self.refs or self.module_refs or self.apply_calls or self.legacy_attrs or self.flow_used)
+
+
+@dataclasses.dataclass
+class Analysis:
+  """A module ready for planning: the tree the facts are about, and how to read its names.
+
+  Attributes:
+    module: the tree analysed: the parsed module with the statements no rule can see set
+      aside (``codemod.facts.setaside``); ``originals`` puts them back.
+    full: the module as parsed.
+    text: the source text ``full`` was parsed from.
+    names: :class:`codemod.names.Names` over ``module``.
+    facts: what :class:`codemod.facts.analyzer.Analyzer` found.
+  """
+  module: cst.Module
+  full: cst.Module
+  text: str
+  names: object
+  facts: Facts
+  originals: dict
+  flow: Optional[object] = None

@@ -1,0 +1,74 @@
+"""Which expressions give an optimizer, from what the analysis has found so far."""
+from __future__ import annotations
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemod import legacy_api as api
+from codemod.names import Names, attr_chain
+
+_METHOD_ON_NAME = m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate')
+                              | m.Name('replace'))
+_METHOD_ON_CALL = m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name('unreplicate')
+                              | m.Name('replace'))
+
+
+def produces_optimizer(n: Names, value) -> bool:
+  """``value`` is a call that returns a (legacy) optimizer: a create, an apply, a replicate
+  or ``replace`` of one, a function of this file returning one, another module's converted
+  factory."""
+  if not isinstance(value, cst.Call):
+    return False
+  f = n.facts
+  func = value.func
+  if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
+    return True
+  if m.matches(func, m.Attribute(attr=m.Name('create'))) and n.is_def(func.value):
+    return True
+  if n.qnames(func) & api.REPLICATE_FNS:
+    if not value.args:
+      return False
+    arg = value.args[0].value
+    if isinstance(arg, cst.Name):
+      return n.binding(arg) in f.opt_vars
+    if (chain := attr_chain(arg)) is not None:
+      return chain in f.attr_chains
+    return produces_optimizer(n, arg)
+  if m.matches(func, _METHOD_ON_NAME):
+    return n.binding(func.value) in f.opt_vars  # `opt.replace(target=p)` too
+  if m.matches(func, _METHOD_ON_CALL):
+    return produces_optimizer(n, func.value)  # `Adam(...).create(p).replicate()`
+  if isinstance(func, cst.Name) and func.value in f.opt_factories:
+    return True  # a function of this module that returns `Def(...).create(...)`
+  factory = n.factory_of_call(value)
+  return factory is not None and factory.converted  # another module's, converted there
+
+
+def holds_optimizer(n: Names, expr) -> bool:
+  """``expr`` is one of this file's optimizers: a name holding one (not another module's),
+  or a call producing one."""
+  f = n.facts
+  if isinstance(expr, cst.Name):
+    b = n.binding(expr)
+    return b in f.opt_vars and b not in f.rebound and b not in f.flow_vars
+  return produces_optimizer(n, expr) and n.factory_of_call(expr) is None
+
+
+def made_here(n: Names, expr) -> bool:
+  """``expr`` is an optimizer this file creates: a name assigned one (not a parameter,
+  unless :attr:`Facts.made_here_params` has it), a create, or a step / replicate of one."""
+  f = n.facts
+  if isinstance(expr, cst.Name):
+    b = n.binding(expr)
+    return (b in f.opt_vars and b not in f.rebound and b not in f.flow_vars
+            and (b not in f.params or b in f.made_here_params))
+  if not isinstance(expr, cst.Call) or not produces_optimizer(n, expr) or \
+      n.factory_of_call(expr) is not None:
+    return False
+  func = expr.func
+  if n.qnames(func) & api.REPLICATE_FNS:
+    return bool(expr.args) and made_here(n, expr.args[0].value)
+  if isinstance(func, cst.Attribute) and func.attr.value in (
+      'apply_gradient', 'replicate', 'unreplicate', 'replace'):
+    return made_here(n, func.value)
+  return True

@@ -1,0 +1,175 @@
+"""The legacy ``flax.optim`` API as data: what each member becomes, and the words that find it.
+
+Beside ``optim_compat/spec.py`` (the optimizer defs and their Optax forms), this
+is the migration knowledge the codemod's rules read: the members of a legacy
+``Optimizer`` and of a def, the legacy names with a modern home (annotations,
+``DynamicScale``, ``ModelParamTraversal``), the checkpoint readers that restore
+one, and the submodules. The text prefilters (which files are parsed, which
+statements are analysed, which masked notebook lines and which importers hold
+legacy code) are derived from these tables, so a new member is one row.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Optional
+
+from optim_compat import spec as spec_lib
+
+LEGACY = 'flax.optim'
+#: Legacy submodules (``flax.optim.<module>.<Name>``), flax.optim 0.5.3.
+SUBMODULES = frozenset({'base', 'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'lamb',
+                        'lars', 'momentum', 'rmsprop', 'sgd', 'weight_norm', 'dynamic_scale'})
+#: Legacy defs the codemod converts: the migration table plus the wrappers.
+MULTI, WEIGHT_NORM, TRAVERSAL = 'MultiOptimizer', 'WeightNorm', 'ModelParamTraversal'
+DEF_NAMES = frozenset(spec_lib.SPECS) | {MULTI, WEIGHT_NORM}
+#: The label of the leaves no group of a MultiOptimizer / ``focus=`` selects.
+FROZEN = 'frozen'
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+  """A member of a legacy ``flax.optim.Optimizer``.
+
+  Attributes:
+    path: the attribute path on the optimizer (``('state', 'step')``).
+    rule: the rule that converts its uses (or, without ``train_state``, flags them
+      where no method rule converts the call).
+    train_state: the ``TrainState`` member it becomes, when it is a plain rename
+      (``.target`` -> ``.params``); None: no attribute counterpart.
+    fixed: the report text of the rename (``train_state`` set).
+    telltale: only legacy code spells it (``.target``, ``.state.step``): a file holding it
+      may still use legacy optimizers.
+  """
+  path: tuple[str, ...]
+  rule: str
+  train_state: Optional[str] = None
+  fixed: str = ''
+  telltale: bool = False
+
+  @property
+  def name(self) -> str:
+    return self.path[-1]
+
+
+OPTIMIZER_MEMBERS = (
+    Member(('target',), 'OM003', 'params', '.target -> .params', telltale=True),
+    Member(('state', 'step'), 'OM004', 'step',
+           '.state.step -> .step (TrainState.create starts it as the Python int 0, legacy as an '
+           'int32 array, and it stays an int outside jit: a learning rate computed from it there '
+           'is float64 math (legacy: float32), measured 1 ulp on the params; a jitted step '
+           'returns an array)', telltale=True),
+    Member(('apply_gradient',), 'OM002', telltale=True),
+    Member(('optimize',), 'OM011', telltale=True),
+    Member(('compute_gradient',), 'OM011'),
+    Member(('compute_gradients',), 'OM011'),
+    Member(('replicate',), 'OM009'),
+    Member(('unreplicate',), 'OM010'),
+    Member(('optimizer_def',), 'OM012'),
+    Member(('state',), 'OM103'),
+    Member(('state_dict',), 'OM116'),
+    Member(('restore_state',), 'OM116'),
+)
+#: Optimizer members renamed on a TrainState: path -> member.
+RENAMES = {m.path: m for m in OPTIMIZER_MEMBERS if m.train_state is not None}
+#: Optimizer attributes a TrainState does not have -> the rule that flags a use no rule
+#: converts (``opt.state`` is state surgery, OM103; the others have no equivalent, OM116).
+LEGACY_ONLY_ATTRS = {m.name: 'OM103' if m.rule == 'OM103' else 'OM116'
+                     for m in OPTIMIZER_MEMBERS if m.train_state is None and len(m.path) == 1
+                     and m.name != 'apply_gradient'}
+#: The fields of a legacy ``flax.optim.Optimizer`` (a ``flax.struct`` dataclass).
+OPTIMIZER_FIELDS = frozenset({'optimizer_def', 'state', 'target'})
+#: Optimizer attributes that fail on a ``TrainState`` (flagged where a converted
+#: factory's value may reach a file that keeps its legacy code).
+FLOW_FAILING_ATTRS = frozenset({'target', 'apply_gradient', *LEGACY_ONLY_ATTRS})
+#: Def attributes (other than ``create``) that an Optax transformation does not have.
+DEF_ONLY_ATTRS = frozenset({'hyper_params', 'init_state', 'apply_gradient', 'update_hyper_params',
+                            'init_param_state', 'apply_param_gradient', 'state_dict',
+                            'restore_state'})
+#: Array attributes a legacy ``.state.step`` had and a fresh ``TrainState.step`` (an int) lacks.
+ARRAY_ONLY_ATTRS = frozenset({'astype', 'dtype', 'shape', 'ndim', 'item', 'block_until_ready',
+                              'tolist', 'copy', 'size', 'addressable_shards', 'sharding',
+                              'devices'})
+
+#: Legacy names replaced in type annotations (OM007): name -> (emitted, (module, object)).
+ANNOTATIONS = {'Optimizer': ('train_state.TrainState', ('flax.training', 'train_state')),
+               'OptimizerDef': ('optax.GradientTransformation', ('optax', None))}
+#: Legacy names that have a module of their own on Flax >= 0.6 (OM006).
+DYNAMIC_SCALE = frozenset({'DynamicScale', 'dynamic_scale'})
+#: Checkpoint readers whose target may be a legacy optimizer (OM013): qname -> target arg
+#: (position, keyword).
+RESTORES = {'flax.training.checkpoints.restore_checkpoint': (1, 'target'),
+            'flax.serialization.from_state_dict': (0, 'target'),
+            'flax.serialization.from_bytes': (0, 'target')}
+#: ``flax.jax_utils`` functions whose result is the optimizer they are given.
+REPLICATE_FNS = frozenset({'flax.jax_utils.replicate', 'flax.jax_utils.unreplicate'})
+#: Wrappers whose result takes the wrapped function's arguments unchanged (``p_step = jax.pmap(step)``).
+CALL_WRAPPERS = frozenset({'jax.jit', 'jax.pmap', 'jax.checkpoint', 'jax.remat'})
+#: Reflection on an optimizer's fields by name (flagged on converted optimizers).
+REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
+                            'builtins.delattr', 'dataclasses.replace',
+                            'flax.serialization.to_state_dict'})
+#: Module names the rewrite may import and use.
+EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util'})
+#: The modern module whose ``TrainState.create`` a migrated factory returns.
+TRAIN_STATE_CREATE = 'flax.training.train_state.TrainState.create'
+INJECT = 'optax.inject_hyperparams'
+#: Pre-Linen models (OM105).
+NN_PREFIX = 'flax.nn'
+
+
+def legacy_symbol(qname: str) -> Optional[str]:
+  """``'Adam'`` for ``flax.optim.Adam`` or ``flax.optim.adam.Adam``; a submodule
+  name for ``flax.optim.adam``; None for anything else."""
+  if not qname.startswith(LEGACY + '.'):
+    return None
+  parts = qname[len(LEGACY) + 1:].split('.')
+  if len(parts) == 1:
+    return parts[0]
+  if len(parts) == 2 and parts[0] in SUBMODULES:
+    return parts[1]
+  return None
+
+
+# -- the prefilter vocabulary, derived from the tables above ---------------------------------
+#: Member spellings only legacy code has.
+TELLTALES = tuple(dict.fromkeys(
+    '.' + '.'.join(m.path) + ('(' if m.name == 'optimize' else '') for m in OPTIMIZER_MEMBERS
+    if m.telltale))
+#: Words a top-level statement needs for any rule to see it (statements without one, nor a
+#: name such a statement binds, are set aside before the analysis: ``codemod.facts.setaside``).
+WORDS = frozenset({
+    'optim', 'create', 'nn', *(part for m in OPTIMIZER_MEMBERS for part in m.path),
+    *DEF_ONLY_ATTRS, *ANNOTATIONS, *DYNAMIC_SCALE, TRAVERSAL, 'OptimizerState',
+    *(qname.rsplit('.', 1)[1] for qname in RESTORES)})
+WORDS_RE = re.compile(r'\b(' + '|'.join(sorted(WORDS)) + r')\b')
+_WORD_FLAX = re.compile(r'\bflax\b')
+_WORD_OPTIM = re.compile(r'\boptim\b')
+_LEGACY_USE = re.compile(r'\boptim\b|' + '|'.join(
+    re.escape(t) + ('' if t.endswith('(') else r'\b') for t in TELLTALES))
+
+
+def may_need_rewrite(text: str) -> bool:
+  """Cheap text prefilter, before any parse: False only for files the codemod leaves alone.
+
+  Every rule needs ``flax.optim`` referenced in the file (which takes the words
+  ``flax`` and ``optim``, in every import form) except the flag on
+  ``.apply_gradient`` calls in files that never import it. So ``torch.optim``,
+  ``optimizer = optax.adam(...)`` or another library's ``.target`` alone do not
+  cost a parse.
+  """
+  if 'apply_gradient' in text:
+    return True
+  return ('optim' in text and 'flax' in text and _WORD_OPTIM.search(text) is not None
+          and _WORD_FLAX.search(text) is not None)
+
+
+def mentions_legacy(text: str) -> bool:
+  """``text`` (a line the codemod cannot parse, e.g. notebook magic) may use flax.optim."""
+  return 'optim' in text or 'apply_gradient' in text or any(t in text for t in TELLTALES)
+
+
+def has_legacy_use(text: str) -> bool:
+  """``text`` spells a legacy optimizer use (the word ``optim`` or a tell-tale member): a
+  module migrated earlier has none."""
+  return _LEGACY_USE.search(text) is not None

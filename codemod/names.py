@@ -1,0 +1,226 @@
+"""Name resolution over one parsed module, and the small CST helpers every stage uses.
+
+:class:`Names` answers, for a node of the module, what LibCST's metadata says
+(qualified names, scope bindings, positions) and what the codemod's facts say
+about the names (a legacy def, a traversal, another module's factory). The
+metadata is resolved once per module (``codemod.facts.analyze``); the analysis,
+the plan and the rules all read it through here, never by text.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import libcst as cst
+from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata.base_provider import LazyValue
+
+from codemod import legacy_api as api
+
+METADATA = (QualifiedNameProvider, ScopeProvider, PositionProvider)
+_EMPTY = cst.Module(body=[])
+
+
+def code(node) -> str:
+  """The source text of ``node``."""
+  return _EMPTY.code_for_node(node)
+
+
+class Names:
+  """What a module's names refer to (``facts``: the module's :class:`codemod.facts.Facts`)."""
+
+  def __init__(self, metadata, facts):
+    self._qnames = metadata[QualifiedNameProvider]
+    self._scopes = metadata[ScopeProvider]
+    self._positions = metadata[PositionProvider]
+    self.facts = facts
+
+  # -- LibCST metadata ------------------------------------------------------------------
+  def qnames(self, node) -> set[str]:
+    found = self._qnames.get(node, ())
+    if isinstance(found, LazyValue):
+      found = found()
+    return {q.name for q in found}
+
+  def scope(self, node):
+    found = self._scopes.get(node)
+    return found() if isinstance(found, LazyValue) else found
+
+  def position(self, node):
+    found = self._positions.get(node)
+    return found() if isinstance(found, LazyValue) else found
+
+  def pos(self, node) -> tuple[int, int]:
+    """``(line, column)``, 1-based, of ``node`` (``(0, 0)`` when unknown)."""
+    pos = self.position(node)
+    return (pos.start.line, pos.start.column + 1) if pos else (0, 0)
+
+  def symbol(self, node) -> Optional[str]:
+    """The legacy ``flax.optim`` name ``node`` refers to, if any."""
+    found = sorted(filter(None, map(api.legacy_symbol, self.qnames(node))))
+    return found[0] if found else None
+
+  def legacy_def(self, call) -> Optional[str]:
+    """The legacy def name if ``call`` is ``flax.optim.<Def>(...)`` (any import form)."""
+    if not isinstance(call, cst.Call):
+      return None
+    name = self.symbol(call.func)
+    return name if name in api.DEF_NAMES else None
+
+  def binding(self, name: cst.Name):
+    """``(scope, name)`` identifying the variable ``name`` refers to, or None."""
+    scope = self.scope(name)
+    if scope is None:
+      return None
+    assignments = list(scope[name.value])
+    if not assignments:
+      return None
+    return (id(assignments[0].scope), name.value)
+
+  def name_bindings(self, targets: Iterable):
+    """Bindings of the plain-name assignment targets among ``targets``."""
+    for t in targets:
+      if isinstance(t, cst.Name) and (b := self.binding(t)):
+        yield b
+
+  # -- what the facts say about a name ----------------------------------------------------
+  def name_factory(self, expr):
+    """The other module's factory (``codemod.flow``) whose optimizer the name ``expr``
+    holds, or None (not a name, never bound to one, or rebound to something else)."""
+    if not isinstance(expr, cst.Name):
+      return None
+    b = self.binding(expr)
+    return None if b in self.facts.rebound else self.facts.flow_vars.get(b)
+
+  def factory_of_call(self, value, bundle=False):
+    """The other module's factory ``value`` calls (``create_optimizer(p)``), if any
+    (``bundle``: one that returns its optimizer inside a tuple, list or dict instead)."""
+    flow = self.facts.flow
+    if flow is None or not isinstance(value, cst.Call):
+      return None
+    for q in sorted(self.qnames(value.func)):
+      found = flow.resolve(q)
+      if found is not None and found.bundle == bundle:
+        return found
+    return None
+
+  def is_user_def(self, expr) -> bool:
+    """``expr`` is ``MyDef(...)`` for a user subclass of a flax.optim class in this file."""
+    return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
+            and expr.func.value in self.facts.subclass_names)
+
+  def is_def(self, expr) -> bool:
+    """``expr`` is a legacy def call (ours or a user subclass) or a name bound to one."""
+    return self.legacy_def(expr) is not None or self.is_user_def(expr) or (
+        isinstance(expr, cst.Name) and self.binding(expr) in self.facts.def_vars)
+
+  def def_call(self, expr):
+    """The def call ``expr`` is, or the one the name ``expr`` is bound to (None: unknown)."""
+    if isinstance(expr, cst.Name):
+      return self.facts.def_vars.get(self.binding(expr))
+    return expr
+
+  def is_traversal(self, expr) -> bool:
+    """``expr`` builds a ``ModelParamTraversal`` or is a name bound to one."""
+    if isinstance(expr, cst.Call):
+      return self.symbol(expr.func) == api.TRAVERSAL or \
+          'flax.traverse_util.ModelParamTraversal' in self.qnames(expr.func)
+    return isinstance(expr, cst.Name) and self.binding(expr) in self.facts.traversal_vars
+
+
+# -- CST shapes -------------------------------------------------------------------------------
+def attr_chain(node) -> Optional[str]:
+  """``'self.optimizer'`` for an attribute chain on a name (``self.optimizer``,
+  ``state.train.opt``), else None (a name alone, a call, a subscript)."""
+  parts = []
+  while isinstance(node, cst.Attribute):
+    parts.append(node.attr.value)
+    node = node.value
+  if not parts or not isinstance(node, cst.Name):
+    return None
+  return '.'.join([node.value, *reversed(parts)])
+
+
+def target_names(target):
+  """The ``cst.Name`` nodes an assignment or loop target binds (``a``, ``a, (b, *c)``)."""
+  if isinstance(target, cst.Name):
+    yield target
+  elif isinstance(target, (cst.Tuple, cst.List)):
+    for element in target.elements:
+      yield from target_names(element.value)
+  elif isinstance(target, cst.StarredElement):
+    yield from target_names(target.value)
+
+
+def names_in_targets(targets):
+  """The plain names among assignment targets, inside tuples and lists too."""
+  for t in targets:
+    yield from target_names(t)
+
+
+def container_values(node):
+  """The element values of a tuple or list display, the values of a dict display."""
+  if isinstance(node, cst.Dict):
+    return [e.value for e in node.elements if isinstance(e, cst.DictElement)]
+  return [e.value for e in node.elements if isinstance(e, cst.Element)]
+
+
+def kwargs(call: cst.Call) -> dict:
+  """``{keyword: Arg}`` of a call."""
+  return {a.keyword.value: a for a in call.args if a.keyword is not None}
+
+
+def call_argument(call: cst.Call, position: Optional[int], keyword: Optional[str]):
+  """The expression ``call`` passes to the parameter at ``position`` among the positional
+  ones, or named ``keyword`` (None: not passed, a ``*args`` / ``**kwargs`` call, or a
+  positional-only parameter for ``keyword``)."""
+  if any(a.star for a in call.args):
+    return None
+  if keyword is not None:
+    for a in call.args:
+      if a.keyword is not None and a.keyword.value == keyword:
+        return a.value
+  given = [a for a in call.args if a.keyword is None]
+  if position is not None and position < len(given):
+    return given[position].value
+  return None
+
+
+def apply_grads(call: cst.Call):
+  """The gradient of ``opt.apply_gradient(g)`` / ``apply_gradient(grads=g)`` (legacy
+  0.5.3: ``apply_gradient(self, grads, **hyper_param_overrides)``), or None when the call
+  does not pass exactly one."""
+  positional = [a.value for a in call.args if a.keyword is None]
+  named = [a.value for a in call.args if a.keyword is not None and a.keyword.value == 'grads']
+  return (positional + named)[0] if len(positional) + len(named) == 1 else None
+
+
+def create_focus(call: cst.Call):
+  """The ``focus`` argument of ``Def(...).create(target, focus)``, or None."""
+  positional = [a for a in call.args if a.keyword is None]
+  if len(positional) == 2:
+    return positional[1].value
+  return next((a.value for a in call.args if a.keyword is not None
+               and a.keyword.value == 'focus'), None)
+
+
+def legacy_module_name(expr, prefix=api.LEGACY) -> bool:
+  """``expr`` is a string literal naming flax.optim or one of its submodules."""
+  if not isinstance(expr, (cst.SimpleString, cst.ConcatenatedString)):
+    return False
+  value = expr.evaluated_value
+  return isinstance(value, str) and (value == prefix or value.startswith(prefix + '.'))
+
+
+class Substitute(cst.CSTTransformer):
+  """Replace placeholder names in a parsed template with real nodes."""
+
+  def __init__(self, subs: dict):
+    self.subs = subs
+
+  def leave_Name(self, original, updated):
+    return self.subs.get(updated.value, updated)
+
+
+def template(source: str, **subs) -> cst.BaseExpression:
+  """``source`` parsed as an expression, its placeholder names replaced by ``subs``."""
+  return cst.parse_expression(source).visit(Substitute(subs))

@@ -1,0 +1,126 @@
+"""Plan: from a module's facts (and the options, and the other modules' flow) to decisions.
+
+Per module, the verdict (``verdict``): convert, keep the legacy code (the
+findings that force it have ``blocks`` set), leave untouched (a fix it needs is
+not selected), or nothing proven. Per site (``sites``): which fix, or which
+flag and TODO. Nothing is rewritten here; ``codemod.rewrite`` applies the plan.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from codemod.failures import failure
+from codemod.findings import Finding
+from codemod.plan import sites, verdict
+from codemod.rules import fallback
+from codemod.plan.queries import Queries
+
+#: Fixes that change optimizer code (OM005 imports and OM006 DynamicScale paths do not).
+CONVERSIONS = frozenset({'OM001', 'OM002', 'OM003', 'OM004', 'OM007', 'OM008', 'OM009', 'OM010',
+                         'OM011', 'OM012', 'OM013'})
+
+
+@dataclasses.dataclass
+class Summary:
+  """What the module offers other modules (``codemod.flow``): each module-level function
+  that returns an optimizer (``factories``), returns one in a tuple / list / dict
+  (``bundles``) or takes one (``steps``: its optimizer parameters), and whether this run
+  makes them TrainStates."""
+  factories: dict
+  steps: dict
+  bundles: dict
+  inject_lr: bool
+
+
+@dataclasses.dataclass
+class Plan:
+  """The decisions for one module.
+
+  Attributes:
+    verdict: ``'convert'``, ``'keep-legacy'`` (a blocking finding), ``'unproven'`` (no
+      flax.optim, no converted factory of another module: nothing converts) or
+      ``'untouched'`` (a fix it needs is not selected: the file is left as it is).
+    findings: the report entries, in the order of their sites in the file (OM005, the
+      imports, is added once the rewrite has run).
+    fixes: ``id(node)`` -> :class:`codemod.plan.sites.Fix`.
+    todos: ``id(statement)`` -> the TODO lines it gets.
+    marks: ids of the nodes on the way to a fix or a TODO (the rewrite enters only those).
+    fallback: the file keeps flax.optim code and gets ``optim_compat.install()``
+      (``codemod.rules.fallback``, OM014).
+  """
+  queries: Queries
+  verdict: str = 'convert'
+  findings: list = dataclasses.field(default_factory=list)
+  fixes: dict = dataclasses.field(default_factory=dict)
+  todos: dict = dataclasses.field(default_factory=dict)
+  marks: set = dataclasses.field(default_factory=set)
+  first_statement: object = None
+  header_comments: set = dataclasses.field(default_factory=set)
+  summary: Optional[Summary] = None
+  fallback: bool = False  # optim_compat.install() goes before the first flax.optim use (OM014)
+
+  @property
+  def converts(self) -> bool:
+    return self.verdict == 'convert'
+
+  @property
+  def changes(self) -> bool:
+    """The rewrite changes the file (a fix, a TODO, an earlier run's stale TODO dropped)."""
+    return self.verdict != 'untouched' and bool(self.fixes or self.todos or self.marks
+                                                or self.fallback)
+
+  @property
+  def blocking(self) -> list[Finding]:
+    """The findings that keep the file on its legacy code."""
+    return [f for f in self.findings if f.blocks]
+
+
+def make_plan(analysis, options) -> Plan:
+  """The plan of one analysed module (``codemod.facts.analyze``) under ``options``."""
+  q = Queries(analysis, options)
+  try:
+    verdict.prepare(q)
+    verdict.decide(q)
+  except Exception as e:  # noqa: BLE001 - named with the family that raised
+    raise failure(e, None, analysis.names, 'plan') from e
+  plan = Plan(q, verdict='keep-legacy' if q.blocked else 'unproven' if q.unproven else 'convert')
+  plan.first_statement = fallback.first_statement(analysis.module.body)
+  plan.header_comments = {ll.comment.value for ll in analysis.module.header if ll.comment}
+  analysis.module.visit(sites.SitePlanner(q, plan))
+  converts = q.converts
+  f = analysis.facts
+  plan.summary = Summary(
+      factories=dict.fromkeys(sorted(f.module_factories - set(f.steps)), converts),
+      steps={name: (params, converts) for name, params in sorted(f.steps.items())},
+      bundles=dict.fromkeys(sorted(f.bundle_factories & {fn.name.value for fn in f.top_functions}
+                                   - set(f.steps)), converts),
+      inject_lr=q.inject_lr)
+  _unselected(plan, options)
+  if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
+    plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
+    plan.fallback = True
+  return plan
+
+
+def _unselected(plan: Plan, options) -> None:
+  """A fix the file needs that is not selected: the file is left untouched (a partial
+  migration would not run), with one OM106 item naming the fixes."""
+  fixes = [f for f in plan.findings if f.fixed]
+  unselected = [f for f in fixes if not options.enabled(f.rule)]
+  rules = {f.rule for f in unselected}
+  if not options.enabled('OM005') and any(f.rule in CONVERSIONS for f in fixes):
+    rules.add('OM005')  # the converted code needs its imports
+  if not rules:
+    return
+  first = unselected[0] if unselected else fixes[0]
+  plan.verdict = 'untouched'
+  plan.fixes, plan.todos, plan.marks = {}, {}, set()
+  plan.findings = [Finding(first.line, first.col, 'OM106',
+                           f'this file needs fixes {", ".join(sorted(rules))}, which are not '
+                           'selected: left unchanged (a partial migration would not run)', False,
+                           blocks=True, data={'rules': sorted(rules)})
+                   ] if options.enabled('OM106') else []
+  plan.summary = Summary(dict.fromkeys(plan.summary.factories, False),
+                         {name: (params, False) for name, (params, _) in plan.summary.steps.items()},
+                         dict.fromkeys(plan.summary.bundles, False), plan.summary.inject_lr)

@@ -1,0 +1,274 @@
+"""Rule family *apply_gradient*: the update step and its apply-time learning rates.
+
+OM002 (``opt.apply_gradient(g[, learning_rate=lr])`` -> ``apply_gradients``, the
+rate set in an ``inject_hyperparams`` state; a ``MultiOptimizer``'s per-group
+rates in ``inner_states``) and OM102 (overrides Optax cannot take at apply time,
+mixed override / no-override files, rates another module's conversion does not
+inject).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemod import legacy_api as api
+from codemod.names import apply_grads, kwargs, template
+from codemod.rules import defs
+from optim_compat import spec as spec_lib
+
+_APPLY = m.Attribute(attr=m.Name('apply_gradient'))
+
+
+def prepare(q) -> None:
+  """Whether the file's defs inject their learning rate (some call passes one), whether only
+  some calls do (``mixed_lr``), and which ``hyper_params=[...]`` calls set per-group rates."""
+  overrides = q.apply_overrides()
+  q.inject_lr = any('learning_rate' in k for k in overrides)
+  q.mixed_lr = q.inject_lr and not all('learning_rate' in k for k in overrides)
+  _find_group_applies(q)
+
+
+def _find_group_applies(q) -> None:
+  """Per-group learning rates (``hyper_params=[...]`` of a MultiOptimizer) that convert.
+
+  Converted: every element is ``opt.optimizer_def.hyper_params[i].replace(learning_rate=x)``
+  with ``i`` its position and ``opt`` the receiver (a name), one per group of the file's
+  single MultiOptimizer, whose groups are all defs of the migration table. Each group's
+  transformation is then built with ``inject_hyperparams`` and its learning rate set in
+  ``opt_state.inner_states[label]`` (legacy semantics: the override holds for that call;
+  the file converts only when every apply call overrides, see ``mixed_lr``).
+  """
+  n, f = q.n, q.f
+  multis = [c for c in f.def_calls if n.legacy_def(c) == api.MULTI]
+  calls = [c for c in f.apply_calls if 'hyper_params' in kwargs(c)]
+  if len(multis) != 1 or defs.multi_problem(q, multis[0]) is not None:
+    return
+  multi = multis[0]
+  subs = [arg.value.elements[1].value for arg in multi.args]
+  subs = [f.def_vars.get(n.binding(x)) if isinstance(x, cst.Name) else x for x in subs]
+  if not all(n.legacy_def(x) in spec_lib.SPECS for x in subs):
+    return  # a user def (to_optax) has no injectable learning rate
+  for call in calls:
+    lrs = _group_lrs(call)
+    if lrs is None or len(lrs) != len(multi.args) or not q.is_optimizer(call.func.value):
+      continue
+    q.group_applies[id(call)] = (lrs, defs.multi_labels(multi))
+    for element in kwargs(call)['hyper_params'].value.elements:
+      q.handled.add(id(element.value.func.value.value.value))  # `opt.optimizer_def`
+  q.inject_lr = q.inject_lr or bool(q.group_applies)
+  with_lr = [('learning_rate' in kwargs(c)) or id(c) in q.group_applies
+             for c in [*f.apply_calls, *f.optimize_calls]]
+  q.mixed_lr = any(with_lr) and not all(with_lr)
+
+
+def _group_lrs(call: cst.Call) -> Optional[list]:
+  """The learning-rate expressions of ``opt.apply_gradient(g, hyper_params=[...])`` when
+  each element only replaces its own group's learning rate, else None."""
+  kw = kwargs(call)
+  positional = [x for x in call.args if x.keyword is None]
+  recv = call.func.value
+  if set(kw) != {'hyper_params'} or len(positional) != 1 or any(x.star for x in call.args) \
+      or not isinstance(recv, cst.Name) or not isinstance(kw['hyper_params'].value, cst.List):
+    return None
+  lrs = []
+  for i, element in enumerate(kw['hyper_params'].value.elements):
+    value = element.value
+    if not isinstance(element, cst.Element) or not m.matches(value, m.Call(
+        func=m.Attribute(value=m.Subscript(value=m.Attribute(
+            value=m.Attribute(value=m.Name(recv.value), attr=m.Name('optimizer_def')),
+            attr=m.Name('hyper_params'))), attr=m.Name('replace')),
+        args=[m.Arg(keyword=m.Name('learning_rate'), star='')])):
+      return None
+    index = value.func.value.slice
+    if len(index) != 1 or not m.matches(index[0].slice, m.Index(value=m.Integer())) \
+        or int(index[0].slice.value.value, 0) != i:
+      return None
+    lrs.append(value.args[0].value)
+  return lrs
+
+
+# -- checks -----------------------------------------------------------------------------------
+def flow_lr_problem(q, call: cst.Call) -> Optional[str]:
+  """An apply-time learning rate the creating module's conversion cannot honour."""
+  factory = q.factory_of(call.func.value)
+  if factory is None or not factory.converted:
+    return None
+  given = 'learning_rate' in kwargs(call)
+  if factory.inject_lr is None and given:  # without one: the tx's own rate, either way
+    return (f'the optimizer is created by {factory.where}, which returns a TrainState whose tx '
+            'is built elsewhere: whether its learning rate is injected cannot be told, so this '
+            'call is not converted; convert it by hand')
+  if given and not factory.inject_lr:
+    return (f'learning_rate at apply time, but the optimizer is created by {factory.where}, '
+            'whose conversion does not inject the learning rate (that file passes none at '
+            'apply time): build its transformation with optax.inject_hyperparams there, or '
+            'convert this call by hand')
+  if not given and factory.inject_lr:
+    return (f'no learning_rate here, but the optimizer is created by {factory.where}, whose '
+            'conversion injects it (an injected rate persists in opt_state, legacy used the '
+            "def's value for calls without one): pass learning_rate here too, or convert by hand")
+  return None
+
+
+def apply_problem(q, call: cst.Call) -> Optional[str]:
+  if id(call) in q.group_applies:
+    return None
+  if (problem := flow_lr_problem(q, call)) is not None:
+    return problem
+  kw = kwargs(call)
+  recv = call.func.value
+  f = q.f
+  if ('learning_rate' in kw and not f.def_calls and isinstance(recv, cst.Name)
+      and (b := q.n.binding(recv)) in f.params and b not in f.made_here_params
+      and b not in f.flow_vars):
+    # (a file that builds defs injects their learning rate when it passes one at apply time)
+    return (f'learning_rate at apply time on `{recv.value}`, a parameter, and this file '
+            'creates no optimizer: where it is created, its transformation must inject the '
+            'learning rate (optax.inject_hyperparams) for this call to set it, which cannot be '
+            'told here: convert by hand')
+  other = sorted(set(kw) - {'learning_rate', 'grads'})
+  if apply_grads(call) is None or other or any(a.star for a in call.args):
+    if 'hyper_params' in other and not any(q.n.legacy_def(c) == api.MULTI for c in f.def_calls):
+      return ('apply_gradient(hyper_params=...) overrides the def\'s hyper-parameters for '
+              'this call, and an Optax transformation takes no hyper-parameters when it is '
+              'applied: migrate it by hand: wrap the transformation in '
+              'optax.inject_hyperparams and set the values in opt_state.hyperparams')
+    if 'hyper_params' in other:
+      return ('apply_gradient(hyper_params=[...]): per-group learning rates convert only as '
+              '`[opt.optimizer_def.hyper_params[i].replace(learning_rate=x), ...]`, one per '
+              "group in order, for the file's single MultiOptimizer of table defs, on every "
+              'apply call; otherwise inject them by hand with optax.inject_hyperparams, per '
+              'group at opt_state.inner_states[label].inner_state.hyperparams')
+    if any(a.star for a in call.args):
+      return ('apply_gradient with *args / **kwargs: which overrides it passes cannot be '
+              'told; convert it by hand (learning_rate: optax.inject_hyperparams)')
+    if other:
+      return (f'apply_gradient overrides {other} have no Optax equivalent here; inject them '
+              'with optax.inject_hyperparams')
+    given = sum(a.keyword is None or a.keyword.value == 'grads' for a in call.args)
+    return (f'apply_gradient with {given} gradient arguments (a flax.optim Optimizer takes '
+            'the gradients only, positional or grads=): convert it by hand')
+  return None
+
+
+def _unconvertible(call) -> bool:
+  """An apply call whose arguments ``apply_gradients`` cannot take (overrides, no gradient)."""
+  return apply_grads(call) is None or bool(set(kwargs(call)) - {'learning_rate', 'grads'})
+
+
+def _converted_unproven(q, call) -> bool:
+  """An apply call the rewrite converts though nothing proves its receiver an optimizer (a
+  value wrapped in a container or a conditional, in a file that uses flax.optim)."""
+  f = q.f
+  return (f.uses_legacy and not q.is_optimizer(call.func.value)
+          and (f.defines_apply_gradient or q.unconverted(call.func.value) is None)
+          and id(call) not in q.group_applies)
+
+
+def blocks(q) -> bool:
+  """Overrides Optax cannot take: on a proven optimizer, or on a call the rewrite would
+  convert otherwise (converting the file's other calls around it would half-migrate it)."""
+  f = q.f
+  return bool(q.mixed_lr
+              or any(apply_problem(q, c) for c in f.apply_calls if q.is_optimizer(c.func.value))
+              or any(_unconvertible(c) for c in f.apply_calls if _converted_unproven(q, c))
+              or any(flow_lr_problem(q, c) for c in f.optimize_calls
+                     if q.is_optimizer(c.func.value)))
+
+
+# -- sites (links of the call chain, ``codemod.plan.sites``) ---------------------------------
+def leave_mixed_lr(p, original) -> bool:
+  q = p.q
+  func = original.func
+  if not (m.matches(func, m.Attribute(attr=m.Name('apply_gradient') | m.Name('optimize')))
+          and q.mixed_lr and (func.attr.value == 'apply_gradient'
+                              or any(original is c for c in q.f.optimize_calls))):
+    return False
+  what = 'apply_gradient' if func.attr.value == 'apply_gradient' else 'apply_gradient / optimize'
+  p.flag(original, 'OM102', f'some {what} calls pass learning_rate and some do not; legacy '
+                            'overrides last one call, Optax state persists', blocks=True)
+  return True
+
+
+def leave_optimize_lr(p, original) -> bool:
+  q = p.q
+  if (m.matches(original.func, m.Attribute(attr=m.Name('optimize')))
+      and q.is_optimizer(original.func.value)
+      and (problem := flow_lr_problem(q, original)) is not None):
+    p.flag(original, 'OM102', problem, blocks=True)
+    return True
+  return False
+
+
+def leave_apply_problem(p, original) -> bool:
+  """Overrides Optax cannot take, on an optimizer or on a call the rewrite would otherwise
+  convert (the file keeps its legacy code)."""
+  q = p.q
+  if not m.matches(original.func, _APPLY):
+    return False
+  if q.is_optimizer(original.func.value):
+    problem = apply_problem(q, original)
+  elif (any(original is c for c in q.f.apply_calls) and _converted_unproven(q, original)
+        and _unconvertible(original)):
+    other = sorted(set(kwargs(original)) - {'learning_rate', 'grads'})
+    problem = apply_problem(q, original) or (
+        f'apply_gradient overrides {other} have no Optax equivalent here; inject them with '
+        'optax.inject_hyperparams')
+  else:
+    return False
+  if problem:
+    p.flag(original, 'OM102', problem, blocks=True)
+    return True
+  return False
+
+
+def leave_apply(p, original) -> bool:
+  """``opt.apply_gradient(g[, learning_rate=lr])`` -> ``apply_gradients`` (OM002)."""
+  q = p.q
+  if not (m.matches(original.func, _APPLY) and any(original is c for c in q.f.apply_calls)):
+    return False
+  if id(original) in q.group_applies:
+    p.fix(original, apply_group, [('OM002', 'apply_gradient(g, hyper_params=[...]) with '
+                                            'per-group learning rates -> each set in '
+                                            'opt_state.inner_states[label] (inject_hyperparams), '
+                                            'then apply_gradients')])
+    return True
+  kw = kwargs(original)
+  if _unconvertible(original):
+    return True  # (flagged by leave_apply_problem: the file keeps its legacy code)
+  if 'learning_rate' in kw:
+    p.fix(original, apply_apply, [('OM002', 'apply_gradient(g, learning_rate=lr) -> lr set in '
+                                            'opt_state (inject_hyperparams), then apply_gradients')])
+  else:
+    p.fix(original, apply_apply, [('OM002', 'apply_gradient(g) -> apply_gradients(grads=g)')])
+  return True
+
+
+# -- fixes ----------------------------------------------------------------------------------
+def apply_apply(ctx, original, updated, fix):
+  kw = kwargs(updated)
+  grads = apply_grads(updated)
+  recv = updated.func.value
+  if 'learning_rate' in kw:
+    ctx.add_import('optax')
+    return template('R.replace(opt_state=optax.tree_utils.tree_set(R.opt_state, learning_rate=L))'
+                    '.apply_gradients(grads=G)', R=recv, L=kw['learning_rate'].value, G=grads)
+  return template('R.apply_gradients(grads=G)', R=recv, G=grads)
+
+
+def apply_group(ctx, original, updated, fix):
+  """``opt.apply_gradient(g, hyper_params=[hp0.replace(learning_rate=a), ...])`` ->
+  each group's learning rate set in its ``inner_states[label]``, then apply_gradients."""
+  _, labels = ctx.q.group_applies[id(original)]
+  new_lrs = [e.value.args[0].value for e in kwargs(updated)['hyper_params'].value.elements]
+  groups = ', '.join(f'{label!r}: optax.tree_utils.tree_set(R.opt_state.inner_states[{label!r}], '
+                     f'learning_rate=LR_{i}_)' for i, label in enumerate(labels))
+  source = (f'R.replace(opt_state=R.opt_state._replace(inner_states={{'
+            f'**R.opt_state.inner_states, {groups}}})).apply_gradients(grads=G)')
+  subs = {'R': updated.func.value,
+          'G': [x for x in updated.args if x.keyword is None][0].value,
+          **{f'LR_{i}_': lr for i, lr in enumerate(new_lrs)}}
+  ctx.add_import('optax')
+  return template(source, **subs)

@@ -1,0 +1,183 @@
+"""Rule family *attributes*: members of a legacy ``Optimizer`` read on a value.
+
+The renames come from the member table (``codemod.legacy_api.OPTIMIZER_MEMBERS``):
+OM003 (``.target`` -> ``.params``, ``replace(target=)`` -> ``replace(params=)``),
+OM004 (``.state.step`` -> ``.step``). Flagged: OM103 (state surgery), OM116
+(members with no ``TrainState`` counterpart, a method used as a value), OM117
+(a value nothing proves is an optimizer), OM120 (``.step`` used as an array),
+OM121 (reflection on the legacy fields by name).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemod import legacy_api as api
+from codemod.names import code
+
+#: keyword renames of ``replace(...)``: legacy field -> TrainState field
+_FIELD_RENAMES = {mem.path[0]: mem.train_state for mem in api.OPTIMIZER_MEMBERS
+                  if mem.train_state is not None and len(mem.path) == 1}
+
+
+def _member(attr: cst.Attribute):
+  """``(member, receiver)`` when ``attr`` ends a renamed member's path (``x.state.step``)."""
+  for path, member in api.RENAMES.items():
+    node, ok = attr, True
+    for part in reversed(path):
+      if not (isinstance(node, cst.Attribute) and node.attr.value == part):
+        ok = False
+        break
+      node = node.value
+    if ok:
+      return member, node
+  return None, None
+
+
+# -- checks -----------------------------------------------------------------------------------
+def legacy_only_uses(q) -> list[cst.Attribute]:
+  """Members of a proven optimizer that no rule converts (``opt.state``, ``opt.state_dict``)."""
+  return [a for a in q.f.legacy_attrs
+          if id(a) not in q.handled and id(a) not in q.hp_owner_ids and q.is_optimizer(a.value)]
+
+
+def method_reference(q, attr: cst.Attribute) -> bool:
+  """``jax.jit(opt.apply_gradient)``: a legacy method used as a value."""
+  return (attr.attr.value == 'apply_gradient' and id(attr) not in q.f.call_funcs
+          and (q.is_optimizer(attr.value) or (
+              isinstance(attr.value, cst.Name) and q.n.binding(attr.value) in q.f.opt_vars)))
+
+
+def reflection_problem(q, call: cst.Call) -> Optional[str]:
+  """``getattr`` / ``hasattr`` / ``setattr`` / ``delattr`` / ``dataclasses.replace`` naming a
+  legacy Optimizer field on a converted optimizer: no rule rewrites them, and on a
+  ``TrainState`` ``hasattr(x, 'target')`` is silently False."""
+  fn = q.n.qnames(call.func) & api.REFLECTION_FNS
+  if not fn or not call.args or call.args[0].keyword is not None:
+    return None
+  recv = call.args[0].value
+  if not (q.is_optimizer(recv) or q.maybe_optimizer(recv)):
+    return None
+  excerpt = code(call)
+  if fn == {'flax.serialization.to_state_dict'}:
+    return (f'`{excerpt}`: a TrainState\'s state dict has the keys `step`, `params`, `opt_state` '
+            '(a flax.optim Optimizer\'s: `target`, `state` with `step` and `param_states`): '
+            'code that reads it by key, and checkpoints written from it, change layout '
+            '(old checkpoints: optim-migrate convert-checkpoint or restore_legacy)')
+  if fn == {'dataclasses.replace'}:
+    fields = sorted(a.keyword.value for a in call.args[1:]
+                    if a.keyword is not None and a.keyword.value in api.OPTIMIZER_FIELDS)
+    if not fields:
+      return None
+    return (f'`{excerpt}`: a TrainState has no field {", ".join(f"`{x}`" for x in fields)} '
+            '(`target` is `params`, `state.step` is `step`, the optimizer state is '
+            '`opt_state`): convert it by hand')
+  if len(call.args) < 2:
+    return None
+  attr = call.args[1].value
+  if isinstance(attr, cst.SimpleString):
+    if attr.evaluated_value not in api.FLOW_FAILING_ATTRS:
+      return None
+    what = f"no attribute '{attr.evaluated_value}'"
+  else:
+    what = 'other attributes than a flax.optim Optimizer (the name is computed here)'
+  effect = 'this is silently False' if fn == {'builtins.hasattr'} else 'this fails'
+  return (f'`{excerpt}`: a TrainState has {what}, so {effect} (`target` is `params`, '
+          '`state.step` is `step`): convert it by hand')
+
+
+def blocks(q) -> bool:
+  return bool(legacy_only_uses(q)) or any(method_reference(q, a) for a in q.f.member_attrs)
+
+
+# -- sites ------------------------------------------------------------------------------------
+def visit_attribute(p, node: cst.Attribute) -> None:
+  if node.attr.value == 'step' and m.matches(node.value, m.Attribute(attr=m.Name('state'))):
+    p.state_of_step.add(id(node.value))  # `.state.step` is flagged once, at `.step`
+
+
+def leave_method_reference(p, original) -> None:
+  if method_reference(p.q, original):
+    # e.g. jax.jit(opt.apply_gradient): a method reference has no TrainState counterpart
+    p.flag(original, 'OM116', '`.apply_gradient` used as a value (not called) cannot be '
+                              'converted: call it, or convert by hand', blocks=True)
+
+
+def leave_legacy_only(p, original) -> None:
+  q = p.q
+  attr = original.attr.value
+  rule = api.LEGACY_ONLY_ATTRS.get(attr)
+  if not rule or id(original) not in q.legacy_attr_ids:
+    return
+  if id(original) not in q.handled and id(original) not in q.hp_owner_ids \
+      and q.is_optimizer(original.value):
+    p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState equivalent '
+                           'yet', blocks=True)
+  elif (id(original) not in p.state_of_step and q.converts
+        and not q.is_optimizer(original.value) and q.maybe_optimizer(original.value)):
+    # `res = opt.optimize(f); opt = res[0]`: `opt` is rebound, its create still converts
+    p.flag(original, 'OM117', f'if `{code(original.value)}` is a flax.optim Optimizer '
+                              f'(a TrainState after this rewrite), `.{attr}` has no TrainState '
+                              'equivalent: convert it by hand' + q.created_by())
+
+
+def leave_rename(p, original) -> None:
+  """``.target`` / ``.state.step`` (the member table's renames) on an optimizer (OM003,
+  OM004), or flagged on a value that may be one (OM117)."""
+  q = p.q
+  member, recv = _member(original)
+  if member is None:
+    return
+  if q.is_optimizer(recv):
+    p.fix(original, apply_rename, [(member.rule, member.fixed)], data={'member': member})
+    if id(original) in q.f.step_array_uses:
+      p.flag(original, 'OM120', '`.step` is a Python int on a TrainState fresh from '
+                                'TrainState.create or stepped outside jit (legacy: an int32 '
+                                'array): use jnp.asarray(<state>.step, jnp.int32) here')
+  elif q.maybe_optimizer(recv):
+    p.flag(original, 'OM117', f'if `{code(recv)}` is a flax.optim Optimizer, '
+                              f'`.{".".join(member.path)}` is `.{member.train_state}` on a '
+                              'TrainState' + q.created_by())
+
+
+def leave_reflection(p, original) -> bool:
+  q = p.q
+  if q.converts and (problem := reflection_problem(q, original)):
+    p.flag(original, 'OM121', problem)
+    return True
+  return False
+
+
+def leave_replace(p, original) -> bool:
+  """``opt.replace(target=...)`` -> ``replace(params=...)`` (OM003). The chain's last link."""
+  q = p.q
+  if not m.matches(original.func, m.Attribute(attr=m.Name('replace'))):
+    return False
+  recv = original.func.value
+  if q.is_optimizer(recv):
+    if any(a.keyword is not None and a.keyword.value in _FIELD_RENAMES for a in original.args):
+      p.fix(original, apply_replace, [('OM003', 'replace(target=...) -> replace(params=...)')])
+  elif (any(a.keyword is not None and a.keyword.value in api.OPTIMIZER_FIELDS
+            for a in original.args) and q.maybe_optimizer(recv)):
+    p.flag(original, 'OM117', f'if `{code(recv)}` is a flax.optim Optimizer, '
+                              '`.replace(target=...)` is `.replace(params=...)` on a TrainState '
+                              '(`state=` has no counterpart)' + q.created_by())
+  return True
+
+
+# -- fixes ----------------------------------------------------------------------------------
+def apply_rename(ctx, original, updated, fix):
+  member = fix.data['member']
+  recv = updated
+  for _ in member.path:
+    recv = recv.value
+  return updated.with_changes(value=recv, attr=cst.Name(member.train_state))
+
+
+def apply_replace(ctx, original, updated, fix):
+  args = [a.with_changes(keyword=cst.Name(_FIELD_RENAMES[a.keyword.value]))
+          if a.keyword is not None and a.keyword.value in _FIELD_RENAMES else a
+          for a in updated.args]
+  return updated.with_changes(args=args)

@@ -1,0 +1,269 @@
+"""The catalog's fix rules (OM0xx): what the codemod rewrites (``codemod.rules.catalog``)."""
+from codemod.rules.catalog import Rule
+
+_IMPORT = 'from flax import optim\n\n\n'
+
+FIXES = (
+    Rule('OM001', 'safe', family='defs', summary=
+         '`Def(...).create(params)` -> `train_state.TrainState.create(apply_fn=None, '
+         'params=params, tx=<Optax chain from the migration table>)`',
+         why='flax.optim is gone from Flax >= 0.6; the migration table (optim_compat/spec.py) '
+             'gives each def the Optax chain that reproduces its legacy update (bitwise or to '
+             'the ulps the table states), and TrainState holds what the Optimizer held.',
+         before=_IMPORT + 'def create(params):\n  return optim.Adam(learning_rate=1e-3).create(params)\n',
+         after='import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def create(params):\n'
+               '  return train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-08))\n',
+         readme='`Def(...).create(params)` → `train_state.TrainState.create(apply_fn=None, '
+                'params=params, tx=<Optax chain>)`, for every import form (`from flax import '
+                'optim`, `import flax.optim as X`, `from flax.optim import Adam as A`, `from '
+                'flax.optim.adam import Adam`, bare `flax.optim.Adam` after `import flax`); '
+                '`WeightNorm(def)` → `optim_compat.to_optax(optim_compat.WeightNorm(...))`; a '
+                'user `OptimizerDef` subclass → `tx=optim_compat.to_optax(MyDef(...))`'),
+    Rule('OM002', 'safe', family='apply_gradient', summary=
+         '`opt.apply_gradient(grads)` -> `opt.apply_gradients(grads=grads)`; '
+         '`learning_rate=lr` -> set in an `optax.inject_hyperparams` state',
+         why='A TrainState steps with apply_gradients; an Optax transformation takes no '
+             'hyper-parameters when applied, so an apply-time learning rate is written into the '
+             'state of an injected transformation (it holds for that call, as in legacy, because '
+             'every call sets it).',
+         before=_IMPORT + 'def step(params, grads, lr):\n'
+                '  opt = optim.GradientDescent().create(params)\n'
+                '  return opt.apply_gradient(grads, learning_rate=lr)\n',
+         after='import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def step(params, grads, lr):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.inject_hyperparams(optax.sgd)(learning_rate=0.0))\n'
+               '  return opt.replace(opt_state=optax.tree_utils.tree_set(opt.opt_state, learning_rate=lr)).apply_gradients(grads=grads)\n',
+         readme="`apply_gradient(g)` (or `grads=g`, legacy 0.5.3's keyword) → "
+                '`apply_gradients(grads=g)`. `apply_gradient(g, learning_rate=lr)` (and defs '
+                'built without a learning rate) → `lr` written into an '
+                '`optax.inject_hyperparams` state with `optax.tree_utils.tree_set`, functionally '
+                "and under jit. A `MultiOptimizer`'s per-group rates, `apply_gradient(g, "
+                'hyper_params=[opt.optimizer_def.hyper_params[i].replace(learning_rate=x_i), '
+                "...])` (one per group, in order, on every apply call) → each group's "
+                'transformation injected and `x_i` set in `opt_state.inner_states[label]` (run on '
+                "the recorded `multi_group_hyper_params` case of real flax.optim: 1.5 ulp, the "
+                "table's bound for its LAMB group is 2)"),
+    Rule('OM003', 'safe', family='attributes', summary=
+         '`opt.target` -> `opt.params`; `opt.replace(target=...)` -> `replace(params=...)`',
+         why='A TrainState calls the parameters `params` (the member table, '
+             'codemod/legacy_api.py, holds the renames).',
+         before=_IMPORT + 'def params_of(params):\n'
+                '  opt = optim.GradientDescent(learning_rate=0.1).create(params)\n'
+                '  return opt.target\n',
+         after='import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def params_of(params):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(learning_rate=0.1))\n'
+               '  return opt.params\n',
+         readme='`.target` → `.params` and `replace(target=)` → `replace(params=)`'),
+    Rule('OM004', 'safe', family='attributes', summary=
+         '`opt.state.step` -> `opt.step` (also `step[0]` on a replicated optimizer)',
+         why='A TrainState keeps the step count on itself; note that a fresh one holds the '
+             'Python int 0 where legacy held an int32 array.',
+         before=_IMPORT + 'def step_of(params):\n'
+                '  opt = optim.GradientDescent(learning_rate=0.1).create(params)\n'
+                '  return opt.state.step\n',
+         after='import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def step_of(params):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(learning_rate=0.1))\n'
+               '  return opt.step\n',
+         readme='`.state.step` → `.step` (so `state.step[0]` on a replicated optimizer → '
+                '`step[0]`). A fresh `TrainState` holds the Python int 0 (legacy: an int32 '
+                'array), and stays an int when stepped outside `jit`: the report says so on every '
+                'site, and `.state.step.astype(...)` / `.dtype` / `.shape` (array-only '
+                'attributes) also get an `OM120` TODO'),
+    Rule('OM005', 'safe', family='imports', summary=
+         'imports: add `optax` / `flax.training.train_state`, drop unused `flax.optim`',
+         why='The rewritten code names Optax and TrainState; Flax >= 0.6 has no flax.optim to '
+             'import. One report entry per file lists what was added and dropped.',
+         before=_IMPORT + 'def create(params):\n  return optim.Adam(learning_rate=1e-3).create(params)\n',
+         after='import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def create(params):\n'
+               '  return train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-08))\n',
+         readme='imports: `optax`, `flax.training.train_state`, `jax`, `flax.jax_utils`, '
+                '`flax.traverse_util` added as needed, legacy imports dropped once unused; one '
+                'report entry per file lists the imports added and dropped (at the first dropped '
+                'one). Like any fix a file needs, ignoring it leaves that file unchanged'),
+    Rule('OM006', 'safe', family='imports', summary=
+         '`DynamicScale` imports -> `flax.training.dynamic_scale`',
+         why='DynamicScale moved to flax.training.dynamic_scale; it is the same class.',
+         before='from flax.optim import DynamicScale\n\nscaler = DynamicScale()\n',
+         after='from flax.training.dynamic_scale import DynamicScale\n'
+               '\n'
+               'scaler = DynamicScale()\n',
+         readme='`DynamicScale` / `dynamic_scale` from `flax.optim` → '
+                '`flax.training.dynamic_scale` (also in half-migrated files)'),
+    Rule('OM007', 'safe', family='references', summary=
+         'annotations: `optim.Optimizer` -> `train_state.TrainState`, `optim.OptimizerDef` -> '
+         '`optax.GradientTransformation`',
+         why='Annotations and dataclass fields name the legacy classes; after the rewrite the '
+             'values are TrainStates and Optax transformations.',
+         before=_IMPORT + 'def step(opt: optim.Optimizer, grads):\n'
+                '  return opt.apply_gradient(grads)\n',
+         after='from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def step(opt: train_state.TrainState, grads):\n'
+               '  return opt.apply_gradients(grads=grads)\n',
+         readme='annotations and dataclass fields: `optim.Optimizer` → `train_state.TrainState`, '
+                '`optim.OptimizerDef` → `optax.GradientTransformation`'),
+    Rule('OM008', 'safe', family='defs', summary=
+         '`MultiOptimizer` + `ModelParamTraversal` and `create(p, focus=)` -> '
+         '`optax.multi_transform` with labels from the traversal filters; unselected leaves -> '
+         '`optax.set_to_zero()`',
+         why='Legacy never moved a leaf no traversal selects; multi_transform with a frozen '
+             'set_to_zero group keeps it so.',
+         before=_IMPORT + 'def make(params):\n'
+                '  kernels = optim.ModelParamTraversal(lambda path, _: "kernel" in path)\n'
+                '  return optim.MultiOptimizer((kernels, optim.Adam(1e-3))).create(params)\n',
+         after='from flax import traverse_util\n'
+               'import jax\n'
+               'import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def make(params):\n'
+               '  kernels = traverse_util.ModelParamTraversal(lambda path, _: "kernel" in path)\n'
+               "  return train_state.TrainState.create(apply_fn=None, params=params, tx=optax.multi_transform({'kernels': optax.adam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-08), 'frozen': optax.set_to_zero()}, lambda params_: kernels.update(lambda _: 'kernels', jax.tree_util.tree_map(lambda _: 'frozen', params_))))\n",
+         readme="`MultiOptimizer((trav, def), ...)` → `optax.multi_transform({label: tx, ..., "
+                "'frozen': optax.set_to_zero()}, labels)`, labels built by each "
+                "`ModelParamTraversal`'s `update` over a tree of `'frozen'` (so unselected leaves "
+                'never move, never a chain of `masked`); `create(p, focus=trav)` the same with '
+                'one group (`focus=None` is every param, as in legacy; a `focus` that is not a '
+                'traversal built in the file, e.g. a parameter that may be None, is flagged and '
+                'keeps the file legacy)'),
+    Rule('OM009', 'unsafe', family='methods', summary=
+         '`opt.replicate()` -> `jax_utils.replicate(opt)`: legacy also averaged the gradients '
+         'over the pmap axis inside `apply_gradient`',
+         why='The replication converts, but legacy apply_gradient also pmean-ed the gradients '
+             'of a replicated optimizer; the step must now do it, so the fix is unsafe and '
+             'leaves a TODO.',
+         options={'unsafe_fixes': True},
+         before=_IMPORT + 'def make(params):\n'
+                '  return optim.Momentum(learning_rate=0.1).create(params).replicate()\n',
+         after='from flax import jax_utils\n'
+               'import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def make(params):\n'
+               "  # TODO(optim-migrate): OM009: .replicate() -> jax_utils.replicate(...): legacy also averaged the gradients over pmap axis 'batch' in apply_gradient; add grads = jax.lax.pmean(grads, 'batch') before apply_gradients unless the step already does\n"
+               '  return jax_utils.replicate(train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(learning_rate=0.1, momentum=0.9, nesterov=False)))\n',
+         readme='`opt.replicate()` → `jax_utils.replicate(opt)`, with a TODO: legacy also '
+                '`pmean`-ed the gradients inside `apply_gradient`'),
+    Rule('OM010', 'safe', family='methods', summary='`opt.unreplicate()` -> `jax_utils.unreplicate(opt)`',
+         why='TrainState has no unreplicate method; flax.jax_utils does it.',
+         before=_IMPORT + 'def host(params, grads):\n'
+                '  opt = optim.Momentum(learning_rate=0.1).create(params)\n'
+                '  return opt.apply_gradient(grads).unreplicate()\n',
+         after='from flax import jax_utils\n'
+               'import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def host(params, grads):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(learning_rate=0.1, momentum=0.9, nesterov=False))\n'
+               '  return jax_utils.unreplicate(opt.apply_gradients(grads=grads))\n',
+         readme='`opt.unreplicate()` → `jax_utils.unreplicate(opt)`'),
+    Rule('OM011', 'safe', family='methods', summary=
+         '`opt.compute_gradient(f)` -> `jax.value_and_grad(f)(opt.params)`; `opt.optimize(f)` '
+         '-> that, then `apply_gradients`',
+         why='TrainState has neither method; jax.value_and_grad on the params is what they did.',
+         before=_IMPORT + 'def step(params, loss_fn):\n'
+                '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
+                '  loss, grads = opt.compute_gradient(loss_fn)\n'
+                '  return opt.apply_gradient(grads), loss\n',
+         after='import jax\n'
+               'import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def step(params, loss_fn):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-08))\n'
+               '  loss, grads = jax.value_and_grad(loss_fn)(opt.params)\n'
+               '  return opt.apply_gradients(grads=grads), loss\n',
+         readme='`loss, g = opt.compute_gradient(f)` → `jax.value_and_grad(f)(opt.params)`; '
+                'three targets → `has_aux=True`; `opt, loss = opt.optimize(f[, '
+                'learning_rate=lr])` → that, then `apply_gradients` (two statements)'),
+    Rule('OM012', 'safe', family='defs', summary=
+         '`opt.optimizer_def.hyper_params.<name>` -> the literal the def was built with',
+         why='An Optax transformation keeps no hyper-parameters to read back; legacy per-call '
+             'overrides never changed the def\'s values, so the literal is what the read gave.',
+         before=_IMPORT + 'def make(params):\n'
+                '  opt_def = optim.Adam(learning_rate=3e-4)\n'
+                '  return opt_def.create(params), opt_def.hyper_params.learning_rate\n',
+         after='import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def make(params):\n'
+               '  opt_def = optax.adam(learning_rate=3e-4, b1=0.9, b2=0.999, eps=1e-08)\n'
+               '  return train_state.TrainState.create(apply_fn=None, params=params, tx=opt_def), 3e-4\n',
+         readme='`opt.optimizer_def.hyper_params.<name>` / `opt_def.hyper_params.<name>` → the '
+                'literal the def was built with (legacy per-call overrides never changed it)'),
+    Rule('OM013', 'safe', family='restores', summary=
+         'restoring an optimizer checkpoint -> `optim_compat.checkpoint.restore_legacy` (legacy '
+         'layout converted; a TrainState-layout checkpoint or none yet behaves as '
+         'restore_checkpoint)',
+         why='A TrainState does not restore from a legacy checkpoint (other field names and '
+             'state layout); restore_legacy converts it on the way in.',
+         before='from flax import optim\nfrom flax.training import checkpoints\n\n\n'
+                'def restore(workdir, params):\n'
+                '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
+                '  return checkpoints.restore_checkpoint(workdir, opt)\n',
+         after='from flax.training import train_state, checkpoints\n'
+               'import optax\n'
+               'import optim_compat.checkpoint\n'
+               '\n'
+               '\n'
+               'def restore(workdir, params):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(learning_rate=1e-3, b1=0.9, b2=0.999, eps=1e-08))\n'
+               '  return optim_compat.checkpoint.restore_legacy(workdir, opt)\n',
+         readme='`checkpoints.restore_checkpoint(dir, <optimizer or container>[, step])`, '
+                '`serialization.from_state_dict` / `from_bytes` → '
+                '`optim_compat.checkpoint.restore_legacy(...)`: legacy checkpoints are '
+                'converted, TrainState-layout ones and fresh runs (no checkpoint yet) behave as '
+                'before; other arguments (`prefix=`, ...) are flagged'),
+    Rule('OM014', 'safe', family='fallback', summary=
+         'a file that keeps its legacy optimizer code -> `optim_compat.install()` before its '
+         'first flax.optim use: it runs on the shim (legacy numerics) on Flax >= 0.6',
+         why='A file kept legacy (the TODOs say why) would fail at its first flax.optim import '
+             'on Flax >= 0.6; install() points every flax.optim path (imports, submodules, '
+             '`flax.optim.X` after `import flax`, import_module strings) at the shim, so the '
+             'file runs at once, bitwise to flax.optim 0.5.3 on the same stack, and changes '
+             'nothing on Flax <= 0.5.3. Off with --no-shim-fallback (shim-fallback = false).',
+         before=_IMPORT + 'def make(params, kw):\n  return optim.Adam(**kw).create(params)\n',
+         after='import optim_compat\n'
+               'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
+               'from flax import optim\n'
+               '\n'
+               '\n'
+               'def make(params, kw):\n'
+               '  # TODO(optim-migrate): OM118: Adam(*args/**kwargs) cannot be converted statically (this file keeps its legacy optimizer code)\n'
+               '  return optim.Adam(**kw).create(params)\n',
+         readme='a file that keeps its legacy optimizer code (any reason; also one whose only '
+                '`flax.optim` use is an import it may re-export) gets `import optim_compat` + '
+                '`optim_compat.install()` right before its first statement that imports or '
+                'names flax.optim: on Flax ≥ 0.6 every `flax.optim` path (`from flax import '
+                'optim`, `import flax.optim as X`, `from flax.optim.adam import '
+                '_AdamParamState`, `flax.optim.Adam` after `import flax`, '
+                '`importlib.import_module("flax.optim")`, ...) then gives the shim\'s module of '
+                'the same name (the legacy numerics), on Flax ≤ 0.5.3 nothing changes; names and '
+                'TODOs stay as they are (`--no-shim-fallback` or `shim-fallback = false`: the '
+                'TODOs only). One report entry per file'),
+)

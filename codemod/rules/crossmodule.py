@@ -1,0 +1,242 @@
+"""Rule family *crossmodule*: optimizers and step functions that cross modules (``codemod.flow``).
+
+OM122 (an optimizer nothing proves: created by another module's factory kept
+legacy, or by an unknown module, or in a file that never imports flax.optim),
+OM123 (a converted factory's ``TrainState`` reaching legacy code in a file that
+keeps it), OM124 (calls and uses of another module's step function that would
+hand it the wrong kind of optimizer).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemod import legacy_api as api
+from codemod.names import call_argument, code
+
+_APPLY = m.Attribute(attr=m.Name('apply_gradient'))
+
+
+def prepare(q) -> None:
+  """The calls of other modules' step functions, and the functions wrapped by jit / pmap."""
+  f = q.f
+  q.step_calls = _find_step_calls(q)
+  q.step_calls_enabled = f.flow is not None and bool(f.flow.steps)
+  q.wrapped_args = {id(c.args[0].value) for c in f.calls_by_func.values()
+                    if q.step_calls_enabled and c.args and q.n.qnames(c.func) & api.CALL_WRAPPERS}
+
+
+def _find_step_calls(q) -> dict:
+  """Calls of another module's step function (:class:`codemod.flow.Step`) with the
+  arguments given to its optimizer parameters: ``{id(call): [(step, parameter, argument)]}``.
+  Direct (``train_step(opt, b)``, ``steps.train_step(...)``) or through ``jax.jit`` /
+  ``jax.pmap`` (``p_step = jax.pmap(train_step)``, ``jax.jit(train_step)(opt, b)``)."""
+  n, f = q.n, q.f
+  if f.flow is None or not f.flow.steps:
+    return {}
+  aliases = {}
+  for assign, wrap in f.wrapped:
+    if (step := q.step_named(wrap.args[0].value)) is not None and \
+        (b := n.binding(assign.targets[0].target)) is not None:
+      aliases[b] = step
+  found = {}
+  for call in f.calls_by_func.values():
+    func = call.func
+    if isinstance(func, cst.Call) and func.args and n.qnames(func.func) & api.CALL_WRAPPERS:
+      step = q.step_named(func.args[0].value)
+    elif isinstance(func, cst.Name) and n.binding(func) in aliases:
+      step = aliases[n.binding(func)]
+    else:
+      step = q.step_named(func)
+    if step is None:
+      continue
+    for position, name in step.params:
+      if (arg := call_argument(call, position, name)) is not None:
+        found.setdefault(id(call), []).append((step, name, arg))
+  return found
+
+
+# -- checks -----------------------------------------------------------------------------------
+def unproven_message(q, recv, what='`.apply_gradient`') -> tuple[str, bool]:
+  """The flag on a legacy-looking use nothing proves to be an optimizer, and whether it keeps
+  the file legacy."""
+  excerpt = code(recv)
+  factory = q.unconverted(recv)
+  if factory is not None:
+    return (f'`{excerpt}` is created by {factory.where}, which keeps its legacy optimizer code '
+            f'({factory.why}): migrate it there first'), True
+  if q.f.flow_used:
+    where = ', '.join(fac.where for fac in q.f.flow_used.values())
+    return (f'nothing proves `{excerpt}` holds a flax.optim Optimizer (function parameters, '
+            'attributes and values from unknown modules are not followed); if it is the one '
+            f'created by {where}, that now returns a TrainState: convert {what} here by hand'), True
+  return ('this file never imports flax.optim: if this is a flax.optim Optimizer, migrate it '
+          'where it is created'), False
+
+
+def unproven_apply(q, call: cst.Call) -> bool:
+  """``x.apply_gradient(...)`` on something no module proves an optimizer (flagged)."""
+  f = q.f
+  return (m.matches(call.func, _APPLY) and not f.defines_apply_gradient
+          and not q.is_optimizer(call.func.value)
+          and (not f.uses_legacy or q.unconverted(call.func.value) is not None))
+
+
+def flow_failure(q, attr: cst.Attribute) -> Optional[str]:
+  """In a file that keeps its legacy code: a legacy use (``.target``, ``.state``,
+  ``.apply_gradient``, ...) on a value that holds, or may hold, what another module's
+  converted factory now returns (a ``TrainState``, on which the use fails at run time)."""
+  f = q.f
+  converted = [fac for fac in f.flow_used.values() if fac.converted]
+  if not converted:
+    return None
+  recv = attr.value
+  if (attr.attr.value == 'apply_gradient' and id(attr) in f.call_funcs
+      and not f.defines_apply_gradient and not q.is_optimizer(recv)
+      and (not f.uses_legacy or q.unconverted(recv) is not None)):
+    return None  # the call's own "nothing proves" flag names the factory already
+  from codemod.rules.apply_gradient import flow_lr_problem
+  if any(c.func is attr and flow_lr_problem(q, c) is not None
+         for c in [*f.apply_calls, *f.optimize_calls]):
+    return None  # flagged OM102, naming the factory
+  factory = q.factory_of(recv)
+  if factory is not None:
+    if not factory.converted:
+      return None
+    lead = f'`{code(recv)}` holds what {factory.where} returns'
+  elif q.maybe_optimizer(recv) or (not f.uses_legacy and q.holds_local(recv)):
+    lead = (f'`{code(recv)}` may hold what '
+            f'{", ".join(sorted(fac.where for fac in converted))} returns')
+  else:
+    return None
+  return (f'{lead}, now a TrainState, on which the flax.optim Optimizer uses here fail: '
+          'convert them by hand (`.target` is `.params`, `.state.step` is `.step`, '
+          '`.apply_gradient(g)` is `.apply_gradients(grads=g)`)')
+
+
+def step_problems(q, call: cst.Call) -> list[tuple[str, bool, bool]]:
+  """Why a call of another module's step function fails after this run, per argument:
+  ``(text, blocks, note)``. The step keeps its legacy code and gets a TrainState, or it is
+  converted and gets a flax.optim Optimizer (this file, or the factory that made it, keeps
+  its legacy code)."""
+  problems = []
+  for step, name, arg in q.step_calls.get(id(call), ()):
+    excerpt, factory = code(arg), q.factory_of(arg)
+    if not step.converted and q.own_optimizer(arg):
+      problems.append((f'`{excerpt}` is passed to {step.where}, which keeps its legacy optimizer '
+                       f'code ({step.why}): migrated here, it would get a TrainState: migrate it '
+                       'there first', True, True))
+    elif not step.converted and factory is not None and factory.converted:
+      problems.append((f'`{excerpt}` holds what {factory.where} returns, now a TrainState, and is '
+                       f'passed to {step.where}, which keeps its legacy optimizer code '
+                       f'({step.why}): migrate it there first, or convert this call by hand',
+                       False, False))
+    elif step.converted and q.blocked and q.own_optimizer(arg):
+      problems.append((f'{step.where} now takes a TrainState as `{name}` (this run converts '
+                       f'it), but `{excerpt}` stays a flax.optim Optimizer here: fix the other '
+                       'TODOs of this file and rerun, or convert this call by hand', False, True))
+    elif step.converted and factory is not None and not factory.converted:
+      problems.append((f'`{excerpt}` is created by {factory.where}, which keeps its legacy '
+                       f'optimizer code ({factory.why}), and is passed to {step.where}, which '
+                       f'this run converts to take a TrainState as `{name}`: migrate '
+                       f'{factory.where} too, or convert this call by hand', False, False))
+  return problems
+
+
+def step_value_problem(q, node) -> Optional[tuple[str, bool]]:
+  """A step function of another module (:class:`codemod.flow.Step`) named here other than
+  in a call or a ``jax.jit`` / ``jax.pmap`` of it (``functools.partial(train_step, ...)``,
+  ``fn = steps.train_step``): its calls are not followed, so when it and this file's
+  optimizers end up on different sides of the migration, nothing else would say so.
+  ``(text, note)``."""
+  f = q.f
+  if not q.step_calls_enabled or id(node) in f.call_funcs or id(node) in q.wrapped_args:
+    return None
+  step = q.step_named(node)
+  if step is None:
+    return None
+  excerpt = code(node)
+  legacy_factories = [fac for fac in f.flow_used.values() if not fac.converted]
+  params = ', '.join(f'`{x}`' for _, x in step.params)
+  if step.converted and legacy_factories:
+    return (f'`{excerpt}` ({step.where}) is used as a value here, so its calls are not followed: '
+            f'this run converts it to take a TrainState as {params}, while '
+            f'{", ".join(fac.where for fac in legacy_factories)} keeps its legacy optimizer code '
+            f'({legacy_factories[0].why}): make sure no optimizer made there reaches it'), False
+  if step.converted and q.blocked and f.uses_legacy:
+    return (f'`{excerpt}` ({step.where}) is used as a value here, so its calls are not followed: '
+            f'this run converts it to take a TrainState as {params}, while this file keeps its '
+            'legacy optimizer code: make sure no flax.optim Optimizer of this file reaches it'), True
+  if not step.converted and ((q.converts and f.uses_legacy)
+                             or any(fac.converted for fac in f.flow_used.values())):
+    return (f'`{excerpt}` ({step.where}) keeps its legacy optimizer code ({step.why}) and is used '
+            'as a value here, so its calls are not followed: an optimizer this file now makes '
+            'a TrainState must not reach it: check, or migrate it there first'), False
+  return None
+
+
+def blocks(q) -> bool:
+  """A step kept legacy that would get this file's optimizer as a TrainState; a use of an
+  optimizer nothing proves, or that another module's factory kept legacy makes."""
+  f = q.f
+  if any(not step.converted and q.own_optimizer(arg)
+         for uses in q.step_calls.values() for step, _, arg in uses):
+    return True
+  if any(unproven_apply(q, c) and unproven_message(q, c.func.value)[1]
+         for c in f.calls_by_func.values()):
+    return True
+  return any(a.attr.value in ('target', 'state') and q.unconverted(a.value)
+             for a in f.member_attrs)
+
+
+# -- sites ------------------------------------------------------------------------------------
+def visit_name(p, node) -> None:
+  q = p.q
+  if q.step_calls_enabled and (found := step_value_problem(q, node)):
+    text, note = found
+    p.flag(node, 'OM124', text, note=note)
+
+
+def leave_step_call(p, original) -> bool:
+  for text, blocking, note in step_problems(p.q, original):
+    p.flag(original, 'OM124', text, blocks=blocking, note=note)
+  return False
+
+
+def leave_unproven_apply(p, original) -> bool:
+  q = p.q
+  if not unproven_apply(q, original):
+    return False
+  # not proven: a file without flax.optim, or another module's optimizer kept legacy there
+  text, blocking = unproven_message(q, original.func.value)
+  p.flag(original, 'OM122', text, blocks=blocking)
+  return True
+
+
+def leave_unconverted_member(p, original) -> bool:
+  q = p.q
+  if original.attr.value in ('target', 'state') and q.unconverted(original.value):
+    text, blocking = unproven_message(q, original.value, f'`.{original.attr.value}`')
+    p.flag(original, 'OM122', text, blocks=blocking)
+    return True
+  return False
+
+
+def leave_flow_failure(p, original) -> None:
+  q = p.q
+  if q.blocked and (original.attr.value in api.FLOW_FAILING_ATTRS or q.field_replace(original)):
+    message = flow_failure(q, original)
+    if message is not None:
+      p.flag(original, 'OM123', message, note=True)
+
+
+def leave_unproven_member(p, original) -> None:
+  q = p.q
+  f = q.f
+  if (q.unproven and original.attr.value in ('target', 'state') and f.apply_calls
+      and not f.defines_apply_gradient and q.holds_local(original.value)):
+    # the `.apply_gradient` of this name is flagged as unproven: so is its `.target` / `.state`
+    text, blocking = unproven_message(q, original.value, f'`.{original.attr.value}`')
+    p.flag(original, 'OM122', text, blocks=blocking)

@@ -1,0 +1,386 @@
+"""Rule family *defs*: optimizer defs, ``MultiOptimizer`` / ``WeightNorm``, ``create`` and the
+def's hyper-parameters.
+
+OM001 (``Def(...)`` -> the table's Optax chain, ``.create(p)`` ->
+``TrainState.create``), OM008 (``MultiOptimizer`` / ``focus=`` ->
+``optax.multi_transform``), OM012 (``hyper_params.<name>`` -> the literal),
+OM101 (defs outside the table), OM104 (user subclasses, see ``annotations``),
+OM114 (a def handed to other code), OM115 (a name holding a def, then its
+optimizer), OM116 (def-only attributes), OM118 (arguments that cannot be
+converted), OM119 (hyper-parameter reads with no literal).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import libcst as cst
+import libcst.matchers as m
+
+from codemod import legacy_api as api
+from codemod.names import code, create_focus, kwargs, template
+from optim_compat import spec as spec_lib
+
+
+class Problem(NamedTuple):
+  """Why a site cannot be converted: its rule and text (``note``: the text ends with the
+  keeps-legacy note)."""
+  rule: str
+  text: str
+  note: bool = True
+
+
+# -- checks -----------------------------------------------------------------------------------
+def def_args(call: cst.Call, spec) -> dict[str, str]:
+  """Legacy keyword -> source text of the def call's arguments.
+
+  Raises:
+    TypeError: star-args, too many positionals or unknown keywords.
+  """
+  args, names = {}, spec.hyper_param_names
+  for i, a in enumerate(call.args):
+    if a.star:
+      raise TypeError(f'{spec.name}(*args/**kwargs) cannot be converted statically')
+    if a.keyword is None and i >= len(names):
+      raise TypeError(f'{spec.name}() takes at most {len(names)} arguments')
+    key = a.keyword.value if a.keyword is not None else names[i]
+    args[key] = code(a.value)
+  spec.emit(args)  # validates the keywords
+  return args
+
+
+def def_problem(q, call: cst.Call) -> Optional[Problem]:
+  """Why the def call cannot be converted, else None."""
+  name = q.n.legacy_def(call)
+  if name == api.MULTI:
+    return multi_problem(q, call)
+  if name == api.WEIGHT_NORM:
+    inner = call.args[0].value if call.args and call.args[0].keyword is None else None
+    if inner is None or q.n.legacy_def(inner) not in spec_lib.SPECS or q.inject_lr:
+      return Problem('OM101', 'WeightNorm is converted only around a def of the migration table '
+                              'and without learning_rate at apply time; use '
+                              'optim_compat.WeightNorm meanwhile')
+    return def_problem(q, inner)
+  spec = spec_lib.SPECS.get(name)
+  try:
+    args = def_args(call, spec)
+  except TypeError as e:
+    return Problem('OM118', str(e))
+  if 'learning_rate' not in args and not q.inject_lr:
+    return Problem('OM118', f'{name} has no learning rate and none is passed at apply time '
+                            'in this file; set learning_rate explicitly')
+  return None
+
+
+def multi_problem(q, call) -> Optional[Problem]:
+  n = q.n
+  for i, arg in enumerate(call.args):
+    group = arg.value
+    if (arg.keyword is not None or arg.star or not isinstance(group, cst.Tuple)
+        or len(group.elements) != 2
+        or not all(isinstance(e, cst.Element) for e in group.elements)):
+      return Problem('OM118', f'MultiOptimizer argument {i} is not a literal (traversal, def) pair')
+    traversal, sub = (e.value for e in group.elements)
+    if not n.is_traversal(traversal):
+      return Problem('OM118', f'MultiOptimizer group {i}: `{code(traversal)}` is not a '
+                              'ModelParamTraversal built in this file')
+    sub_call = sub
+    if isinstance(sub, cst.Name) and n.binding(sub) in q.f.def_vars:
+      sub_call = q.f.def_vars[n.binding(sub)]
+    if n.legacy_def(sub_call) not in spec_lib.SPECS and not n.is_user_def(sub_call):
+      return Problem('OM101', f'MultiOptimizer group {i}: only defs of the migration table are '
+                              'converted')
+  if not call.args:
+    return Problem('OM118', 'MultiOptimizer() without groups', note=False)
+  return None
+
+
+def multi_labels(call: cst.Call) -> list[str]:
+  """The multi_transform label of each group: the traversal's name, else ``group_<i>``."""
+  labels = []
+  for i, arg in enumerate(call.args):
+    traversal = arg.value.elements[0].value
+    labels.append(traversal.value if isinstance(traversal, cst.Name) else f'group_{i}')
+  return [f'group_{i}' if labels.count(label) > 1 or label == api.FROZEN else label
+          for i, label in enumerate(labels)]
+
+
+def create_problem(q, call: cst.Call) -> Optional[str]:
+  kw = kwargs(call)
+  positional = [a for a in call.args if a.keyword is None]
+  if any(a.star for a in call.args) or set(kw) - {'target', 'focus'} or \
+      len(positional) + len(kw) not in (1, 2) or len(positional) > 2:
+    return 'create(...) with these arguments is not converted'
+  focus = create_focus(call)
+  if focus is not None and not m.matches(focus, m.Name('None')) and not q.n.is_traversal(focus):
+    return (f'create(..., focus={code(focus)}): not a ModelParamTraversal built in this '
+            'file (it may be None, which legacy read as "all params"), so its labels cannot '
+            'be derived: convert by hand')
+  return None
+
+
+def hp_value(q, recv, name, via_opt) -> tuple[Optional[str], Optional[Problem]]:
+  """Source text of the def's ``name`` (a literal), or why it cannot be told."""
+  if name == 'replace':  # the hyper-parameters dataclass's replace, not a hyper-parameter
+    return None, Problem('OM119', 'hyper_params.replace(...) is a dataclass replace of the def\'s '
+                                  'hyper-parameters (new values for apply_gradient(hyper_params=...)), '
+                                  'and an Optax transformation takes no hyper-parameters when it is '
+                                  'applied: migrate it by hand: wrap the transformation in '
+                                  'optax.inject_hyperparams and set the new value in '
+                                  'opt_state.hyperparams')
+  n = q.n
+  calls = [c for c in q.f.def_calls if n.legacy_def(c) in spec_lib.SPECS]
+  if not via_opt:
+    calls = [q.f.def_vars[n.binding(recv)]]
+    if calls[0] is None:
+      calls = []
+  if len(calls) != 1 or n.legacy_def(calls[0]) not in spec_lib.SPECS:
+    return None, Problem('OM119', 'hyper_params read: no single def in this file says which '
+                                  'value it is')
+  spec = spec_lib.SPECS[n.legacy_def(calls[0])]
+  try:
+    args = def_args(calls[0], spec)
+  except TypeError as e:
+    return None, Problem('OM119', str(e), note=False)
+  if name not in spec.hyper_param_names:
+    return None, Problem('OM119', f'{spec.name} has no hyper-parameter {name!r}', note=False)
+  src = args.get(name, repr(spec.defaults()[name]))
+  if spec_lib.literal(src) is None and src != 'None':
+    return None, Problem('OM119', f'hyper_params.{name} is `{src}`, not a literal: read the value '
+                                  'where the def is built')
+  return src, None
+
+
+def _hp_owner(q, attr_id):
+  """The ``.optimizer_def.hyper_params`` chain's ``optimizer_def`` attribute node."""
+  for attr in q.f.legacy_attrs:
+    if attr.attr.value == 'optimizer_def':
+      recv = q.f.hp_reads[attr_id][0]
+      if attr.value is recv:
+        return attr
+  return None
+
+
+def prepare(q) -> None:
+  """The hyper-parameter reads that resolve to a literal (OM012) and those that do not."""
+  n, f = q.n, q.f
+  for attr_id, (recv, name, via_opt) in f.hp_reads.items():
+    if via_opt and not q.is_optimizer(recv):
+      continue
+    if not via_opt and not (isinstance(recv, cst.Name) and n.binding(recv) in f.def_vars):
+      continue
+    value, problem = hp_value(q, recv, name, via_opt)
+    if problem:
+      q.bad_hp[attr_id] = problem
+    else:
+      q.hp_values[attr_id] = value
+      if via_opt:
+        q.handled.add(id(f.ref_nodes.get(attr_id, recv)))
+  # `opt.optimizer_def` consumed by a hyper_params read: converted, or flagged with its own
+  # message (a second, generic flag on `.optimizer_def` would say nothing more)
+  q.hp_owner_ids = {id(_hp_owner(q, i)) for i in [*q.hp_values, *q.bad_hp]}
+
+
+def _is_hp_chain_part(q, attr) -> bool:
+  return any(r[0] is attr.value and attr.attr.value == 'hyper_params'
+             for i, r in q.f.hp_reads.items() if i in q.hp_values or i in q.bad_hp)
+
+
+def def_only_uses(q) -> list[cst.Attribute]:
+  """Attributes of a def that an Optax transformation does not have (``opt_def.init_state``)."""
+  if q.def_only is None:
+    q.def_only = [a for a in q.f.def_attrs
+                  if id(a) not in q.f.hp_reads and q.n.binding(a.value) in q.f.def_vars
+                  and not _is_hp_chain_part(q, a)]
+  return q.def_only
+
+
+def blocks(q) -> bool:
+  f = q.f
+  return bool(q.bad_hp or any(def_problem(q, c) for c in f.def_calls)
+              or any(create_problem(q, c) for c in f.create_calls)
+              or def_only_uses(q) or f.mixed_defs or f.escaping
+              or (q.inject_lr and any(q.user_def_create(c) for c in f.create_calls)))
+
+
+# -- sites --------------------------------------------------------------------------------
+def visit_statement_node(p, node) -> None:
+  """Flags on a node when it is entered: a def rebound to its optimizer, a def handed on."""
+  f = p.q.f
+  if id(node) in f.mixed_defs:
+    name = f.mixed_defs[id(node)]
+    p.flag(node, 'OM115', f'`{name}` holds this flax.optim def and later an optimizer '
+                          f'(`{name} = {name}.create(...)`), and the codemod cannot tell '
+                          'which of the two each use reads (a use before the def or in a '
+                          'closure, or the two assignments not one after the other in one '
+                          f'block): give the def its own name (`{name}_def = ...`), then rerun',
+           blocks=True, data={'name': name})
+  if id(node) in f.escaping:
+    p.flag(node, 'OM114', f'`{code(node)}` is an optimizer def handed to other code '
+                          '(returned, passed as an argument or kept as a class attribute): as '
+                          'an Optax transformation it has no .create(); convert it where it is '
+                          'used', blocks=True)
+
+
+def leave_def_call(p, original) -> bool:
+  """``Def(...)``: converted to its Optax form, or flagged. Ends the call's chain."""
+  q = p.q
+  name = q.n.legacy_def(original)
+  if name is None:
+    return False
+  problem = def_problem(q, original)
+  if problem:
+    p.flag(original, problem.rule, problem.text, blocks=True, note=problem.note)
+    return True
+  if q.blocked or id(original) in q.f.wn_inner:
+    return True
+  if name == api.WEIGHT_NORM:
+    source = _weight_norm_source(q, original)
+    p.fix(original, apply_weight_norm, [('OM001', f'flax.optim.WeightNorm(...) -> {source} (no '
+                                                  'Optax equivalent: the shim\'s faithful WeightNorm)')])
+  elif name == api.MULTI:
+    p.fix(original, apply_multi, [('OM008', 'MultiOptimizer -> optax.multi_transform, labels from '
+                                            'the traversal filters, unselected leaves frozen '
+                                            '(set_to_zero); a leaf two filters select, which '
+                                            'legacy refused at create (ValueError), gets the '
+                                            'later group here: keep the filters disjoint')])
+  else:
+    p.fix(original, apply_def, [('OM001', None)], data={'name': name})
+  return True
+
+
+def leave_create(p, original) -> bool:
+  """``<def>.create(params[, focus])`` (OM001, OM008 for ``focus=``)."""
+  q = p.q
+  func = original.func
+  if not (m.matches(func, m.Attribute(attr=m.Name('create'))) and q.n.is_def(func.value)):
+    return False
+  problem = create_problem(q, original)
+  if problem:
+    p.flag(original, 'OM118', problem, blocks=True)
+  elif q.inject_lr and q.user_def_create(original):
+    p.flag(original, 'OM102', 'learning_rate at apply time with a user OptimizerDef: '
+                              'optim_compat.to_optax has no injectable learning rate', blocks=True)
+  elif not q.blocked:
+    focus = create_focus(original)
+    findings = [('OM001', '.create(params) -> train_state.TrainState.create(...)')]
+    if focus is not None and not m.matches(focus, m.Name('None')):
+      findings.insert(0, ('OM008', 'create(params, focus=traversal) -> optax.multi_transform, '
+                                   'unfocused leaves frozen (set_to_zero)'))
+    p.fix(original, apply_create, findings)
+    return True
+  return False
+
+
+def leave_def_attribute(p, original) -> None:
+  """A def's attribute an Optax transformation lacks (OM116)."""
+  if original.attr.value in api.DEF_ONLY_ATTRS and any(original is a for a in def_only_uses(p.q)):
+    p.flag(original, 'OM116', f'`.{original.attr.value}` of a flax.optim def has no Optax '
+                              'equivalent', blocks=True)
+
+
+def leave_hp_read(p, original) -> bool:
+  """``opt.optimizer_def.hyper_params.<name>`` -> the literal the def was built with (OM012)."""
+  q = p.q
+  if id(original) not in q.hp_values:
+    return False
+  _, name, _ = q.f.hp_reads[id(original)]
+  value = q.hp_values[id(original)]
+  p.fix(original, apply_hp_value, [('OM012', f'hyper_params.{name} -> {value} (the value the def '
+                                             'was built with; legacy per-call overrides never '
+                                             'changed it)')], data={'value': value})
+  return True
+
+
+# -- fixes ----------------------------------------------------------------------------------
+def apply_def(ctx, original, updated, fix):
+  q = ctx.q
+  name = fix.data['name']
+  ctx.add_import('optax')
+  spec = spec_lib.SPECS[name]
+  args = def_args(updated, spec)
+  source = spec.emit(args, learning_rate_injected=q.inject_lr)
+  stock = None
+  if q.opts.prefer_stock_optax and 'optim_compat.' in source:
+    stock = getattr(spec_lib, 'STOCK_ALTERNATIVES', {}).get(name)
+  if stock is not None:
+    source = stock.emit(spec, args, q.inject_lr)
+    distance = f'stock Optax, preferred: measured {stock.measured}'
+  else:
+    distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
+                f'measured <= {spec.stock_max_ulp} ulp from legacy') + f': {spec.differences}'
+  if 'optim_compat.' in source:  # a faithful transformation (intrinsic difference)
+    ctx.add_import('optim_compat')
+  fix.findings[0].message = f'flax.optim.{name}(...) -> {source} ({distance})'
+  return cst.parse_expression(source)
+
+
+def _weight_norm_source(q, original) -> str:
+  inner = original.args[0].value
+  inner_name = q.n.legacy_def(inner)
+  inner_src = code(inner.with_changes(func=cst.parse_expression(f'optim_compat.{inner_name}')))
+  rest = ''.join(', ' + code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                 for a in original.args[1:])
+  return f'optim_compat.to_optax(optim_compat.WeightNorm({inner_src}{rest}))'
+
+
+def apply_weight_norm(ctx, original, updated, fix):
+  ctx.add_import('optim_compat')
+  return cst.parse_expression(_weight_norm_source(ctx.q, original))
+
+
+def labels_source(ctx, traversals: list[tuple[str, str]]) -> str:
+  """``lambda`` building the label tree: each traversal labels what it selects."""
+  expr = f'jax.tree_util.tree_map(lambda _: {api.FROZEN!r}, params_)'
+  for traversal, label in traversals:
+    expr = f'{traversal}.update(lambda _: {label!r}, {expr})'
+  ctx.add_import('jax')
+  return f'lambda params_: {expr}'
+
+
+def apply_multi(ctx, original, updated, fix):
+  n, f = ctx.q.n, ctx.q.f
+  ctx.add_import('optax')
+  groups = []
+  for i, (o_arg, u_arg) in enumerate(zip(original.args, updated.args)):
+    o_trav = o_arg.value.elements[0].value
+    u_trav, u_sub = (e.value for e in u_arg.value.elements)
+    label = o_trav.value if isinstance(o_trav, cst.Name) else f'group_{i}'
+    sub = code(u_sub)
+    o_sub = o_arg.value.elements[1].value
+    if n.is_user_def(o_sub) or (isinstance(o_sub, cst.Name) and
+                                n.is_user_def(f.def_vars[n.binding(o_sub)])):
+      sub = f'optim_compat.to_optax({sub})'
+      ctx.add_import('optim_compat')
+    groups.append([label, code(u_trav), sub])
+  for g, label in zip(groups, multi_labels(original)):
+    g[0] = label
+  txs = ', '.join(f'{g[0]!r}: {g[2]}' for g in groups)
+  source = (f'optax.multi_transform({{{txs}, {api.FROZEN!r}: optax.set_to_zero()}}, '
+            f'{labels_source(ctx, [(g[1], g[0]) for g in groups])})')
+  return cst.parse_expression(source)
+
+
+def apply_create(ctx, original, updated, fix):
+  n, f = ctx.q.n, ctx.q.f
+  positional = [a for a in updated.args if a.keyword is None]
+  kw = kwargs(updated)
+  target = (positional[0] if positional else kw['target']).value
+  focus = create_focus(updated)
+  if focus is not None and m.matches(focus, m.Name('None')):
+    focus = None  # legacy: every param
+  tx = code(updated.func.value)
+  o_recv = original.func.value
+  if n.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and
+                               n.is_user_def(f.def_vars.get(n.binding(o_recv)))):
+    tx = f'optim_compat.to_optax({tx})'
+    ctx.add_import('optim_compat')
+  if focus is not None:
+    tx = (f"optax.multi_transform({{'focus': {tx}, {api.FROZEN!r}: optax.set_to_zero()}}, "
+          f"{labels_source(ctx, [(code(focus), 'focus')])})")
+    ctx.add_import('optax')
+  ctx.add_import('flax.training', 'train_state')
+  return template(f'train_state.TrainState.create(apply_fn=None, params=P, tx={tx})', P=target)
+
+
+def apply_hp_value(ctx, original, updated, fix):
+  return cst.parse_expression(fix.data['value'])

@@ -1,0 +1,125 @@
+"""Rule family *references*: legacy names that have a modern home, where they are written.
+
+OM006 (``DynamicScale`` / ``dynamic_scale`` -> ``flax.training.dynamic_scale``),
+OM007 (annotations: ``optim.Optimizer`` -> ``train_state.TrainState``,
+``optim.OptimizerDef`` -> ``optax.GradientTransformation``), a user
+``OptimizerDef`` subclass kept on the shim (OM104, its legacy names ->
+``optim_compat``), ``ModelParamTraversal`` -> ``flax.traverse_util``, pre-Linen
+``flax.nn`` models (OM105), and legacy names with no conversion (OM103 for
+``OptimizerState``, OM109 otherwise). The names come from ``codemod.legacy_api``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import libcst as cst
+
+from codemod import legacy_api as api
+from codemod.rules.defs import Problem
+
+
+def ref_problem(q, ref_id, sym) -> Optional[Problem]:
+  f = q.f
+  if sym in api.DYNAMIC_SCALE:
+    return None
+  if ref_id in f.in_subclass:
+    import optim_compat
+    if sym in optim_compat.LOADED_NAMES or hasattr(optim_compat, sym):  # without loading jax
+      return None
+  elif ref_id in f.in_annotation:
+    if sym in api.ANNOTATIONS:
+      return None
+  elif ref_id in f.call_funcs and (sym in api.DEF_NAMES or sym == api.TRAVERSAL):
+    return None
+  rule = 'OM103' if sym == 'OptimizerState' else 'OM109'
+  return Problem(rule, f'flax.optim.{sym} has no automatic conversion here; see optim_compat for '
+                       'a drop-in')
+
+
+def prepare(q) -> None:
+  for ref_id, sym in q.f.refs.items():
+    problem = ref_problem(q, ref_id, sym)
+    if problem:
+      q.bad_refs[ref_id] = problem
+
+
+def blocks(q) -> bool:
+  return bool(q.bad_refs)
+
+
+# -- sites ------------------------------------------------------------------------------------
+def visit_reference(p, node) -> None:
+  """A legacy name with no conversion (OM103 / OM109), a ``flax.nn`` model (OM105), or a
+  hyper-parameter read with no literal value (OM119), where the node is entered."""
+  q = p.q
+  if (problem := q.bad_refs.get(id(node))) is not None:
+    p.flag(node, problem.rule, problem.text, blocks=True, note=problem.note)
+  elif id(node) in q.f.nn_refs and q.f.uses_legacy:
+    p.flag(node, 'OM105', 'pre-Linen flax.nn model: migrate the model to Linen first '
+                          '(the optimizer parts are converted)')
+  elif (problem := q.bad_hp.get(id(node))) is not None:
+    p.flag(node, problem.rule, problem.text, blocks=True, note=problem.note)
+
+
+def visit_class(p, node: cst.ClassDef) -> None:
+  if any(node is c for c in p.q.f.subclasses):
+    name = node.name.value
+    p.flag(node, 'OM104', f'`{name}` subclasses a flax.optim class: it runs on the shim '
+                          f'(optim_compat) and TrainState gets optim_compat.to_optax({name}(...)); '
+                          'port it to an optax.GradientTransformation when convenient')
+
+
+def leave_reference(p, original) -> bool:
+  """Legacy names that have a modern home: DynamicScale, annotations, traversals, subclasses.
+  True when the name is rewritten."""
+  q = p.q
+  sym = q.f.refs.get(id(original))
+  if sym is None or id(original) in q.bad_refs:
+    return False
+  n = q.n
+  if sym in api.DYNAMIC_SCALE:
+    if isinstance(original, cst.Name) or not q.opts.fixable('OM006') or (
+        isinstance(original.value, cst.Name)
+        and api.LEGACY + '.dynamic_scale' in n.qnames(original.value)):
+      return False  # the import statement is rewritten
+    p.fix(original, apply_dynamic_scale, [('OM006', f'flax.optim {sym} -> '
+                                                    'flax.training.dynamic_scale')],
+          data={'sym': sym})
+    return True
+  if q.blocked:
+    return False
+  if id(original) in q.f.in_subclass:
+    p.fix(original, apply_shim_name, [], data={'sym': sym})
+    return True
+  if id(original) in q.f.in_annotation:
+    source, _ = api.ANNOTATIONS[sym]
+    p.fix(original, apply_annotation, [('OM007', f'annotation flax.optim.{sym} -> {source}')],
+          data={'sym': sym})
+    return True
+  if sym == api.TRAVERSAL:
+    p.fix(original, apply_traversal, [])
+    return True
+  return False
+
+
+# -- fixes ----------------------------------------------------------------------------------
+def apply_dynamic_scale(ctx, original, updated, fix):
+  ctx.add_import('flax.training', 'dynamic_scale', 'dynamic_scale_lib')
+  return cst.parse_expression('dynamic_scale_lib' + (
+      '.DynamicScale' if fix.data['sym'] == 'DynamicScale' else ''))
+
+
+def apply_shim_name(ctx, original, updated, fix):
+  ctx.add_import('optim_compat')
+  return cst.parse_expression(f'optim_compat.{fix.data["sym"]}')
+
+
+def apply_annotation(ctx, original, updated, fix):
+  source, (module, obj) = api.ANNOTATIONS[fix.data['sym']]
+  ctx.add_import(module, obj)
+  return cst.parse_expression(source)
+
+
+def apply_traversal(ctx, original, updated, fix):
+  ctx.add_import('flax', 'traverse_util')
+  return cst.parse_expression('traverse_util.ModelParamTraversal')

@@ -1,0 +1,81 @@
+"""Rule family *restores*: checkpoint readers given a legacy optimizer (OM013).
+
+``checkpoints.restore_checkpoint(dir, <optimizer or container>[, step])`` and
+``serialization.from_state_dict`` / ``from_bytes`` ->
+``optim_compat.checkpoint.restore_legacy(...)``, which converts legacy
+checkpoints and reads TrainState-layout ones (or none yet) as before. The
+readers and their target argument come from ``codemod.legacy_api.RESTORES``.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from codemod import legacy_api as api
+from codemod.names import code, kwargs, template
+
+_KNOWN_KEYWORDS = {'step', 'ckpt_dir', 'state', 'encoded_bytes'}
+
+
+def _reader(q, call):
+  """``(qualified name, position, keyword)`` of the restore ``call`` makes."""
+  qname = sorted(q.n.qnames(call.func) & set(api.RESTORES))[0]
+  return (qname, *api.RESTORES[qname])
+
+
+def _target(call, index, keyword):
+  kw = kwargs(call)
+  positional = [a for a in call.args if a.keyword is None]
+  return kw[keyword].value if keyword in kw else (
+      positional[index].value if len(positional) > index else None)
+
+
+def leave_restore(p, original) -> bool:
+  """A checkpoint reader restoring an optimizer: converted or flagged. Ends the call's chain."""
+  q = p.q
+  if not any(original is c for c in q.f.restores):
+    return False
+  qname, index, keyword = _reader(q, original)
+  o_target = _target(original, index, keyword)
+  if o_target is None or not q.mentions_optimizer(o_target):
+    return True
+  landed = importlib.util.find_spec('optim_compat.checkpoint') is not None
+  short = qname.rsplit('.', 1)[1]
+  kw = kwargs(original)
+  extra = set(kw) - {keyword, *_KNOWN_KEYWORDS}
+  if not landed or not q.opts.fixable('OM013') or extra or len(original.args) > 3 \
+      or (short != 'restore_checkpoint' and 'step' in kw):
+    p.flag(original, 'OM013', f'{short} restores a flax.optim Optimizer with arguments the '
+                              'codemod does not convert: use optim_compat.checkpoint.'
+                              'restore_legacy(path_or_state_dict, target[, step=]), which reads '
+                              'legacy and TrainState checkpoints')
+    return True
+  p.fix(original, apply_restore, [('OM013', f'{short}(..., optimizer) -> optim_compat.checkpoint.'
+                                            'restore_legacy: legacy checkpoints are converted, '
+                                            'TrainState ones and fresh runs behave as before')],
+        data={'reader': (qname, index, keyword)})
+  return True
+
+
+def apply_restore(ctx, original, updated, fix):
+  qname, index, keyword = fix.data['reader']
+  short = qname.rsplit('.', 1)[1]
+  kw = kwargs(updated)
+  positional = [a for a in updated.args if a.keyword is None]
+  target = _target(updated, index, keyword)
+  if short == 'restore_checkpoint':
+    source_arg = kw['ckpt_dir'].value if 'ckpt_dir' in kw else positional[0].value
+    rest = ', step=' + code(kw['step'].value) if 'step' in kw else (
+        ', step=' + code(positional[2].value) if len(positional) > 2 else '')
+    src = f'optim_compat.checkpoint.restore_legacy(S, T{rest})'
+    subs = {'S': source_arg, 'T': target}
+  elif short == 'from_state_dict':
+    source_arg = kw['state'].value if 'state' in kw else positional[-1].value
+    src = 'optim_compat.checkpoint.restore_legacy(S, T)'
+    subs = {'S': source_arg, 'T': target}
+  else:
+    source_arg = kw['encoded_bytes'].value if 'encoded_bytes' in kw else positional[-1].value
+    src = 'optim_compat.checkpoint.restore_legacy(serialization.msgpack_restore(S), T)'
+    subs = {'S': source_arg, 'T': target}
+    ctx.add_import('flax', 'serialization')
+  ctx.add_import('optim_compat.checkpoint')
+  return template(src, **subs)

@@ -1,0 +1,136 @@
+"""Source files: read once per run, decoded per PEP 263, parsed at most once, written atomically."""
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import stat
+import tempfile
+import tokenize
+from typing import Optional
+
+import libcst as cst
+
+
+class SourceFile:
+  """One file of a run: its bytes (read once), its text and encoding, its LibCST parse and
+  the analysis cache kept with it (``codemod.facts.analyze``), each made at first use.
+
+  The cross-module pre-pass parses and plans a file through this object, and the main pass
+  rewrites it from the same parse.
+  """
+
+  def __init__(self, path: pathlib.Path, data: Optional[bytes] = None):
+    self.path = pathlib.Path(path)
+    self._data = data
+    self._decoded: Optional[tuple[str, str]] = None
+    self._module: Optional[cst.Module] = None
+    self.cache: dict = {}
+
+  @property
+  def data(self) -> bytes:
+    """The file's bytes.
+
+    Raises:
+      OSError: it cannot be read.
+    """
+    if self._data is None:
+      self._data = self.path.read_bytes()
+    return self._data
+
+  def words(self) -> str:
+    """The bytes as latin-1 text (any bytes decode): for prefilters that look for words."""
+    return self.data.decode('latin-1')
+
+  @property
+  def text(self) -> str:
+    """The source text, decoded per PEP 263 (coding cookie or BOM).
+
+    Raises:
+      OSError, UnicodeDecodeError, SyntaxError: unreadable, or a bad cookie.
+    """
+    if self._decoded is None:
+      self._decoded = decode_source(self.data)
+    return self._decoded[0]
+
+  @property
+  def encoding(self) -> str:
+    self.text  # noqa: B018 - decodes
+    return self._decoded[1]
+
+  @property
+  def module(self) -> cst.Module:
+    """The LibCST parse of :attr:`text`.
+
+    Raises:
+      libcst.ParserSyntaxError: it does not parse (and the errors of :attr:`text`).
+    """
+    if self._module is None:
+      self._module = cst.parse_module(self.text)
+    return self._module
+
+
+def read_source(path: pathlib.Path) -> tuple[str, str]:
+  """``(text, encoding)``: decoded per PEP 263 (coding cookie or BOM), newlines kept.
+
+  Raises:
+    OSError, UnicodeDecodeError, SyntaxError: unreadable file or bad cookie.
+  """
+  return decode_source(path.read_bytes())
+
+
+def decode_source(data: bytes) -> tuple[str, str]:
+  """``(text, encoding)`` of Python source bytes, per PEP 263 (cookie or BOM).
+
+  Raises:
+    UnicodeDecodeError, SyntaxError: bytes that do not decode, or a bad cookie.
+  """
+  encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+  return data.decode(encoding), encoding
+
+
+def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None:
+  """Replace ``path`` with ``text`` via a temporary file and ``os.replace``.
+
+  A symlink is written through (its target is replaced; the link stays). A
+  file with other hard links is rewritten in place instead (a rename would
+  detach this name from the others); if that write fails, its old bytes are
+  put back before the error is raised.
+
+  ``encoding`` is the file's own (``utf-8-sig`` keeps a BOM); newlines are
+  written as they are in ``text``.
+
+  Raises:
+    PermissionError: the file is read-only (its owner's write bit is clear, or
+      this user may not write it): nothing is written, though a rename in a
+      writable directory could replace it.
+    OSError: the temporary file or the write failed (``path`` is unchanged).
+  """
+  path = path.resolve()
+  st = path.stat()
+  if not st.st_mode & stat.S_IWUSR or not os.access(path, os.W_OK):
+    raise PermissionError(f'{path} is read-only; make it writable to rewrite it')
+  data = text.encode(encoding)
+  if st.st_nlink > 1:
+    old = path.read_bytes()
+    try:
+      with open(path, 'r+b') as f:
+        f.write(data)
+        f.truncate()
+    except BaseException:
+      with open(path, 'wb') as f:
+        f.write(old)
+      raise
+    return
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+  try:
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data)
+    os.chmod(tmp, st.st_mode)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+
+
