@@ -126,6 +126,13 @@ def test_same_numbers_compare_in_ulps_of_each_leafs_largest_magnitude():
   moved = dict(base, **{'params/b': np.array([8.0 + 3 * np.spacing(np.float32(8.0))], np.float32)})
   got = same_numbers.compare(moved, base)
   assert (got['params_ulp'], got['worst_leaf'], got['loss_ulp'], got['bitwise']) == (3.0, 'params/b', 0.0, False)
+  assert got['first_diff_step'] is None
+  curve = np.array([2.0, 1.5, 1.0, 0.75], np.float32)
+  later = dict(base, loss=curve.copy(), **{'params/b': moved['params/b']})
+  later['loss'][2] += 5 * np.spacing(np.float32(2.0))   # 5 ulp of the curve's largest magnitude, at step 3
+  got = same_numbers.compare(later, dict(base, loss=curve))
+  assert (got['first_diff_step'], got['loss_ulp'], got['loss_ulp_first10']) == (3, 5.0, 5.0)
+  assert 'losses equal to step 2, 5 ulp over steps 1-10' in same_numbers._fmt(got)
   with pytest.raises(KeyError, match="'params/b' is in one run only"):
     same_numbers.compare({'loss': base['loss'], 'params/a': base['params/a']}, base)
 
