@@ -53,6 +53,8 @@ COMMIT = 'd59410b58933f7f821ce0449401d6f2d7e2043ff'
 UPSTREAM = 'https://github.com/google/flax.git'
 EXAMPLES = ('seq2seq', 'mnist', 'pixelcnn', 'imagenet', 'wmt', 'nlp_seq', 'ppo', 'vae')
 SITE = HERE / 'examples_harness' / 'site'
+#: EXAMPLES_* variables of the caller's environment that reach the runs (the others are the harness's own)
+PASS_THROUGH = ('EXAMPLES_TFDS_SPLIT_SIZE',)
 
 
 def log(msg: str) -> None:
@@ -100,7 +102,8 @@ def _git_head(path: pathlib.Path) -> str | None:
 
 def run_env(variant: str, patch_log: pathlib.Path, selected: list[str] | None = None) -> dict[str, str]:
   spec = patches_lib.VARIANTS[variant]
-  env = {k: v for k, v in os.environ.items() if not k.startswith(('PYTHON', 'VIRTUAL_ENV', 'EXAMPLES_'))}
+  env = {k: v for k, v in os.environ.items() if not k.startswith(('PYTHON', 'VIRTUAL_ENV', 'EXAMPLES_'))
+         or k in PASS_THROUGH}
   env.update(PYTHONPATH=str(SITE), EXAMPLES_PATCHES=','.join(selected if selected is not None
                                                             else patches_lib.allowed(variant)),
              EXAMPLES_PATCH_LOG=str(patch_log), JAX_PLATFORMS='cpu', CUDA_VISIBLE_DEVICES='',
@@ -128,6 +131,7 @@ def prepare_tree(variant: str, src: pathlib.Path, runs: pathlib.Path, pythons: d
     if proc.returncode not in (0, 1):
       raise SystemExit(f'optim-migrate rewrite failed (exit {proc.returncode}); see {root / "rewrite.log"}')
   py = pythons[spec['stack']]
+  (root / 'tfds-split-size').write_text(os.environ.get('EXAMPLES_TFDS_SPLIT_SIZE', 'published'))
   proc = subprocess.run([*stacks.nice(), str(py), str(HERE / 'examples_harness' / 'tfds_meta.py'),
                          str(root / '.tfds' / 'metadata')],
                         capture_output=True, text=True, env=run_env(variant, root / 'meta-patches.jsonl', []))
@@ -147,7 +151,7 @@ def run_tests(example: str, variant: str, root: pathlib.Path, pythons: dict,
   shutil.rmtree(out, ignore_errors=True)
   out.mkdir(parents=True)
   if not has_tests(exdir):
-    return results_lib.RunResult(example, variant, [], status='no-tests')
+    return results_lib.RunResult(example, variant, [], status='no-tests', measured=stamp(root))
   patch_log = out / 'patches.jsonl'
   junit = out / 'junit.xml'
   py = pythons[patches_lib.VARIANTS[variant]['stack']]
@@ -167,7 +171,18 @@ def run_tests(example: str, variant: str, root: pathlib.Path, pythons: dict,
   used = sorted(n for n, ev in patches_lib.read_log(patch_log).items() if 'used' in ev)
   log(f'{example} / {variant}: {sum(t.outcome == "passed" for t in tests)}/{len(tests)} passed '
       f'({time.time() - t0:.0f} s){" " + status if status != "ok" else ""}')
-  return results_lib.RunResult(example, variant, tests, status=status, patches_used=used)
+  return results_lib.RunResult(example, variant, tests, status=status, patches_used=used,
+                               measured=stamp(root), seconds=round(time.time() - t0, 1))
+
+
+def stamp(root: pathlib.Path) -> str:
+  """'YYYY-MM-DD HH:MM, codemod at <commit>[, tfds splits of N]' for a run in ``root``."""
+  head = _git_head(REPO) or 'unknown commit'
+  dirty = subprocess.run(['git', '-C', str(REPO), 'status', '--porcelain', '--', 'codemod', 'optim_compat'],
+                         capture_output=True, text=True).stdout.strip()
+  size = (root / 'tfds-split-size').read_text() if (root / 'tfds-split-size').exists() else 'published'
+  return (f'{time.strftime("%Y-%m-%d %H:%M")}, codemod at {head[:7]}{" (modified)" if dirty else ""}'
+          + ('' if size == 'published' else f', tfds splits of {size}'))
 
 
 def merge_runs(path: pathlib.Path, new: list[results_lib.RunResult]) -> list[results_lib.RunResult]:
@@ -191,7 +206,8 @@ def tests_section(runs: list[results_lib.RunResult]) -> str:
   return '\n'.join(['## Tests per example (passed / tests)', '',
                     results_lib.table(runs, variants, examples), '',
                     '## Failures (first error line)', '', results_lib.failures(runs) or 'none', '',
-                    '## Harness patches', '', patch_table(runs, variants), ''])
+                    '## Harness patches', '', patch_table(runs, variants), '',
+                    '### When each cell was measured', '', results_lib.provenance(runs), ''])
 
 
 def patch_table(runs: list[results_lib.RunResult], variants: list[str]) -> str:

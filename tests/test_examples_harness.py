@@ -126,5 +126,70 @@ def test_same_numbers_compare_in_ulps_of_each_leafs_largest_magnitude():
   moved = dict(base, **{'params/b': np.array([8.0 + 3 * np.spacing(np.float32(8.0))], np.float32)})
   got = same_numbers.compare(moved, base)
   assert (got['params_ulp'], got['worst_leaf'], got['loss_ulp'], got['bitwise']) == (3.0, 'params/b', 0.0, False)
+  assert got['first_diff_step'] is None
+  curve = np.array([2.0, 1.5, 1.0, 0.75], np.float32)
+  later = dict(base, loss=curve.copy(), **{'params/b': moved['params/b']})
+  later['loss'][2] += 5 * np.spacing(np.float32(2.0))   # 5 ulp of the curve's largest magnitude, at step 3
+  got = same_numbers.compare(later, dict(base, loss=curve))
+  assert (got['first_diff_step'], got['loss_ulp'], got['loss_ulp_first10']) == (3, 5.0, 5.0)
+  assert 'losses equal to step 2, 5 ulp over steps 1-10' in same_numbers._fmt(got)
   with pytest.raises(KeyError, match="'params/b' is in one run only"):
     same_numbers.compare({'loss': base['loss'], 'params/a': base['params/a']}, base)
+
+
+def test_run_env_passes_the_split_size_through_and_drops_other_examples_variables(monkeypatch, tmp_path):
+  import examples
+  monkeypatch.setenv('EXAMPLES_TFDS_SPLIT_SIZE', '1')
+  monkeypatch.setenv('EXAMPLES_PATCHES', 'mask')          # the caller's own: must not leak into a run
+  monkeypatch.setenv('PYTHONPATH', '/elsewhere')
+  env = examples.run_env('after', tmp_path / 'log.jsonl')
+  assert env['EXAMPLES_TFDS_SPLIT_SIZE'] == '1'
+  assert env['EXAMPLES_PATCHES'] == ','.join(patches.allowed('after'))
+  assert env['PYTHONPATH'] == str(examples.SITE) and 'EXAMPLES_ZERO_EDIT' not in env
+  assert examples.run_env('before', tmp_path / 'l', [])['EXAMPLES_PATCHES'] == ''
+
+
+def test_provenance_groups_cells_by_when_they_were_measured():
+  a = results.RunResult('mnist', 'after', [], measured='2026-12-03 01:00, codemod at abc1234', seconds=61.4)
+  b = results.RunResult('wmt', 'after', [], measured='2026-12-03 01:00, codemod at abc1234')
+  old = results.RunResult('ppo', 'before', [])
+  assert results.provenance([old, a, b]).splitlines() == [
+      '- not recorded (an earlier session): ppo / before',
+      '- 2026-12-03 01:00, codemod at abc1234: mnist / after (61 s), wmt / after']
+
+
+def test_classify_blames_the_named_line_when_the_exception_is_raised_outside_the_example(tmp_path):
+  from examples_harness import misses
+  (tmp_path / 'linen_examples' / 'ppo').mkdir(parents=True)
+  (tmp_path / 'linen_examples' / 'ppo' / 'models.py').write_text(
+      'def create_optimizer(params, learning_rate):\n'
+      '  optimizer_def = optax.adam(learning_rate=learning_rate)\n')
+  rec = {'phase': 'p', 'ok': False, 'error': "KeyError: no 'learning_rate'", 'frames': [],
+         'blame': 'ppo/models.py:2', 'blame_text': 'optimizer_def = optax.adam(learning_rate=learning_rate)'}
+  got = misses.classify([rec, {'phase': 'q', 'ok': True}], tmp_path)
+  assert (got[0]['where'], got[0]['flagged'], got[0]['kept_legacy']) == ('ppo/models.py:2', False, False)
+  assert got[0]['text'].startswith('optimizer_def = optax.adam(') and 'where' not in got[1]
+  section = '\n'.join(misses.markdown({('ppo', 'misses-after-fixed'): got}, ['ppo'], 0, ['misses-after-fixed'],
+                                      {'misses-after-fixed': '1'}))
+  assert "- `ppo/models.py:2` `optimizer_def = optax.adam(" in section
+  assert 'misses-after-fixed: 1 (1: an epoch ends' in section
+
+
+def test_restored_legacy_checkpoint_comparison_counts_the_state_leaves_it_finds():
+  import numpy as np
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'bench' / 'examples_harness'))
+  import drivers
+  w, m, v = np.arange(3.0), np.full(3, 0.25), np.full(3, 0.5)
+  legacy = {'target': {'dense': {'w': w}},
+            'state': {'step': 7, 'param_states': {'dense': {'w': {'grad_ema': m, 'grad_sq_ema': v}}}}}
+  take = lambda c: c['state']['param_states']   # noqa: E731
+  same = {'params': {'dense': {'w': w.copy()}}, 'step': 7, 'opt_state': ({'mu': m.copy(), 'nu': v.copy()}, ()),
+          'legacy_param_states': take}
+  params_of, step_of = drivers.LEGACY_LAYOUT['wmt']
+  assert drivers._compare_restored(same, legacy, params_of, step_of) == {
+      'params': 'equal', 'step': 'restored 7, checkpoint 7',
+      'optimizer_state': '2 of 2 legacy per-parameter state leaves found in the restored state'}
+  fresh = dict(same, params={'dense': {'w': w + 1}}, step=0, opt_state=({'mu': 0 * m, 'nu': v.copy()}, ()))
+  assert drivers._compare_restored(fresh, legacy, params_of, step_of) == {
+      'params': '1 of 1 leaves differ', 'step': 'restored 0, checkpoint 7',
+      'optimizer_state': '1 of 2 legacy per-parameter state leaves found in the restored state'}

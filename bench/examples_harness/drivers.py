@@ -1,10 +1,15 @@
-"""Run one example's train and eval steps once (tiny configs): ``python drivers.py EXAMPLE WORKDIR OUT.json``.
+"""Run one example's train and eval steps once (tiny configs):
+``python drivers.py EXAMPLE WORKDIR OUT.json [LEGACY_WORKDIR]``.
 
 Run with the example's directory as the working directory (its modules are imported from
 there) and the harness patches on the PYTHONPATH. Each phase's outcome goes to OUT.json:
 ``{"phase", "ok", "error", "frames": [{"file", "line", "text"}, ...]}`` with the frames of
 the example's own files (innermost last), and for pixelcnn's sample.py restore a comparison of
-what it restored with what train.py saved.
+what it restored with what train.py saved. LEGACY_WORKDIR, where given, is the workdir the
+same driver left on the old stack with the legacy sources: pixelcnn, imagenet and wmt then run
+their ``train_and_evaluate`` once more on a copy of it (restoring a flax.optim checkpoint) and
+compare what they restored with that checkpoint. A phase may name the line it blames
+(``blame``: "file:line") where the exception is raised outside the example's files.
 """
 import contextlib
 import json
@@ -17,6 +22,7 @@ import traceback
 EXAMPLE_DIR = pathlib.Path.cwd().resolve()
 sys.path.insert(0, str(EXAMPLE_DIR))
 RESULTS = []
+LEGACY_WORKDIR = None   # set by main() from argv[4]
 
 CONLL = ('1\tThey\tthey\tPRON\tPRP\tCase=Nom|Number=Plur\t2\tnsubj\n'
          '2\tbuy\tbuy\tVERB\tVBP\tNumber=Plur|PTense=Pres\t0\troot\n'
@@ -70,6 +76,103 @@ def leaves_equal(a, b):
   return 'equal' if not bad else f'{bad} of {len(la)} leaves differ'
 
 
+def _legacy_leaves(tree):
+  """{'/'-joined path: array} of a restored state dict (legacy checkpoints are nested dicts)."""
+  import numpy as np
+  from flax import traverse_util
+  return {'/'.join(map(str, k)): np.asarray(v) for k, v in traverse_util.flatten_dict(tree).items()}
+
+
+def _compare_restored(restored, legacy_ckpt: dict, params_of, step_of) -> dict:
+  """What a run restored from a legacy checkpoint, against that checkpoint's contents.
+
+  ``legacy_ckpt`` is the checkpoint's raw state dict; ``params_of`` / ``step_of`` pick the
+  flax.optim Optimizer's ``target`` / ``state.step`` out of it (legacy layout). Returns
+  {'params': 'equal' | '<n> of <m> leaves differ', 'step': 'restored <a>, checkpoint <b>',
+  'optimizer_state': '<k> of <n> legacy per-parameter state leaves found in the restored state'}.
+  """
+  import jax
+  import numpy as np
+  out = {}
+  out['params'] = leaves_equal(restored['params'], params_of(legacy_ckpt))
+  out['step'] = f'restored {int(np.asarray(restored["step"]))}, checkpoint {int(np.asarray(step_of(legacy_ckpt)))}'
+  legacy_state = _legacy_leaves(restored['legacy_param_states'](legacy_ckpt))
+  new = [np.asarray(x) for x in jax.tree_util.tree_leaves(restored['opt_state'])]
+  found = sum(any(x.shape == y.shape and np.array_equal(x, y) for y in new) for x in legacy_state.values())
+  out['optimizer_state'] = f'{found} of {len(legacy_state)} legacy per-parameter state leaves found in the restored state'
+  return out
+
+
+def restore_legacy_phase(name, run, pick):
+  """Run ``run(workdir)`` on a copy of LEGACY_WORKDIR, catching the first tree the example hands
+  to ``jax_utils.replicate`` (what it restored); ``pick(tree)`` returns
+  {'params', 'step', 'opt_state'} of it; compare them with the legacy checkpoint."""
+  if not LEGACY_WORKDIR or not any(pathlib.Path(LEGACY_WORKDIR).glob('checkpoint_*')):
+    return
+  import shutil
+  import train
+  from flax.training import checkpoints
+  work = tempfile.mkdtemp(prefix='legacy-ckpt-')
+  shutil.rmtree(work)
+  shutil.copytree(LEGACY_WORKDIR, work)
+  legacy = checkpoints.restore_checkpoint(work, None)
+  seen = {}
+  real = train.jax_utils
+
+  class Proxy:
+    def __getattr__(self, attr):
+      return getattr(real, attr)
+
+    @staticmethod
+    def replicate(tree, *a, **k):
+      seen.setdefault('tree', tree)
+      return real.replicate(tree, *a, **k)
+  train.jax_utils = Proxy()
+  try:
+    with phase(name) as rec:
+      run(work)
+  finally:
+    train.jax_utils = real
+  if 'tree' not in seen:
+    rec['restore_vs_legacy'] = 'not compared: the run never reached jax_utils.replicate'
+    return
+  try:
+    rec['restore_vs_legacy'] = _compare_restored(pick(seen['tree']), legacy, *LEGACY_LAYOUT[EXAMPLE_DIR.name])
+  except Exception as e:  # pylint: disable=broad-except
+    rec['restore_vs_legacy'] = f'not compared: {type(e).__name__}: {e}'[:300]
+
+
+def _opt_params(opt):
+  return opt.target if hasattr(opt, 'target') else opt.params
+
+
+def _opt_step(opt):
+  return opt.state.step if hasattr(opt, 'target') else opt.step
+
+
+def _opt_state(opt):
+  return opt.state.param_states if hasattr(opt, 'target') else opt.opt_state
+
+
+#: example -> (legacy checkpoint -> Optimizer target, -> Optimizer step); the per-parameter
+#: state is <optimizer>['state']['param_states']
+LEGACY_LAYOUT = {
+    'pixelcnn': (lambda c: c['0']['target'], lambda c: c['0']['state']['step']),
+    'imagenet': (lambda c: c['optimizer']['target'], lambda c: c['optimizer']['state']['step']),
+    'wmt': (lambda c: c['target'], lambda c: c['state']['step']),
+}
+_PARAM_STATES = {
+    'pixelcnn': lambda c: c['0']['state']['param_states'],
+    'imagenet': lambda c: c['optimizer']['state']['param_states'],
+    'wmt': lambda c: c['state']['param_states'],
+}
+
+
+def _picked(opt):
+  return {'params': _opt_params(opt), 'step': _opt_step(opt), 'opt_state': _opt_state(opt),
+          'legacy_param_states': _PARAM_STATES[EXAMPLE_DIR.name]}
+
+
 def seq2seq(workdir):
   import train
   flags(['--num_train_steps=2', '--decode_frequency=1', '--batch_size=8', '--hidden_size=16'])
@@ -112,16 +215,22 @@ def pixelcnn(workdir):
   train.restore_checkpoint = orig
   if 'out' not in captured or saved is None:
     rec['restore_vs_saved'] = f'not compared: restored {"out" in captured}, checkpoint found {saved is not None}'
-    return
-  try:
-    import flax
-    opt, ema = captured['out']
-    saved = {str(k): v for k, v in saved.items()}
-    rec['ema_vs_saved'] = leaves_equal(ema, saved['1'])
-    state = flax.serialization.to_state_dict(opt)
-    rec['optimizer_vs_saved'] = {k: leaves_equal(state.get(k), saved['0'].get(k)) for k in saved['0']}
-  except Exception as e:  # pylint: disable=broad-except
-    rec['restore_vs_saved'] = f'not compared: {type(e).__name__}: {e}'[:300]
+  else:
+    try:
+      import flax
+      opt, ema = captured['out']
+      saved = {str(k): v for k, v in saved.items()}
+      rec['ema_vs_saved'] = leaves_equal(ema, saved['1'])
+      state = flax.serialization.to_state_dict(opt)
+      rec['optimizer_vs_saved'] = {k: leaves_equal(state.get(k), saved['0'].get(k)) for k in saved['0']}
+    except Exception as e:  # pylint: disable=broad-except
+      rec['restore_vs_saved'] = f'not compared: {type(e).__name__}: {e}'[:300]
+
+  def run(work):
+    with mock(8):
+      train.train_and_evaluate(config, work)
+  restore_legacy_phase('train_and_evaluate on a copy of the legacy run\'s workdir (restores its flax.optim '
+                       'checkpoint)', run, lambda tree: _picked(tree[0]))
 
 
 def imagenet(workdir):
@@ -135,6 +244,12 @@ def imagenet(workdir):
   if RESULTS[-1]['ok']:
     with phase('train_and_evaluate again (restores the checkpoint)'), mock(1):
       train.train_and_evaluate(workdir=workdir, config=config)
+
+    def run(work):
+      with mock(1):
+        train.train_and_evaluate(workdir=work, config=config)
+    restore_legacy_phase('train_and_evaluate on a copy of the legacy run\'s workdir (restores its flax.optim '
+                         'checkpoint)', run, lambda tree: _picked(tree.optimizer))
     return
   # The train step failed: run the eval step with the train step skipped.
   import jax.numpy as jnp
@@ -163,6 +278,12 @@ def wmt(workdir):
   config.num_train_steps = 2
   with phase('train_and_evaluate again (restores the checkpoint)'), mock(32):
     train.train_and_evaluate(config, workdir)
+
+  def run(work):
+    with mock(32):
+      train.train_and_evaluate(config, work)
+  restore_legacy_phase('train_and_evaluate on a copy of the legacy run\'s workdir (restores its flax.optim '
+                       'checkpoint)', run, _picked)
 
 
 def nlp_seq(workdir):
@@ -202,6 +323,21 @@ def ppo(workdir):
   with phase('agent.policy_action (eval)'):
     target = optimizer.target if hasattr(optimizer, 'target') else optimizer.params
     agent.policy_action(target, module, data[0][:2])
+  made = models.create_optimizer(params, 2.5e-4)
+  if not hasattr(made, 'opt_state'):
+    return    # the legacy stack: nothing converted
+  # ppo_lib.py's OM102 TODO: convert `optimizer.apply_gradient(grad, learning_rate=lr)` by hand,
+  # the way OM002 converts it where the optimizer is made in the same file; ppo_lib.train passes
+  # a decaying lr (config.learning_rate * alpha) on every step.
+  src = (EXAMPLE_DIR / 'models.py').read_text().splitlines()
+  line = next((i for i, ln in enumerate(src, 1) if 'optax.' in ln and 'optimizer_def' in ln), None)
+  with phase('ppo_lib.train_step converted as its OM102 TODO says (lr set in opt_state), on '
+             'models.create_optimizer\'s result', blame=f'ppo/models.py:{line}' if line else None,
+             blame_text=src[line - 1].strip() if line else None):
+    import optax
+    grads = jax.tree_util.tree_map(jax.numpy.zeros_like, made.params)
+    made.replace(opt_state=optax.tree_utils.tree_set(made.opt_state, learning_rate=2.5e-4 * 0.5)
+                 ).apply_gradients(grads=grads)
 
 
 def vae(workdir):
@@ -213,7 +349,9 @@ def vae(workdir):
 
 
 def main():
+  global LEGACY_WORKDIR
   example, workdir, out = sys.argv[1:4]
+  LEGACY_WORKDIR = sys.argv[4] if len(sys.argv) > 4 else None
   try:
     with phase('import and set-up'):
       globals()[example](workdir)

@@ -12,6 +12,7 @@ optimizer misses. A failure is *flagged* when a ``# TODO(optim-migrate)`` sits o
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -20,9 +21,11 @@ import subprocess
 from examples_harness import stacks
 
 NEAR = 4
+#: seconds one driver run may take (EXAMPLES_DRIVER_TIMEOUT overrides: imagenet's ResNet50 compiles
+#: slowly on a loaded machine)
+DRIVER_TIMEOUT = int(os.environ.get('EXAMPLES_DRIVER_TIMEOUT', '1800'))
 TITLES = {'misses-before': 'before (old stack, unmodified)', 'misses-after': 'after (modern, rewritten)',
-          'misses-after-fixed': 'after, flagged lines fixed as their TODO says',
-          'misses-img': 'the same, dataset splits of 1 example (EXAMPLES_TFDS_SPLIT_SIZE=1: an epoch ends at once, so eval runs)'}
+          'misses-after-fixed': 'after, flagged lines fixed as their TODO says'}
 TODO = 'TODO(optim-migrate)'
 KEPT = 'this file keeps its legacy optimizer code'
 #: TODO text -> (old, new) applied to the next code line by the 'fixed' tree
@@ -63,6 +66,9 @@ def classify(records: list[dict], tree: pathlib.Path) -> list[dict]:
   for rec in records:
     rec = dict(rec)
     frames = rec.get('frames') or []
+    if not rec['ok'] and not frames and rec.get('blame'):
+      file, _, line = rec['blame'].rpartition(':')
+      frames = [{'file': file, 'line': int(line), 'text': rec.get('blame_text') or ''}]
     if not rec['ok'] and frames:
       f = frames[-1]
       path = tree / 'linen_examples' / f['file']
@@ -74,7 +80,7 @@ def classify(records: list[dict], tree: pathlib.Path) -> list[dict]:
   return out
 
 
-def _driver(example, tree, py, env):
+def _driver(example, tree, py, env, legacy_workdir=None):
   exdir = tree / 'linen_examples' / example
   work = tree / 'work' / example
   shutil.rmtree(work, ignore_errors=True)
@@ -82,12 +88,14 @@ def _driver(example, tree, py, env):
   out = tree / 'results' / f'{example}.json'
   out.parent.mkdir(parents=True, exist_ok=True)
   drv = pathlib.Path(__file__).resolve().parent / 'drivers.py'
-  proc = subprocess.run([*stacks.nice(), 'timeout', '900', str(py), str(drv), example, str(work), str(out)],
-                        cwd=exdir, capture_output=True, text=True, env=env)
+  extra = [str(legacy_workdir)] if legacy_workdir else []
+  proc = subprocess.run([*stacks.nice(), 'timeout', str(DRIVER_TIMEOUT), str(py), str(drv), example, str(work),
+                         str(out), *extra], cwd=exdir, capture_output=True, text=True, env=env)
   (tree / 'results' / f'{example}.log').write_text(proc.stdout + proc.stderr)
   if not out.exists():
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ['']
-    return [{'phase': 'driver', 'ok': False, 'error': f'driver crashed (exit {proc.returncode}): {tail[0]}'}]
+    why = f'timed out ({DRIVER_TIMEOUT} s)' if proc.returncode in (124, 137) else f'crashed (exit {proc.returncode})'
+    return [{'phase': 'driver', 'ok': False, 'error': f'driver {why}: {tail[0]}'}]
   return json.loads(out.read_text())
 
 
@@ -110,18 +118,31 @@ def run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
           path.write_text(text)
           n_fixed += n
     made[name] = (root, variant_of[name])
-  trees = made
+  # misses-before first: its workdirs hold the flax.optim checkpoints the other trees restore
+  trees = dict(sorted(made.items(), key=lambda kv: kv[0] != 'misses-before'))
   table = {}
   for ex in examples:
+    legacy = None
     for name, (tree, variant) in trees.items():
       stack = 'old' if variant == 'before' else 'modern'
       env = run_env(variant, tree / 'results' / f'{ex}-patches.jsonl')
-      recs = classify(_driver(ex, tree, pythons[stack], env), tree)
+      recs = classify(_driver(ex, tree, pythons[stack], env, legacy), tree)
+      if name == 'misses-before':
+        legacy = tree / 'work' / ex
       table[(ex, name)] = recs
       bad = [r for r in recs if not r['ok']]
       log(f'misses: {ex} / {name}: {len(recs) - len(bad)}/{len(recs)} phases ok')
   (runs_dir / 'misses.json').write_text(json.dumps({f'{k[0]}|{k[1]}': v for k, v in table.items()}, indent=1))
-  return markdown(table, examples, n_fixed, list(trees))
+  return markdown(table, examples, n_fixed, list(trees), split_sizes(runs_dir, list(trees)))
+
+
+def split_sizes(runs_dir, names) -> dict:
+  """{tree: the tfds split size its metadata was written with ('published' or a number)}."""
+  out = {}
+  for name in names:
+    f = runs_dir / name / 'tfds-split-size'
+    out[name] = f.read_text().strip() if f.exists() else 'not recorded'
+  return out
 
 
 def report(examples, runs_dir, names=('misses-after-fixed',)) -> list[str]:
@@ -136,14 +157,18 @@ def report(examples, runs_dir, names=('misses-after-fixed',)) -> list[str]:
     if name == 'misses-after-fixed' and (tree / 'linen_examples').exists():
       n_fixed = sum(ln.count(TODO) and any(said in ln for said, _, _ in MECHANICAL)
                     for p in (tree / 'linen_examples').rglob('*.py') for ln in p.read_text().splitlines())
-  return markdown(table, examples, n_fixed, list(names))
+  return markdown(table, examples, n_fixed, list(names), split_sizes(runs_dir, list(names)))
 
 
-def markdown(table, examples, n_fixed, names) -> list[str]:
+def markdown(table, examples, n_fixed, names, sizes=None) -> list[str]:
+  sizes = sizes or {}
   lines = ['## Train / eval steps run once (misses)', '',
            f'`misses-after-fixed` applies the fix each flagged line\'s TODO states ({n_fixed} lines), to reach '
            'what lies behind it. A failure is **unflagged** when no `# TODO(optim-migrate)` is on its line or '
-           f'the {NEAR} above.', '',
+           f'the {NEAR} above. The phases "on a copy of the legacy run\'s workdir" restore the checkpoint '
+           'the same driver wrote with the legacy sources on the old stack (`misses-before`). Dataset split '
+           'sizes of the mock data: ' + (', '.join(f'{n}: {v}' for n, v in sizes.items()) or 'not recorded')
+           + ' (1: an epoch ends at the first step, so the eval steps run).', '',
            '| example | phase | ' + ' | '.join(TITLES[n] for n in names) + ' |', '|---|---|' + '---|' * len(names)]
   for ex in examples:
     phases = []
@@ -170,11 +195,11 @@ def markdown(table, examples, n_fixed, names) -> list[str]:
   if not unflagged:
     lines.append('none')
   extra = [(ex, name, r) for (ex, name), recs in table.items() for r in recs
-           if any(k.endswith('_vs_saved') for k in r)]  # pixelcnn's sample.py restore
+           if any(k.endswith(('_vs_saved', '_vs_legacy')) for k in r)]  # the restore comparisons
   if extra:
     lines += ['', '### Restore checks', '']
     for ex, name, r in extra:
-      checks = {k: v for k, v in r.items() if k.endswith('_vs_saved')}
+      checks = {k: v for k, v in r.items() if k.endswith(('_vs_saved', '_vs_legacy'))}
       lines.append(f'- {ex} / {name} / {r["phase"]}: {json.dumps(checks)}')
   return lines + ['']
 

@@ -23,6 +23,8 @@ class RunResult:
   tests: list[TestResult]
   status: str = 'ok'      # 'ok' | 'timeout' | 'no-tests' | 'crashed: <why>'
   patches_used: list[str] = dataclasses.field(default_factory=list)
+  measured: str = ''      # when and against which codemod ('2026-12-03 01:10, codemod at 2f985a3'); '' = not recorded
+  seconds: float = 0.0    # wall time of the pytest run
 
   def passed(self) -> int:
     return sum(t.outcome == 'passed' for t in self.tests)
@@ -154,3 +156,13 @@ def failures(runs: list[RunResult]) -> str:
     for t in bad:
       lines.append(f'  - `{t.name}`: {t.outcome}: `{t.first_line}`')
   return '\n'.join(lines)
+
+
+def provenance(runs: list[RunResult]) -> str:
+  """Markdown list: for each (example, variant) cell, when it was measured and how long it ran,
+  so a table merged from several invocations says which cells are current."""
+  groups: dict[str, list[str]] = {}
+  for r in runs:
+    key = r.measured or 'not recorded (an earlier session)'
+    groups.setdefault(key, []).append(f'{r.example} / {r.variant}' + (f' ({r.seconds:.0f} s)' if r.seconds else ''))
+  return '\n'.join(f'- {when}: {", ".join(cells)}' for when, cells in sorted(groups.items(), reverse=True))

@@ -26,7 +26,9 @@ def compare(actual: dict, expected: dict) -> dict:
   """Loss and final-param differences of ``actual`` against ``expected`` (both trainer.py outputs).
 
   Returns {'loss_ulp', 'loss_max_abs', 'loss_max_rel', 'params_ulp', 'worst_leaf', 'params_max_rel'
-  (max |diff| / max |leaf| over leaves), 'leaves', 'bitwise'}.
+  (max |diff| / max |leaf| over leaves), 'leaves', 'bitwise', 'first_diff_step' (1-based index of
+  the first loss that differs; None when the curves are equal), 'loss_ulp_first10' (the curves'
+  ulp distance over their first 10 steps: how far apart they start, before chaotic growth)}.
 
   Raises:
     KeyError: the two runs have different leaves (names the first).
@@ -51,9 +53,13 @@ def compare(actual: dict, expected: dict) -> dict:
     if scale > 0:
       rel = max(rel, float(np.max(np.abs(np.asarray(actual[k], np.float64) - expected[k]))) / scale)
   bitwise = all(np.array_equal(actual[k], expected[k]) for k in keys) and np.array_equal(la, le)
+  differ = np.flatnonzero(la != le)
+  first = int(differ[0]) + 1 if differ.size else None
+  first10 = ulp_distance(la[:10].astype(np.float32), le[:10].astype(np.float32)) if la.size else 0.0
   return dict(loss_ulp=loss_ulp, loss_max_abs=float(diff.max()) if diff.size else 0.0,
               loss_max_rel=float((diff / np.maximum(np.abs(le), 1e-30)).max()) if diff.size else 0.0,
-              params_ulp=worst, worst_leaf=where, params_max_rel=rel, leaves=len(keys), bitwise=bitwise)
+              params_ulp=worst, worst_leaf=where, params_max_rel=rel, leaves=len(keys), bitwise=bitwise,
+              first_diff_step=first, loss_ulp_first10=first10)
 
 
 def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAMPLES) -> list[str]:
@@ -111,7 +117,9 @@ def _fmt(c) -> str:
     return c
   if c['bitwise']:
     return 'bitwise'
-  return (f"loss {c['loss_ulp']:.3g} ulp (max rel {c['loss_max_rel']:.2g}); "
+  start = ('' if c.get('first_diff_step') is None else
+           f"; losses equal to step {c['first_diff_step'] - 1}, {c['loss_ulp_first10']:.3g} ulp over steps 1-10")
+  return (f"loss {c['loss_ulp']:.3g} ulp (max rel {c['loss_max_rel']:.2g}{start}); "
           f"params {c['params_ulp']:.3g} ulp (worst `{c['worst_leaf']}`; max rel {c['params_max_rel']:.2g})")
 
 
