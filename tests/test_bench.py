@@ -12,7 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LINE = re.compile(r'^(?P<name>[\w\[\]/.\-]+): (?P<value>\S+) \((?P<details>.*)\)$')
 EXPECTED = ('shim_vs_optax_step[', 'shim_vs_legacy_step[', 'codemod_vs_libcst_noop',
             'codemod_parse_floor_vs_libcst_noop',
-            'equivalence_grid_seconds')
+            'equivalence_grid_seconds', 'faithful_vs_optax_step[lamb]',
+            'faithful_vs_optax_step[adafactor_momentum]', 'faithful_vs_optax_compile')
 
 
 def test_quick_run_prints_finite_positive_metrics(tmp_path):
@@ -30,6 +31,9 @@ def test_quick_run_prints_finite_positive_metrics(tmp_path):
     value = float(m['value'])
     assert math.isfinite(value) and value > 0, line
     names.append(m['name'])
+    if m['name'].startswith(('shim_vs_optax_step[', 'faithful_vs_optax_step[')):
+      # the step ratios come with both compiled programs' HLO instruction counts
+      assert re.search(r'HLO ops \w+ \d+ \(\d+ in ENTRY\) / stock \d+', m['details']), line
   for prefix in EXPECTED:
     assert any(n.startswith(prefix) for n in names), (prefix, names)
   table = out.read_text()
