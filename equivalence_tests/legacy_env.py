@@ -29,11 +29,23 @@ def python_path(venv: pathlib.Path | None = None) -> pathlib.Path:
 def ensure(venv: pathlib.Path | None = None, quiet: bool = True) -> pathlib.Path:
   """Create the old-stack virtualenv if missing; return its interpreter.
 
+  Safe when several processes call it at once (pytest-xdist workers, parallel CI
+  jobs): the first builds it under an exclusive lock on ``<venv>.lock``, the
+  others wait for it and then find it built.
+
   Raises:
     RuntimeError: the venv could not be created or a pin failed to install
       (the message includes pip's output).
   """
+  import fcntl
   venv = venv or venv_dir()
+  venv.parent.mkdir(parents=True, exist_ok=True)
+  with open(venv.with_name(venv.name + '.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return _ensure_locked(venv, quiet)
+
+
+def _ensure_locked(venv: pathlib.Path, quiet: bool) -> pathlib.Path:
   marker = venv / 'optim-migrate-pins.json'
   if marker.exists() and json.loads(marker.read_text()) == list(LEGACY_PINS):
     return python_path(venv)
