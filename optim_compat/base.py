@@ -540,8 +540,8 @@ def def_docstring(entry: spec_lib.OptimizerSpec) -> str:
       f'0.5.3, ``flax/optim/{entry.module_name}.py``)::\n\n{wrap(entry.equation, "    ")}\n\n'
       f'Optax: the shim runs this rule, in the legacy operation order, as a\n'
       f'GradientTransformation of ours (``optim_compat.transforms.{entry.name.lower()}``),\n'
-      f'so that it matches legacy flax.optim bit for bit where one update can (see the\n'
-      f'README). The codemod emits ``{entry.emit({"learning_rate": "lr"})}``,\n'
+      f'so that it matches legacy flax.optim bit for bit where one update can (see\n'
+      f'docs/numerics.md). The codemod emits ``{entry.emit({"learning_rate": "lr"})}``,\n'
       f'measured {bound} over 20 steps.\n'
       f'{wrap("Differences: " + entry.differences + ".", "")}\n\n'
       f'Raises:\n{raises}')
