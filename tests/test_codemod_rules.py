@@ -4,7 +4,7 @@ import pathlib
 import pytest
 
 from codemod import engine, runner
-from codemod.rules import RULES, Options, readme
+from codemod.rules import RULES, Options, tables
 from codemod_helpers import kept_lines
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -41,20 +41,21 @@ def test_every_rule_has_summary_why_and_family_and_most_have_an_example():
       'OM100', 'OM107', 'OM123', 'OM124', 'OM125']
 
 
-def test_readme_rule_tables_are_generated_from_the_catalog():
-  """`python -m codemod.rules.readme` writes them; a catalog change without it fails here."""
-  text = (ROOT / 'README.md').read_text(encoding='utf-8')
-  assert readme.render(text) == text, 'run: python -m codemod.rules.readme'
+def test_rule_tables_are_generated_from_the_catalog():
+  """`python -m codemod.rules.tables` writes docs/codemod.md's tables; a catalog change
+  without it fails here."""
+  text = (ROOT / 'docs' / 'codemod.md').read_text(encoding='utf-8')
+  assert tables.render(text) == text, 'run: python -m codemod.rules.tables'
   for rule in CATALOG:
     assert f'| `{rule.id}` | {rule.safety} |' in text, rule.id
-  assert readme.main(['--check']) == 0
+  assert tables.main(['--check']) == 0
   drifted = text.replace('| `OM117` | manual |', '| `OM117` | safe |')
-  assert readme.render(drifted) == text  # the generator puts it back
+  assert tables.render(drifted) == text  # the generator puts it back
 
 
-def test_readme_without_the_markers_is_refused():
+def test_a_page_without_the_markers_is_refused():
   with pytest.raises(ValueError, match='rule-table:fix'):
-    readme.render('# README\n')
+    tables.render('# Codemod\n')
 
 
 def test_the_old_catch_all_id_still_selects_and_reports_earlier_todos():

@@ -1,10 +1,10 @@
 """Every rule of the codemod, as data: id, fix safety, summary, why, and an example.
 
 One table: ``optim-migrate rule OMxxx`` prints an entry (``codemod.rule_docs``,
-also the docs site's rule pages), the README's rule tables are generated from it
-(``codemod.rules.readme``), and the tests run each example through the codemod
+also the docs site's rule pages), docs/codemod.md's rule tables are generated from it
+(``codemod.rules.tables``), and the tests run each example through the codemod
 (``before`` must give ``after`` and report the rule). ``readme`` is the entry's
-README table cell (the summary when empty).
+rule-table cell (the summary when empty).
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""The README's rule tables, generated from the catalog (``codemod.rules.catalog``).
+"""The rule tables of ``docs/codemod.md``, generated from the catalog (``codemod.rules.catalog``).
 
-    python -m codemod.rules.readme            # rewrite the tables between the markers
-    python -m codemod.rules.readme --check    # exit 1 when they differ from the catalog
+    python -m codemod.rules.tables            # rewrite the tables between the markers
+    python -m codemod.rules.tables --check    # exit 1 when they differ from the catalog
 
 Each table sits between ``<!-- rule-table:<kind> -->`` and ``<!-- /rule-table:<kind> -->``
-(``fix``: the OM0xx rules, ``manual``: the OM1xx ones); nothing else of the README is
-touched. ``tests/test_codemod_rules.py`` fails when the README drifts from the catalog.
+(``fix``: the OM0xx rules, ``manual``: the OM1xx ones); nothing else of the page is
+touched. ``tests/test_codemod_rules.py`` fails when the page drifts from the catalog. (The
+per-rule pages under ``docs/rules/`` are written at docs build time from the same catalog.)
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 
 from codemod.rules import RULES
 
-README = pathlib.Path(__file__).resolve().parents[2] / 'README.md'
+PAGE = pathlib.Path(__file__).resolve().parents[2] / 'docs' / 'codemod.md'
 _HEADERS = {'fix': '| rule | safety | what it does |', 'manual': '| rule | safety | flagged |'}
 
 
@@ -33,7 +34,7 @@ def _block(kind: str) -> re.Pattern:
 
 
 def render(text: str) -> str:
-  """``text`` (the README) with each marked table regenerated.
+  """``text`` (the page) with each marked table regenerated.
 
   Raises:
     ValueError: a table's markers are missing.
@@ -41,7 +42,7 @@ def render(text: str) -> str:
   for kind in _HEADERS:
     pattern = _block(kind)
     if not pattern.search(text):
-      raise ValueError(f'README: no <!-- rule-table:{kind} --> ... <!-- /rule-table:{kind} --> '
+      raise ValueError(f'{PAGE.name}: no <!-- rule-table:{kind} --> ... <!-- /rule-table:{kind} --> '
                        'block')
     text = pattern.sub(lambda m, kind=kind: m.group(1) + table(kind) + m.group(3), text)
   return text
@@ -49,16 +50,16 @@ def render(text: str) -> str:
 
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  text = README.read_text(encoding='utf-8')
+  text = PAGE.read_text(encoding='utf-8')
   new = render(text)
   if '--check' in argv:
     if new != text:
-      print(f'{README}: the rule tables differ from codemod/rules/catalog*.py; run '
-            'python -m codemod.rules.readme', file=sys.stderr)
+      print(f'{PAGE}: the rule tables differ from codemod/rules/catalog*.py; run '
+            'python -m codemod.rules.tables', file=sys.stderr)
       return 1
     return 0
   if new != text:
-    README.write_text(new, encoding='utf-8')
+    PAGE.write_text(new, encoding='utf-8')
   return 0
 
 
