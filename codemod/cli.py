@@ -116,7 +116,8 @@ def cmd_demo(args) -> int:
   return demo.main(steps=args.steps, devices=args.devices, examples=args.examples)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+  """The ``optim-migrate`` argument parser, every subcommand registered (nothing runs)."""
   parser = argparse.ArgumentParser(prog='optim-migrate', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--version', action=_VersionAction)
@@ -137,6 +138,11 @@ def main(argv=None) -> int:
   import importlib
   for module in EXTRA_COMMANDS:
     importlib.import_module(module).register(sub)
+  return parser
+
+
+def main(argv=None) -> int:
+  parser = build_parser()
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ['run'] and len(argv) > 1 and not argv[1].startswith('-'):
     # everything after SCRIPT belongs to the script, `--` included
