@@ -41,18 +41,3 @@ html_copy_source = False
 html_show_sourcelink = False
 pygments_style = 'sphinx'
 nitpicky = False
-
-
-def _architecture_in_toctree(app, docname, source):
-  """List docs/architecture.md in the index's toctree when that page exists (it is written
-  by another part of the project; the build must not warn while it is absent)."""
-  if docname != 'index':
-    return
-  if (DOCS / 'architecture.md').is_file():
-    source[0] = source[0].replace('<!-- architecture -->', 'architecture')
-  else:
-    source[0] = source[0].replace('<!-- architecture -->\n', '')
-
-
-def setup(app):
-  app.connect('source-read', _architecture_in_toctree)

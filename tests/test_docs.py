@@ -2,7 +2,6 @@
 optimizer gets a page, and ``optim-migrate rule <id>`` prints exactly its page's text."""
 import contextlib
 import dataclasses
-import importlib.util
 import io
 import pathlib
 import re
@@ -185,24 +184,3 @@ def test_cli_page_names_every_command():
   page = (DOCS / 'cli.md').read_text()
   for name in gen_cli.commands():
     assert f'| `{name}' in page, f'command {name} is not in docs/cli.md'
-
-
-def _conf():
-  loaded = importlib.util.spec_from_file_location('docs_conf', DOCS / 'conf.py')
-  module = importlib.util.module_from_spec(loaded)
-  loaded.loader.exec_module(module)
-  return module
-
-
-def test_architecture_page_is_listed_only_when_present(tmp_path, monkeypatch):
-  conf = _conf()
-  index = (DOCS / 'index.md').read_text()
-  assert '<!-- architecture -->' in index
-  monkeypatch.setattr(conf, 'DOCS', tmp_path)
-  source = [index]
-  conf._architecture_in_toctree(None, 'index', source)
-  assert 'architecture' not in source[0]
-  (tmp_path / 'architecture.md').write_text('# Architecture\n')
-  source = [index]
-  conf._architecture_in_toctree(None, 'index', source)
-  assert '\narchitecture\n' in source[0] and '<!--' not in source[0]

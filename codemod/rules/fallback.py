@@ -43,7 +43,8 @@ def wanted(q) -> bool:
 
 
 def _touches(stmt) -> bool:
-  """``stmt`` imports flax.optim, names ``flax.optim`` or a string naming it."""
+  """``stmt`` imports flax.optim, names ``flax.optim`` or a string naming it, or calls
+  ``getattr(flax, "optim")``."""
   for node in _walk(stmt):
     if isinstance(node, cst.Import):
       if any(code(a.name) == api.LEGACY or code(a.name).startswith(api.LEGACY + '.')
@@ -60,7 +61,17 @@ def _touches(stmt) -> bool:
       return True
     elif isinstance(node, cst.SimpleString) and api.LEGACY in node.value:
       return True
+    elif _getattr_optim(node):
+      return True
   return False
+
+
+def _getattr_optim(node) -> bool:
+  """``getattr(flax, "optim"[, default])``: flax.optim reached by name (OM112)."""
+  return (isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+          and node.func.value == 'getattr' and len(node.args) >= 2
+          and isinstance(node.args[1].value, cst.SimpleString)
+          and node.args[1].value.value.strip('\'"') == 'optim')
 
 
 def _walk(node):
