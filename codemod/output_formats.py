@@ -102,9 +102,11 @@ class Entry:
 
   def row(self) -> dict:
     """The ``--report`` row: ``file``, ``line``, ``column``, ``rule``, ``safety``,
-    ``message``, ``applied`` (``rule`` and ``safety`` are ``None`` for an error)."""
+    ``message``, ``applied``, ``blocks`` (``rule`` and ``safety`` are ``None`` for an
+    error; the schema: ``docs/ci.md``)."""
     return {'file': self.where, 'line': self.line, 'column': self.col, 'rule': self.rule,
-            'safety': self.safety, 'message': self.message, 'applied': self.applied}
+            'safety': self.safety, 'message': self.message, 'applied': self.applied,
+            'blocks': self.blocks}
 
   def concise(self) -> str:
     """``path:line:col: OMxxx [kind] message`` (the error message alone for an error)."""
@@ -142,7 +144,7 @@ def entry_of_row(row: Mapping) -> Entry:
   """An entry from a row built as :meth:`Entry.row` builds them (``codemod.runner``'s rows
   for importers outside the run, OM125, which have no :class:`Finding`)."""
   return Entry(row['file'], row['line'], row['column'], row['rule'], row['message'],
-               row['applied'])
+               row['applied'], row.get('blocks', False))
 
 
 def error_entry(path: str, message: str) -> Entry:
