@@ -74,38 +74,43 @@ def broken(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def everything(tmp_path_factory):
-  """``rewrite --check --output-format json --report`` over every fixture tree."""
+  """``rewrite --check --output-format concise --report`` over every fixture tree:
+  ``(status, stdout, stderr, report rows)``."""
   report = tmp_path_factory.mktemp('all') / 'report.json'
-  status, out, err = run('rewrite', '--check', '--jobs', '1', '--output-format', 'json',
+  status, out, err = run('rewrite', '--check', '--jobs', '1', '--output-format', 'concise',
                          '--report', str(report), *ALL)
-  return status, out, err, report.read_text()
+  return status, out, err, json.loads(report.read_text())
 
 
 def fmt_run(tmp_path, fmt, *extra, paths=SOME):
   report = tmp_path / f'{fmt}.json'
   status, out, err = run('rewrite', '--check', '--jobs', '1', '--output-format', fmt,
                          '--report', str(report), *extra, *paths)
-  return status, out, err, json.loads(report.read_text())
+  return status, out, err, report
 
 
-def test_json_is_the_report_file(everything):
-  status, out, err, report = everything
-  assert status == 1, err
-  assert out == report
+def test_json_is_the_report_file(tmp_path, broken):
+  status, out, err, report = fmt_run(tmp_path, 'json', paths=[*SOME, broken, 'no/such.py'])
+  assert status == 2, err
+  assert out == report.read_text()
   rows = json.loads(out)
-  assert len(rows) > 500  # 630 when written: 73 fixture pairs, 3 notebooks, 2 flow trees
-  assert {r['safety'] for r in rows} == {'safe', 'unsafe', 'manual'}
+  assert {r['safety'] for r in rows} == {'safe', 'unsafe', 'manual', None}
   assert any(r['file'].endswith('blocked.ipynb:cell3') for r in rows)
+  assert rows[-1] == {'file': 'no/such.py', 'line': None, 'column': None, 'rule': None,
+                      'safety': None, 'message': 'no/such.py: no such file or directory',
+                      'applied': False, 'blocks': False}
   for row in rows:
     assert list(row) == ['file', 'line', 'column', 'rule', 'safety', 'message', 'applied',
                          'blocks']
-    assert row['safety'] == RULES[row['rule']].safety
-  # json carries the findings, not the full output's stderr lines
+    assert row['rule'] is None or row['safety'] == RULES[row['rule']].safety
+  # json carries the findings: the full output's stderr lines are not printed
   assert not any(CONCISE.match(line) for line in err.splitlines())
+  assert 'no such file' not in err
 
 
 def test_concise_one_line_per_finding(tmp_path, broken):
-  status, out, err, rows = fmt_run(tmp_path, 'concise', paths=[*SOME, broken])
+  status, out, err, report = fmt_run(tmp_path, 'concise', paths=[*SOME, broken])
+  rows = json.loads(report.read_text())
   assert status == 2  # a file did not parse: as in full mode
   lines = out.splitlines()
   assert len(lines) == len(rows) > 20
@@ -122,17 +127,19 @@ def test_concise_one_line_per_finding(tmp_path, broken):
 
 
 def test_concise_line_count_on_every_fixture(everything):
-  status, _, _, report = everything
-  rows = json.loads(report)
-  status2, out, _ = run('rewrite', '--check', '--jobs', '1', '--output-format', 'concise', *ALL)
-  assert status2 == status
+  status, out, err, rows = everything
+  assert status == 1, err
+  assert len(rows) > 500  # 630 when written: 73 fixture pairs, 3 notebooks, 2 flow trees
   lines = out.splitlines()
   assert len(lines) == len(rows)
-  assert all(CONCISE.match(line) for line in lines)
+  for line, row in zip(lines, rows):
+    m = CONCISE.match(line)
+    assert m and (m['where'], m['rule']) == (row['file'], row['rule']), line
 
 
 def test_github_workflow_commands(tmp_path, broken):
-  status, out, err, rows = fmt_run(tmp_path, 'github', paths=[*SOME, broken])
+  status, out, err, report = fmt_run(tmp_path, 'github', paths=[*SOME, broken])
+  rows = json.loads(report.read_text())
   assert status == 2
   lines = out.splitlines()
   assert len(lines) == len(rows)
@@ -184,7 +191,8 @@ def test_github_escaping():
 
 
 def test_sarif_validates_against_the_2_1_0_schema(tmp_path, broken):
-  status, out, err, rows = fmt_run(tmp_path, 'sarif', paths=[*SOME, broken])
+  status, out, err, report = fmt_run(tmp_path, 'sarif', paths=[*SOME, broken])
+  rows = json.loads(report.read_text())
   assert status == 2
   log = json.loads(out)
   validator = jsonschema.Draft4Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
@@ -255,8 +263,8 @@ def test_sarif_help_uri_from_the_docs_url(tmp_path, monkeypatch):
 
 
 def test_statistics_count_the_report(everything):
-  status, _, _, report = everything
-  counts = collections.Counter(r['rule'] for r in json.loads(report) if r['rule'])
+  status, _, _, rows = everything
+  counts = collections.Counter(r['rule'] for r in rows if r['rule'])
   status2, out, err = run('rewrite', '--check', '--jobs', '1', '--statistics',
                           '--output-format', 'concise', *ALL)
   assert status2 == status
@@ -270,7 +278,8 @@ def test_statistics_count_the_report(everything):
 
 
 def test_statistics_json(tmp_path):
-  status, out, err, rows = fmt_run(tmp_path, 'json', '--statistics')
+  status, out, err, report = fmt_run(tmp_path, 'json', '--statistics')
+  rows = json.loads(report.read_text())
   stats = json.loads(out)
   counts = collections.Counter(r['rule'] for r in rows if r['rule'])
   applied = collections.Counter(r['rule'] for r in rows if r['rule'] and r['applied'])
