@@ -2,7 +2,7 @@
 
     optim-migrate rewrite PATH... [--write | --check] [--diff] [--select/--ignore RULES]
         [--unsafe-fixes] [--prefer-stock-optax] [--no-shim-fallback] [--jobs N]
-        [--report FILE.json] [-]
+        [--report FILE.json] [--output-format FORMAT] [--statistics] [--show-fixes] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``--diff`` with ``--write``
@@ -12,6 +12,9 @@ source; notebook JSON is refused) and writes the rewritten module to stdout
 (the diff with ``--diff``). Exit status: 0 nothing to do, 1 changes or manual items remain (or
 were just written), 2 a file could not be read, parsed or processed (bad
 options too).
+``--output-format`` (``codemod.output_formats``: ``concise``, ``json``, ``github``,
+``sarif``), ``--statistics`` and ``--show-fixes`` change what is printed, never the exit
+status (docs/ci.md).
 
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,

@@ -377,3 +377,23 @@ def test_check_json_and_concise(tmp_path):
   assert len(lines) == 2
   assert lines[0].startswith('same: OK max ') and lines[1].startswith('wrong eps: DIFFERS max ')
   assert "worst ['w']" in lines[1]
+
+
+# ---------------------------------------------------------------------------
+# docs/ci.md
+
+
+def test_ci_page_documents_the_formats_and_the_schema():
+  page = (ROOT / 'docs' / 'ci.md').read_text()
+  for fmt in output_formats.FORMATS:
+    assert f'| `{fmt}`' in page, fmt
+  # the report schema table lists exactly the keys a row has, in order
+  section = page[page.index('### The JSON report schema'):page.index('## `--statistics`')]
+  keys = [k for line in section.splitlines() if line.startswith('| `')
+          for k in re.findall(r'`(\w+)`', line.split('|')[1])]
+  assert keys == list(Entry('a.py', 1, 1, 'OM117', 'm').row())
+  workflow = page[page.index('```yaml\n# .github/workflows/'):]
+  workflow = workflow[:workflow.index('```\n', 8)]
+  assert '- run: optim-migrate rewrite --check --output-format github .' in workflow
+  assert '- run: optim-migrate check\n' in workflow and 'on: pull_request' in workflow
+  assert '[In CI](ci.md)' in (ROOT / 'docs' / 'index.md').read_text()
