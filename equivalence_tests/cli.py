@@ -657,9 +657,11 @@ def _check(args, rows) -> int:
   given = _given(args)
   _with_defaults(args)
   check_run_options(args.steps, args.seed)  # the seed's bound depends on the steps
+  # the rows of a structured format (``full`` prints as it goes, as it always did)
+  out = lambda name: {} if rows is None else {'rows': rows, 'name': name}
   if args.tx or args.legacy:
     return _run_check(args.legacy, args.tx, args.params, args.devices, args.mode,
-                      args.steps, args.seed, args.max_ulp, grads=args.grads, rows=rows)
+                      args.steps, args.seed, args.max_ulp, grads=args.grads, **out(''))
   status = EXIT_OK
   for i, e in enumerate(_config_entries(args.config)):
     run = {**RUN_DEFAULTS, **given, **{k: e[k] for k in RUN_DEFAULTS if k in e}}
@@ -672,7 +674,7 @@ def _check(args, rows) -> int:
     status = max(status, _run_check(
         e.get('legacy'), e.get('tx'), e.get('params'), run['devices'], run['mode'],
         run['steps'], run['seed'], float(e.get('max-ulp', args.max_ulp)), label=label,
-        grads=run['grads'], rows=rows, name=str(e.get('name', i))))
+        grads=run['grads'], **out(str(e.get('name', i)))))
   return status
 
 
