@@ -8,7 +8,9 @@
     optim-migrate check --against traj.npz --tx "optax.adamw(...)"               # new stack
 
 Exit status: 0 all checks pass, 1 a check differs (its table is printed),
-2 bad input (the message names it). ``--legacy`` is evaluated with the names
+2 bad input (the message names it). ``--output-format concise|json`` prints one line / one
+JSON object per comparison instead of the tables (``codemod.output_formats``, docs/ci.md);
+``github`` and ``sarif`` are refused (exit 2): a comparison has no file and line. ``--legacy`` is evaluated with the names
 of real ``flax.optim`` where it exists (Flax <= 0.5.3), else of
 ``optim_compat`` (``record`` then notes on stderr that it records the shim);
 ``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and ``optim_compat``.
