@@ -2,6 +2,7 @@
 
     optim-migrate rewrite PATH... [--write|--check] [--diff] [--select/--ignore RULES]
         [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
+        [--output-format full|concise|json|github|sarif] [--statistics] [--show-fixes]  # docs/ci.md
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
     optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
     optim-migrate rule [OM0xx | --all]        # a rule's documentation (as docs/rules/<id>.md)

@@ -2,7 +2,7 @@
 
     optim-migrate rewrite PATH... [--write | --check] [--diff] [--select/--ignore RULES]
         [--unsafe-fixes] [--prefer-stock-optax] [--no-shim-fallback] [--jobs N]
-        [--report FILE.json] [-]
+        [--report FILE.json] [--output-format FORMAT] [--statistics] [--show-fixes] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``--diff`` with ``--write``
@@ -12,6 +12,9 @@ source; notebook JSON is refused) and writes the rewritten module to stdout
 (the diff with ``--diff``). Exit status: 0 nothing to do, 1 changes or manual items remain (or
 were just written), 2 a file could not be read, parsed or processed (bad
 options too).
+``--output-format`` (``codemod.output_formats``: ``concise``, ``json``, ``github``,
+``sarif``), ``--statistics`` and ``--show-fixes`` change what is printed, never the exit
+status (docs/ci.md).
 
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
@@ -29,7 +32,7 @@ import pathlib
 import sys
 from typing import Iterable, Optional
 
-from codemod import engine, flow as flow_lib
+from codemod import engine, flow as flow_lib, output_formats
 from codemod.config import ConfigError, read_table
 from codemod.legacy_api import has_legacy_use
 from codemod.sources import SourceFile
@@ -380,13 +383,9 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
 
 
 def report_entries(result: engine.FileResult) -> list[dict]:
-  """JSON report rows for one file: one per site, plus one for a file error."""
-  if result.error:
-    return [{'file': result.path, 'line': None, 'column': None, 'rule': None, 'safety': None,
-             'message': result.error, 'applied': False}]
-  return [{'file': result.where(i), 'line': f.line, 'column': f.col, 'rule': f.rule,
-           'safety': RULES[f.rule].safety, 'message': f.message, 'applied': f.fixed}
-          for i, f in enumerate(result.findings)]
+  """JSON report rows for one file: one per site, plus one for a file error
+  (``codemod.output_formats.Entry.row``)."""
+  return [e.row() for e in output_formats.entries_of(result)]
 
 
 def _split(values, flag: str = '--select') -> Optional[tuple[str, ...]]:
@@ -470,6 +469,13 @@ def cmd_rewrite(args) -> int:
     return EXIT_ERROR
   stdin = [p for p in args.paths if p == '-']
   paths = [p for p in args.paths if p != '-']
+  fmt = getattr(args, 'output_format', 'full')
+  problem = _format_problem(args, fmt, bool(stdin))
+  if problem:
+    print(f'rewrite: {problem}', file=sys.stderr)
+    return EXIT_ERROR
+  # `full` (today's output) prints as it goes; another format prints the entries at the end
+  full = fmt == 'full' and not getattr(args, 'statistics', False)
   first = pathlib.Path(paths[0]) if paths else pathlib.Path.cwd()
   try:
     config = load_config(find_config(first if first.exists() else pathlib.Path.cwd()))
@@ -499,7 +505,8 @@ def cmd_rewrite(args) -> int:
                  'not a regular file or directory; left alone')
              for p in paths if not (pathlib.Path(p).is_dir() or pathlib.Path(p).is_file())}
   for p, why in missing.items():
-    print(f'{p}: {why}', file=sys.stderr)
+    if full:
+      print(f'{p}: {why}', file=sys.stderr)
   files = iter_python_files(paths, config.get('exclude', ()))
   if args.report and any(os.path.realpath(f) == os.path.realpath(args.report) for f in files):
     print(f'rewrite: --report {args.report}: is one of the files this run reads; name another '
@@ -510,10 +517,11 @@ def cmd_rewrite(args) -> int:
   outside = outside_importers(results, files, paths, config.get('exclude', ()))
   for result in results:
     if result.error:
-      print(result.error, file=sys.stderr)
+      if full:
+        print(result.error, file=sys.stderr)
       continue
     for i, finding in enumerate(result.findings):
-      if not finding.fixed:
+      if not finding.fixed and full:
         print(finding.format(result.where(i)), file=sys.stderr)
     if result.changed:
       if args.write:
@@ -521,28 +529,32 @@ def cmd_rewrite(args) -> int:
           engine.write_atomic(pathlib.Path(result.path), result.new, result.encoding)
         except OSError as e:
           result.error = f'{result.path}: cannot write: {e}'
-          print(result.error, file=sys.stderr)
+          if full:
+            print(result.error, file=sys.stderr)
         else:
           if args.diff:  # what was written
             sys.stdout.write(result.diff())
       elif args.check:
-        print(f'would rewrite {result.path}', file=sys.stdout)
+        if fmt == 'full':
+          print(f'would rewrite {result.path}', file=sys.stdout)
         if args.diff:
           sys.stdout.write(result.diff())
-      else:
+      elif fmt == 'full' or args.diff:  # another format: the diff only when asked for
         sys.stdout.write(result.diff())
   for row in outside:
-    where = f"{row['file']}:{row['line']}:{row['column']}" if row['line'] else row['file']
-    print(f"{where}: {row['rule']} [manual] {row['message']}", file=sys.stderr)
+    if full:
+      where = f"{row['file']}:{row['line']}:{row['column']}" if row['line'] else row['file']
+      print(f"{where}: {row['rule']} [manual] {row['message']}", file=sys.stderr)
+  entries = ([e for r in results for e in output_formats.entries_of(r)]
+             + [output_formats.entry_of_row(row) for row in outside]
+             + [output_formats.error_entry(p, f'{p}: {why}') for p, why in missing.items()])
   if args.report:
-    rows = [row for r in results for row in report_entries(r)] + outside
-    rows += [{'file': p, 'line': None, 'column': None, 'rule': None, 'safety': None,
-              'message': f'{p}: {why}', 'applied': False} for p, why in missing.items()]
     try:
-      pathlib.Path(args.report).write_text(json.dumps(rows, indent=1) + '\n', encoding='utf-8')
+      pathlib.Path(args.report).write_text(output_formats.report_json(entries), encoding='utf-8')
     except OSError as e:
       print(f'rewrite: --report {args.report}: {e}', file=sys.stderr)
       return EXIT_ERROR
+  _print_formats(args, fmt, entries)
   verb = 'rewritten' if args.write else 'would be rewritten'
   summary = _summary(results, len(missing), verb)
   if outside:
@@ -554,6 +566,31 @@ def cmd_rewrite(args) -> int:
   if outside or any(r.changed or r.manual for r in results):
     return EXIT_CHANGES
   return EXIT_CLEAN
+
+
+def _format_problem(args, fmt: str, stdin: bool) -> Optional[str]:
+  """Why ``--output-format`` / ``--statistics`` / ``--show-fixes`` cannot go with the
+  other options, or None."""
+  if fmt in ('json', 'sarif') and args.diff:
+    return (f'--output-format {fmt} writes one {fmt.upper()} document on stdout; --diff '
+            'would mix a diff into it (drop --diff, or use --output-format full/concise/github)')
+  if stdin and (fmt != 'full' or getattr(args, 'statistics', False)):
+    return ('`-` (stdin) writes the module (or its diff) to stdout: --output-format '
+            f'{fmt}{" and --statistics" if getattr(args, "statistics", False) else ""} '
+            'need file paths')
+  return None
+
+
+def _print_formats(args, fmt: str, entries: list) -> None:
+  """The findings in ``fmt`` on stdout (not ``full``: printed as the run went),
+  ``--statistics`` in their place, and ``--show-fixes`` on stderr."""
+  if getattr(args, 'statistics', False):
+    sys.stdout.write(output_formats.statistics_text(entries, fmt))
+  elif fmt != 'full':
+    sys.stdout.write(output_formats.render(fmt, entries))
+  if getattr(args, 'show_fixes', False):
+    sys.stderr.write(output_formats.show_fixes_text(entries, 'Fixed' if args.write
+                                                    else 'Would fix'))
 
 
 def _looks_like_notebook(source: str) -> bool:
@@ -603,7 +640,11 @@ def _rewrite_stdin(args, options: Options) -> int:
   else:
     out(result.new)
   if args.report:
-    pathlib.Path(args.report).write_text(json.dumps(report_entries(result), indent=1) + '\n')
+    pathlib.Path(args.report).write_text(
+        output_formats.report_json(output_formats.entries_of(result)))
+  if getattr(args, 'show_fixes', False):
+    sys.stderr.write(output_formats.show_fixes_text(output_formats.entries_of(result),
+                                                    'Would fix'))
   return EXIT_CHANGES if (result.changed or result.manual) else EXIT_CLEAN
 
 
@@ -631,3 +672,13 @@ def add_arguments(p) -> None:
                       'emitted (the report gives the measured difference)')
   p.add_argument('--jobs', '-j', type=int, default=None, help='worker processes (default: CPUs)')
   p.add_argument('--report', metavar='FILE.json', help='write one JSON entry per site')
+  p.add_argument('--output-format', choices=output_formats.FORMATS, default='full',
+                 help='how findings are printed: full (default: diffs on stdout, open '
+                      'findings on stderr), concise (one line per finding), json (the '
+                      '--report rows), github (workflow annotations), sarif (SARIF 2.1.0); '
+                      'on stdout')
+  p.add_argument('--statistics', action='store_true',
+                 help='print the count of findings per rule instead of the findings')
+  p.add_argument('--show-fixes', action='store_true',
+                 help='list the fixes applied (or, without --write, that would be) per file, '
+                      'on stderr')

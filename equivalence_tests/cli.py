@@ -8,7 +8,9 @@
     optim-migrate check --against traj.npz --tx "optax.adamw(...)"               # new stack
 
 Exit status: 0 all checks pass, 1 a check differs (its table is printed),
-2 bad input (the message names it). ``--legacy`` is evaluated with the names
+2 bad input (the message names it). ``--output-format concise|json`` prints one line / one
+JSON object per comparison instead of the tables (``codemod.output_formats``, docs/ci.md);
+``github`` and ``sarif`` are refused (exit 2): a comparison has no file and line. ``--legacy`` is evaluated with the names
 of real ``flax.optim`` where it exists (Flax <= 0.5.3), else of
 ``optim_compat`` (``record`` then notes on stderr that it records the shim);
 ``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and ``optim_compat``.
@@ -63,6 +65,11 @@ def register(subparsers) -> None:
   p.add_argument('--config', default='pyproject.toml',
                  help='read [[tool.optim-migrate.check]] entries from this file when '
                       '--tx is not given (default: ./pyproject.toml)')
+  from codemod.output_formats import FORMATS
+  p.add_argument('--output-format', choices=FORMATS, default='full',
+                 help='full (default: the tables), concise (one line per comparison) or json '
+                      '(one object per comparison), on stdout; github and sarif need a file '
+                      'and line, which a numeric comparison has not: refused (exit 2)')
   p.set_defaults(func=cmd_check)
   p = subparsers.add_parser('record', help='record a legacy def\'s trajectory (run it in '
                                            'the old stack)')
@@ -390,7 +397,9 @@ def load_trajectory(path: str):
 
 
 def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, max_ulp,
-               label='', grads=DEFAULT_GRADS) -> int:
+               label='', grads=DEFAULT_GRADS, rows=None, name='') -> int:
+  """One comparison; its report printed, or (``rows``, a list) appended as a
+  ``codemod.output_formats.check_row``. Returns the exit status."""
   from equivalence_tests import checker
   if not legacy_expr or not tx_expr:
     raise BadInput('check needs --legacy and --tx (or --against with --tx, or '
@@ -403,11 +412,15 @@ def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, ma
                            mode=mode, seed=seed, max_ulp=max_ulp, grads=grads)
   except (ValueError, TypeError) as e:
     raise BadInput(str(e)) from None
-  print(f'{label}{report}')
+  if rows is None:
+    print(f'{label}{report}')
+  else:
+    from codemod.output_formats import check_row
+    rows.append(check_row(name, legacy_expr, tx_expr, report))
   return EXIT_OK if report.ok else EXIT_DIFFERS
 
 
-def _check_against(args) -> int:
+def _check_against(args, rows=None) -> int:
   import jax
   import numpy as np
   from equivalence_tests import checker
@@ -450,6 +463,10 @@ def _check_against(args) -> int:
                                             'tx': mine['replicas']['tx']}}
   report = checker.report(results, index['dtypes'], meta['steps'], args.max_ulp, grads=grads,
                           notes=checker.grads_notes(grads, params))
+  if rows is not None:
+    from codemod.output_formats import check_row
+    rows.append(check_row(args.against, meta['legacy'], args.tx, report))
+    return EXIT_OK if report.ok else EXIT_DIFFERS
   print(f'against {args.against} (recorded with {meta["legacy"]} on jax {meta["jax"]}, '
         f'flax {meta["flax"]}):\n{report}')
   return EXIT_OK if report.ok else EXIT_DIFFERS
@@ -613,34 +630,54 @@ def _config_entries(path: str) -> list[dict]:
 
 
 def cmd_check(args) -> int:
+  """``check``: the comparisons printed in ``--output-format`` (``full``: the tables).
+  Returns the exit status (the worst of the comparisons'; 2 bad input)."""
+  from codemod import output_formats
+  fmt = getattr(args, 'output_format', 'full')
+  if fmt not in output_formats.CHECK_FORMATS:
+    print(f'optim-migrate check: --output-format {fmt}: check compares numbers on pytree '
+          'leaves, with no file and line for a GitHub annotation or a SARIF result; use '
+          f'--output-format json (the structured form) or concise', file=sys.stderr)
+    return EXIT_BAD_INPUT
+  rows = None if fmt == 'full' else []
   try:
-    check_run_options(args.steps, args.seed, args.max_ulp)
-    if args.against:
-      return _check_against(args)
-    # what the command line gives applies to the entries that do not set it themselves
-    given = _given(args)
-    _with_defaults(args)
-    check_run_options(args.steps, args.seed)  # the seed's bound depends on the steps
-    if args.tx or args.legacy:
-      return _run_check(args.legacy, args.tx, args.params, args.devices, args.mode,
-                        args.steps, args.seed, args.max_ulp, grads=args.grads)
-    status = EXIT_OK
-    for i, e in enumerate(_config_entries(args.config)):
-      run = {**RUN_DEFAULTS, **given, **{k: e[k] for k in RUN_DEFAULTS if k in e}}
-      label = f'[{e.get("name", i)}] '
-      try:
-        check_run_options(run['steps'], run['seed'])
-      except BadInput as err:
-        raise BadInput(f'{args.config}: [[tool.optim-migrate.check]] entry {label.strip()}: '
-                       f'{err}') from None
-      status = max(status, _run_check(
-          e.get('legacy'), e.get('tx'), e.get('params'), run['devices'], run['mode'],
-          run['steps'], run['seed'], float(e.get('max-ulp', args.max_ulp)), label=label,
-          grads=run['grads']))
-    return status
+    status = _check(args, rows)
   except BadInput as e:
     print(f'optim-migrate check: {e}', file=sys.stderr)
     return EXIT_BAD_INPUT
+  if rows is not None:
+    sys.stdout.write(output_formats.render_check(fmt, rows))
+  return status
+
+
+def _check(args, rows) -> int:
+  """``check``'s comparisons (``rows``: see :func:`_run_check`). Raises BadInput."""
+  check_run_options(args.steps, args.seed, args.max_ulp)
+  if args.against:
+    return _check_against(args, rows)
+  # what the command line gives applies to the entries that do not set it themselves
+  given = _given(args)
+  _with_defaults(args)
+  check_run_options(args.steps, args.seed)  # the seed's bound depends on the steps
+  # the rows of a structured format (``full`` prints as it goes, as it always did)
+  out = lambda name: {} if rows is None else {'rows': rows, 'name': name}
+  if args.tx or args.legacy:
+    return _run_check(args.legacy, args.tx, args.params, args.devices, args.mode,
+                      args.steps, args.seed, args.max_ulp, grads=args.grads, **out(''))
+  status = EXIT_OK
+  for i, e in enumerate(_config_entries(args.config)):
+    run = {**RUN_DEFAULTS, **given, **{k: e[k] for k in RUN_DEFAULTS if k in e}}
+    label = f'[{e.get("name", i)}] '
+    try:
+      check_run_options(run['steps'], run['seed'])
+    except BadInput as err:
+      raise BadInput(f'{args.config}: [[tool.optim-migrate.check]] entry {label.strip()}: '
+                     f'{err}') from None
+    status = max(status, _run_check(
+        e.get('legacy'), e.get('tx'), e.get('params'), run['devices'], run['mode'],
+        run['steps'], run['seed'], float(e.get('max-ulp', args.max_ulp)), label=label,
+        grads=run['grads'], **out(str(e.get('name', i)))))
+  return status
 
 
 def _trajectory_problem(path: pathlib.Path):

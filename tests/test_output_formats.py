@@ -1,0 +1,399 @@
+"""``rewrite --output-format full|concise|json|github|sarif``, ``--statistics``,
+``--show-fixes`` (codemod/output_formats.py) on the codemod's fixtures, and ``check
+--output-format``.
+
+Every format is checked against the ``--report`` file the same run writes: the json output
+is that file's text, concise has one line per report row with the row's fields, github one
+workflow command per row (strict syntax; levels from the row's safety and applied flag),
+SARIF validates against the official SARIF 2.1.0 schema (tests/schemas/, see SOURCE.md
+there) and has one result per finding row, and the statistics count the report's rules.
+"""
+import collections
+import contextlib
+import io
+import json
+import os
+import pathlib
+import re
+
+import jsonschema
+import pytest
+
+from codemod import cli, output_formats
+from codemod.output_formats import Entry
+from codemod.rules import RULES
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / 'tests' / 'fixtures'
+SCHEMA = json.loads((ROOT / 'tests' / 'schemas' / 'sarif-schema-2.1.0.json').read_text())
+#: Every fixture tree the codemod's tests use (before/after pairs, notebooks, cross-module).
+ALL = ['tests/fixtures/codemod', 'tests/fixtures/notebooks', 'tests/fixtures/flow']
+#: A small set with every kind of entry: safe fixes applied, an unsafe fix left undone
+#: (OM009), blocking manual items (OM100), notebooks (a blocked one), TODOs of earlier runs.
+SOME = ['tests/fixtures/codemod/om007_annotations/before.py',
+        'tests/fixtures/codemod/om009_replicate_needs_unsafe/before.py',
+        'tests/fixtures/codemod/om100_module_as_value/before.py',
+        'tests/fixtures/codemod/om013_checkpoint_unconvertible/before.py',
+        'tests/fixtures/notebooks', 'tests/fixtures/flow/flagged/after/kept_caller.py']
+
+CONCISE = re.compile(r'^(?P<where>.+?):(?P<line>\d+):(?P<col>\d+): (?P<rule>OM\d{3}) '
+                     r'\[(?P<kind>fixed|safe|unsafe|manual)\] (?P<message>.+)$')
+#: A workflow command (docs.github.com, "Workflow commands for GitHub Actions"): property
+#: values with `%`, CR, LF, `:` and `,` escaped, the message with `%`, CR, LF escaped.
+_PROP = r'(?:[^,:%\r\n]|%25|%0D|%0A|%3A|%2C)+'
+GITHUB = re.compile(rf'^::(?P<level>error|warning|notice) file=(?P<file>{_PROP})'
+                    rf'(?:,line=(?P<line>[1-9]\d*),col=(?P<col>[1-9]\d*))?'
+                    rf',title=(?P<title>{_PROP})::(?P<message>(?:[^%\r\n]|%25|%0D|%0A)*)$')
+
+
+def unescape(text: str) -> str:
+  return (text.replace('%0D', '\r').replace('%0A', '\n').replace('%3A', ':')
+          .replace('%2C', ',').replace('%25', '%'))
+
+
+def run(*argv, cwd=ROOT):
+  """``optim-migrate *argv`` in-process from ``cwd``: (status, stdout, stderr)."""
+  out, err = io.StringIO(), io.StringIO()
+  old = os.getcwd()
+  os.chdir(cwd)
+  try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      status = cli.main(list(argv))
+  finally:
+    os.chdir(old)
+  return status, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope='module')
+def broken(tmp_path_factory):
+  """A file that does not parse (a file error: an entry without a rule), outside ROOT."""
+  path = tmp_path_factory.mktemp('broken') / 'broken.py'
+  path.write_text('from flax import optim\ndef f(:\n')
+  return str(path)
+
+
+@pytest.fixture(scope='module')
+def everything(tmp_path_factory):
+  """``rewrite --check --output-format concise --report`` over every fixture tree:
+  ``(status, stdout, stderr, report rows)``."""
+  report = tmp_path_factory.mktemp('all') / 'report.json'
+  status, out, err = run('rewrite', '--check', '--jobs', '1', '--output-format', 'concise',
+                         '--report', str(report), *ALL)
+  return status, out, err, json.loads(report.read_text())
+
+
+def fmt_run(tmp_path, fmt, *extra, paths=SOME):
+  report = tmp_path / f'{fmt}.json'
+  status, out, err = run('rewrite', '--check', '--jobs', '1', '--output-format', fmt,
+                         '--report', str(report), *extra, *paths)
+  return status, out, err, report
+
+
+def test_json_is_the_report_file(tmp_path, broken):
+  status, out, err, report = fmt_run(tmp_path, 'json', paths=[*SOME, broken, 'no/such.py'])
+  assert status == 2, err
+  assert out == report.read_text()
+  rows = json.loads(out)
+  assert {r['safety'] for r in rows} == {'safe', 'unsafe', 'manual', None}
+  assert any(r['file'].endswith('blocked.ipynb:cell3') for r in rows)
+  assert rows[-1] == {'file': 'no/such.py', 'line': None, 'column': None, 'rule': None,
+                      'safety': None, 'message': 'no/such.py: no such file or directory',
+                      'applied': False, 'blocks': False}
+  for row in rows:
+    assert list(row) == ['file', 'line', 'column', 'rule', 'safety', 'message', 'applied',
+                         'blocks']
+    assert row['rule'] is None or row['safety'] == RULES[row['rule']].safety
+  # json carries the findings: the full output's stderr lines are not printed
+  assert not any(CONCISE.match(line) for line in err.splitlines())
+  assert 'no such file' not in err
+
+
+def test_concise_one_line_per_finding(tmp_path, broken):
+  status, out, err, report = fmt_run(tmp_path, 'concise', paths=[*SOME, broken])
+  rows = json.loads(report.read_text())
+  assert status == 2  # a file did not parse: as in full mode
+  lines = out.splitlines()
+  assert len(lines) == len(rows) > 20
+  for line, row in zip(lines, rows):
+    if row['rule'] is None:
+      assert line == row['message'] and line.startswith(broken)
+      continue
+    m = CONCISE.match(line)
+    assert m, line
+    assert (m['where'], int(m['line']), int(m['col']), m['rule'], m['message']) == (
+        row['file'], row['line'], row['column'], row['rule'], row['message'])
+    assert m['kind'] == ('fixed' if row['applied'] else row['safety'])
+  assert re.match(r'9 file\(s\) scanned: .*, 1 failed', err.splitlines()[-1])  # still on stderr
+
+
+def test_concise_line_count_on_every_fixture(everything):
+  status, out, err, rows = everything
+  assert status == 1, err
+  assert len(rows) > 500  # 630 when written: 73 fixture pairs, 3 notebooks, 2 flow trees
+  lines = out.splitlines()
+  assert len(lines) == len(rows)
+  for line, row in zip(lines, rows):
+    m = CONCISE.match(line)
+    assert m and (m['where'], m['rule']) == (row['file'], row['rule']), line
+
+
+def test_github_workflow_commands(tmp_path, broken):
+  status, out, err, report = fmt_run(tmp_path, 'github', paths=[*SOME, broken])
+  rows = json.loads(report.read_text())
+  assert status == 2
+  lines = out.splitlines()
+  assert len(lines) == len(rows)
+  levels = collections.Counter()
+  for line, row in zip(lines, rows):
+    m = GITHUB.match(line)
+    assert m, line
+    levels[m['level']] += 1
+    if row['rule'] is None:
+      assert (m['level'], unescape(m['file'])) == ('error', broken)
+      assert unescape(m['title']) == 'optim-migrate: error'
+      continue
+    assert unescape(m['title']) == row['rule']
+    file, _, cell = row['file'].partition('.ipynb:')
+    if cell:  # a notebook: the file, no line; the message starts with cell:line:col
+      assert unescape(m['file']) == file + '.ipynb' and m['line'] is None
+      assert unescape(m['message']) == f"{cell}:{row['line']}:{row['column']}: {row['message']}"
+    else:
+      assert (unescape(m['file']), int(m['line']), int(m['col'])) == (
+          row['file'], row['line'], row['column'])
+      assert unescape(m['message']) == row['message']
+    if row['applied']:
+      assert m['level'] == ('notice' if row['safety'] == 'safe' else 'warning')
+    else:
+      assert m['level'] == ('error' if row['safety'] == 'unsafe' or row['blocks']
+                            else 'warning'), line
+  assert set(levels) == {'error', 'warning', 'notice'}, levels
+
+
+def test_github_escaping():
+  message = 'rate 5% of lr,\nthen: stop\r'
+  entry = Entry('dir,a:b/100%.py', 3, 7, 'OM117', message, blocks=True)
+  line = output_formats.github_line(entry)
+  assert line == ('::error file=dir%2Ca%3Ab/100%25.py,line=3,col=7,title=OM117'
+                  '::rate 5%25 of lr,%0Athen: stop%0D')
+  m = GITHUB.match(line)
+  assert m and unescape(m['message']) == message and unescape(m['file']) == entry.path
+  assert output_formats.escape_property('a%:,\r\n') == 'a%25%3A%2C%0D%0A'
+  # an unescaped `,` or `:` in a property, or a raw newline, does not pass the regex
+  assert not GITHUB.match('::warning file=a,b.py,line=1,col=1,title=OM117::m')
+  assert not GITHUB.match('::warning file=a.py,line=1,col=1,title=OM1:17::m')
+  assert not GITHUB.match('::warning file=a.py,line=1,col=1,title=OM117::m\nx')
+  # levels: applied safe fix -> notice, blocking / unsafe left undone -> error, else warning
+  assert output_formats.github_line(Entry('a.py', 1, 1, 'OM001', 'm', True)).startswith('::notice')
+  assert output_formats.github_line(Entry('a.py', 1, 1, 'OM009', 'm')).startswith('::error')
+  assert output_formats.github_line(Entry('a.py', 1, 1, 'OM009', 'm', True)).startswith('::warning')
+  assert output_formats.github_line(Entry('a.py', 1, 1, 'OM117', 'm', blocks=True)).startswith('::error')
+  assert output_formats.github_line(Entry('a.py', 1, 1, 'OM122', 'm')).startswith('::warning')
+
+
+def test_sarif_validates_against_the_2_1_0_schema(tmp_path, broken):
+  status, out, err, report = fmt_run(tmp_path, 'sarif', paths=[*SOME, broken])
+  rows = json.loads(report.read_text())
+  assert status == 2
+  log = json.loads(out)
+  validator = jsonschema.Draft4Validator(SCHEMA, format_checker=jsonschema.FormatChecker())
+  errors = sorted(validator.iter_errors(log), key=str)
+  assert not errors, errors[:3]
+  run_ = log['runs'][0]
+  rules = run_['tool']['driver']['rules']
+  assert [r['id'] for r in rules] == list(RULES)
+  for r in rules:
+    assert r['shortDescription']['text'] == RULES[r['id']].summary
+    assert r['fullDescription']['text'] and r['help']['markdown'].startswith(f"# {r['id']}")
+  findings = [r for r in rows if r['rule']]
+  assert len(run_['results']) == len(findings)
+  for result, row in zip(run_['results'], findings):
+    assert result['ruleId'] == row['rule'] and rules[result['ruleIndex']]['id'] == row['rule']
+    assert result['message']['text'] == row['message']
+    loc = result['locations'][0]
+    artifact = loc['physicalLocation']['artifactLocation']
+    assert artifact['uriBaseId'] == '%SRCROOT%' and not artifact['uri'].startswith('/')
+    if '.ipynb:cell' in row['file']:
+      nb, cell = row['file'].split(':')
+      assert artifact['uri'] == nb and 'region' not in loc['physicalLocation']
+      assert loc['logicalLocations'][0]['name'] == cell
+      assert (result['properties']['cellLine'], result['properties']['cellColumn']) == (
+          row['line'], row['column'])
+    else:
+      assert artifact['uri'] == row['file']
+      assert loc['physicalLocation']['region'] == {'startLine': row['line'],
+                                                   'startColumn': row['column']}
+    assert result['level'] == {'error': 'error', 'warning': 'warning', 'notice': 'note'}[
+        Entry(row['file'], row['line'], row['column'], row['rule'], row['message'],
+              row['applied'], row['blocks']).level]
+    assert result['properties'] == {**result['properties'], 'safety': row['safety'],
+                                    'applied': row['applied'], 'blocks': row['blocks']}
+  assert run_['originalUriBaseIds']['%SRCROOT%']['uri'] == ROOT.as_uri() + '/'
+  # the file error: a notification with the file's absolute URI (it is outside the root)
+  invocation = run_['invocations'][0]
+  assert invocation['executionSuccessful'] is False
+  (note,) = invocation['toolExecutionNotifications']
+  assert note['level'] == 'error'
+  assert note['locations'][0]['physicalLocation']['artifactLocation']['uri'] == \
+      pathlib.Path(broken).as_uri()
+
+
+def test_sarif_schema_rejects_a_broken_log(tmp_path):
+  """The validation above can fail: a result without its message does not validate."""
+  log = output_formats.sarif_log([Entry('a.py', 1, 1, 'OM117', 'm')], tmp_path)
+  validator = jsonschema.Draft4Validator(SCHEMA)
+  assert validator.is_valid(log)
+  del log['runs'][0]['results'][0]['message']
+  assert not validator.is_valid(log)
+  log = output_formats.sarif_log([Entry('a.py', 1, 1, 'OM117', 'm')], tmp_path)
+  log['runs'][0]['results'][0]['locations'][0]['physicalLocation']['region']['startLine'] = 0
+  assert not validator.is_valid(log)
+
+
+def test_sarif_help_uri_from_the_docs_url(tmp_path, monkeypatch):
+  monkeypatch.setenv(output_formats.DOCS_URL_ENV, 'https://example.org/optim-migrate/')
+  log = output_formats.sarif_log([Entry('sub dir/a.py', 2, 5, 'OM117', 'm')], tmp_path)
+  assert jsonschema.Draft4Validator(SCHEMA).is_valid(log)
+  rules = log['runs'][0]['tool']['driver']['rules']
+  assert rules[0]['helpUri'] == f'https://example.org/optim-migrate/rules/{rules[0]["id"]}.html'
+  uri = log['runs'][0]['results'][0]['locations'][0]['physicalLocation']['artifactLocation']
+  assert uri == {'uri': 'sub%20dir/a.py', 'uriBaseId': '%SRCROOT%'}
+  monkeypatch.delenv(output_formats.DOCS_URL_ENV)
+  log = output_formats.sarif_log([], tmp_path)
+  assert all('helpUri' not in r for r in log['runs'][0]['tool']['driver']['rules'])
+
+
+def test_statistics_count_the_report(everything):
+  status, _, _, rows = everything
+  counts = collections.Counter(r['rule'] for r in rows if r['rule'])
+  status2, out, err = run('rewrite', '--check', '--jobs', '1', '--statistics',
+                          '--output-format', 'concise', *ALL)
+  assert status2 == status
+  got = [line.split('\t') for line in out.splitlines()]
+  assert {rule: int(n) for n, rule, _, _ in got} == dict(counts)
+  # most frequent first, ties by rule id (as ruff sorts them)
+  assert [rule for _, rule, _, _ in got] == sorted(counts, key=lambda r: (-counts[r], r))
+  for n, rule, safety, summary in got:
+    assert (safety, summary) == (f'[{RULES[rule].safety}]', RULES[rule].summary)
+  assert not any(CONCISE.match(line) for line in out.splitlines())  # instead of the findings
+
+
+def test_statistics_json(tmp_path):
+  status, out, err, report = fmt_run(tmp_path, 'json', '--statistics')
+  rows = json.loads(report.read_text())
+  stats = json.loads(out)
+  counts = collections.Counter(r['rule'] for r in rows if r['rule'])
+  applied = collections.Counter(r['rule'] for r in rows if r['rule'] and r['applied'])
+  assert {s['rule']: (s['count'], s['applied']) for s in stats} == {
+      r: (n, applied[r]) for r, n in counts.items()}
+
+
+def test_show_fixes_lists_the_applied_fixes_per_file(tmp_path):
+  src = tmp_path / 'tree'
+  src.mkdir()
+  for name in ('om007_annotations', 'om009_replicate_needs_unsafe'):
+    (src / f'{name}.py').write_text((FIXTURES / 'codemod' / name / 'before.py').read_text())
+  report = tmp_path / 'r.json'
+  status, out, err = run('rewrite', '--check', '--show-fixes', '--report', str(report), 'tree',
+                         cwd=tmp_path)
+  rows = json.loads(report.read_text())
+  fixed = collections.defaultdict(collections.Counter)
+  for r in rows:
+    if r['applied']:
+      fixed[r['file']][r['rule']] += 1
+  expected = [f'Would fix {sum(rows_["applied"] for rows_ in rows)} finding(s) in '
+              f'{len(fixed)} file(s):']
+  for file, counts in fixed.items():
+    expected.append(f'- {file}:')
+    expected += [f'    {n} x {rule} ({RULES[rule].summary})' for rule, n in sorted(counts.items())]
+  text = err[err.index('Would fix'):].splitlines()
+  assert text[:len(expected)] == expected
+  assert len(fixed) == 2 and status == 1
+  status, out, err = run('rewrite', '--write', '--show-fixes', 'tree', cwd=tmp_path)
+  assert status == 1 and expected[0].replace('Would fix', 'Fixed') in err
+
+
+def test_exit_codes_do_not_depend_on_the_format(tmp_path, broken):
+  cases = {'changes': SOME[:1], 'clean': ['tests/fixtures/codemod/om007_annotations/after.py'],
+           'error': [broken], 'missing': ['no/such/file.py']}
+  for what, paths in cases.items():
+    statuses = {fmt: run('rewrite', '--check', '--jobs', '1', '--output-format', fmt, *paths)[0]
+                for fmt in output_formats.FORMATS}
+    assert len(set(statuses.values())) == 1, (what, statuses)
+    assert statuses['full'] == {'changes': 1, 'clean': 0, 'error': 2, 'missing': 2}[what]
+
+
+def test_full_is_todays_output():
+  paths = ['tests/fixtures/codemod/om100_module_as_value/before.py']
+  default = run('rewrite', '--check', *paths)
+  assert run('rewrite', '--check', '--output-format', 'full', *paths) == default
+  status, out, err = default
+  assert out == f'would rewrite {paths[0]}\n'
+  assert any(CONCISE.match(line) for line in err.splitlines())  # open findings on stderr
+
+
+def test_bad_combinations_exit_2():
+  for fmt in ('json', 'sarif'):
+    status, out, err = run('rewrite', '--check', '--diff', '--output-format', fmt, SOME[0])
+    assert (status, out) == (2, '') and '--diff' in err and fmt in err
+  status, out, err = run('rewrite', '--output-format', 'concise', '-')
+  assert (status, out) == (2, '') and 'stdin' in err
+  # concise with --diff: the diff, then the findings
+  status, out, _ = run('rewrite', '--check', '--diff', '--output-format', 'concise', SOME[0])
+  lines = out.splitlines()
+  assert status == 1 and lines[0].startswith('--- a/') and CONCISE.match(lines[-1])
+
+
+# ---------------------------------------------------------------------------
+# optim-migrate check
+
+
+def test_check_refuses_github_and_sarif():
+  for fmt in ('github', 'sarif'):
+    status, out, err = run('check', '--legacy', 'Adam(learning_rate=1e-3)', '--tx',
+                           'optax.adam(1e-3)', '--params', 'x.json', '--output-format', fmt)
+    assert (status, out) == (2, '')
+    assert f'--output-format {fmt}' in err and 'json' in err
+
+
+def test_check_json_and_concise(tmp_path):
+  (tmp_path / 'shapes.json').write_text('{"w": {"shape": [4], "dtype": "float32"}}')
+  (tmp_path / 'pyproject.toml').write_text(
+      '[[tool.optim-migrate.check]]\nname = "same"\nlegacy = "Adam(learning_rate=1e-3)"\n'
+      'tx = "optax.adam(1e-3)"\nparams = "shapes.json"\nsteps = 3\ndevices = "1"\n'
+      '[[tool.optim-migrate.check]]\nname = "wrong eps"\nlegacy = "Adam(learning_rate=1e-3)"\n'
+      'tx = "optax.adam(1e-3, eps=1e-3)"\nparams = "shapes.json"\nsteps = 3\ndevices = "1"\n')
+  status, out, err = run('check', '--output-format', 'json', cwd=tmp_path)
+  assert status == 1, err
+  same, wrong = json.loads(out)
+  assert (same['name'], same['ok'], wrong['name'], wrong['ok']) == ('same', True,
+                                                                    'wrong eps', False)
+  assert same['max_ulp'] <= same['bound'] == 4.0
+  assert wrong['max_ulp'] > 100 * wrong['bound']  # eps 1e-3 for 1e-8: far off
+  assert wrong['worst']['leaf'] == "['w']" and wrong['per_leaf'] == {"['w']": wrong['max_ulp']}
+  assert wrong['tx'] == 'optax.adam(1e-3, eps=1e-3)' and wrong['runs'] == ['pmapx1']
+  status2, out, err = run('check', '--output-format', 'concise', cwd=tmp_path)
+  assert status2 == status
+  lines = out.splitlines()
+  assert len(lines) == 2
+  assert lines[0].startswith('same: OK max ') and lines[1].startswith('wrong eps: DIFFERS max ')
+  assert "worst ['w']" in lines[1]
+
+
+# ---------------------------------------------------------------------------
+# docs/ci.md
+
+
+def test_ci_page_documents_the_formats_and_the_schema():
+  page = (ROOT / 'docs' / 'ci.md').read_text()
+  for fmt in output_formats.FORMATS:
+    assert f'| `{fmt}`' in page, fmt
+  # the report schema table lists exactly the keys a row has, in order
+  section = page[page.index('### The JSON report schema'):page.index('## `--statistics`')]
+  keys = [k for line in section.splitlines() if line.startswith('| `')
+          for k in re.findall(r'`(\w+)`', line.split('|')[1])]
+  assert keys == list(Entry('a.py', 1, 1, 'OM117', 'm').row())
+  workflow = page[page.index('```yaml\n# .github/workflows/'):]
+  workflow = workflow[:workflow.index('```\n', 8)]
+  assert '- run: optim-migrate rewrite --check --output-format github .' in workflow
+  assert '- run: optim-migrate check\n' in workflow and 'on: pull_request' in workflow
+  assert '[In CI](ci.md)' in (ROOT / 'docs' / 'index.md').read_text()
