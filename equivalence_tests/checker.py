@@ -40,9 +40,13 @@ scale a leaf's elements by 1, 2**-24 and 2**-50 in turn (exact powers of two, so
 the means stay exact, and squares stay normal numbers in float32 / bfloat16: no
 flush-to-zero question), which puts every leaf partly in the regimes where an
 epsilon's placement or size decides the update. Device counts the process lacks
-(jax already started with fewer CPU devices) run in a subprocess with
-``XLA_FLAGS=--xla_force_host_platform_device_count=N``; the objects travel
-with ``cloudpickle`` and the subprocess gets this process's ``sys.path``.
+(jax already started with fewer CPU devices) run in one worker process started with
+``XLA_FLAGS=--xla_force_host_platform_device_count=N`` for the largest of them, each
+count ``n`` on its first ``n`` devices (bitwise the numbers of a process with
+exactly ``n``, checked in tests/test_check.py), while this process runs its own
+counts; the objects travel with ``cloudpickle`` and the worker gets this process's
+``sys.path``. All runs of a process advance in lockstep, drawing each step's
+gradients once (``run_counts``); ``last_timings()`` says where the time went.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -182,11 +187,56 @@ class PerDeviceGrads:
     return self.fn(step, params, device, n_devices)
 
 
+def _signature(tree):
+  """``(treedef, ((shape, dtype), ...))``: all that the named draws read of a params tree."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return treedef, tuple((tuple(np.shape(x)),
+                         np.dtype(x.dtype if hasattr(x, 'dtype') else np.asarray(x).dtype))
+                        for x in leaves)
+
+
+class _NamedDraws:
+  """``grads='random'`` / ``'tiny'`` / ``'mixed'`` of ``seed``: ``scale`` applied to each
+  of ``core.reference_grads``' trees (``None``: unscaled).
+
+  Called as ``(step, params, device=None, n_devices=1)``, like any gradient
+  function. :meth:`shares` gives the same values for all devices of a count at
+  once, from one pair of draws per step and params signature, kept for the
+  latest step only: the checker's runs of every device count and both
+  optimizers take their gradients from it step by step.
+  """
+  params_free = True  # shapes and dtypes only
+
+  def __init__(self, seed: int, scale: Callable | None = None):
+    self.seed, self.scale = seed, scale
+    self._memo_key, self._memo = None, {}
+
+  def _scaled(self, tree):
+    return tree if self.scale is None else jax.tree_util.tree_map(self.scale, tree)
+
+  def __call__(self, step, params, device=None, n_devices=1):
+    return self._scaled(core.reference_grads(params, step, self.seed, device, n_devices))
+
+  def shares(self, step: int, params, n_devices: int | None):
+    """``self(step, params)`` (``n_devices`` None), else every device's share
+    ``self(step, params, d, n_devices)`` stacked on a new leading axis (numpy leaves
+    ``(n_devices, ...)``, ``core.stack``); bitwise what those calls give."""
+    key = (step, _signature(params))
+    if key != self._memo_key:
+      self._memo_key, self._memo = key, {}
+    memo = self._memo
+    if 'g' not in memo:
+      memo['g'] = core.reference_draw(params, step, self.seed, 1)
+    if n_devices is None:
+      return self._scaled(memo['g'])
+    if 's' not in memo:
+      memo['s'] = core.reference_draw(params, step, self.seed, 2)
+    return core.stack([self._scaled(core.reference_share(memo['g'], memo['s'], d, n_devices))
+                       for d in range(n_devices)])
+
+
 def _random_grads(seed):
-  def grads(step, params, device=None, n_devices=1):
-    return core.reference_grads(params, step, seed, device, n_devices)
-  grads.params_free = True  # shapes and dtypes only
-  return grads
+  return _NamedDraws(seed)
 
 
 #: ``grads='tiny'``: the random draws times this power of two (exact, so shares still
@@ -210,15 +260,13 @@ MIXED_MIN_TINY = 2.0 ** -124
 from equivalence_tests.cli import DEFAULT_GRADS, GRADS  # noqa: E402
 
 
+def _tiny_scale(g):
+  dtype = np.asarray(g).dtype
+  return (g * np.asarray(TINY_SCALE, dtype)).astype(dtype)
+
+
 def _tiny_grads(seed):
-  def grads(step, params, device=None, n_devices=1):
-    def scale(g):
-      dtype = np.asarray(g).dtype
-      return (g * np.asarray(TINY_SCALE, dtype)).astype(dtype)
-    return jax.tree_util.tree_map(scale, core.reference_grads(params, step, seed, device,
-                                                              n_devices))
-  grads.params_free = True
-  return grads
+  return _NamedDraws(seed, _tiny_scale)
 
 
 def mixed_scales(shape, dtype) -> np.ndarray:
@@ -249,15 +297,13 @@ def narrow_leaves(params) -> list[str]:
           > MIXED_MIN_TINY]
 
 
+def _mixed_scale(g):
+  dtype = np.asarray(g).dtype
+  return (g * mixed_scales(np.shape(g), dtype)).astype(dtype)
+
+
 def _mixed_grads(seed):
-  def grads(step, params, device=None, n_devices=1):
-    def scale(g):
-      dtype = np.asarray(g).dtype
-      return (g * mixed_scales(np.shape(g), dtype)).astype(dtype)
-    return jax.tree_util.tree_map(scale, core.reference_grads(params, step, seed, device,
-                                                              n_devices))
-  grads.params_free = True
-  return grads
+  return _NamedDraws(seed, _mixed_scale)
 
 
 #: ``grads=<name>``: the draw functions of ``seed``.
@@ -414,39 +460,92 @@ def _trajectory(runner, params, grads_fn, steps: int, n: int, mode: str, scan: b
   """
   if scan and getattr(grads_fn, 'params_free', False):
     return _scanned_trajectory(runner, params, grads_fn, steps, n, mode)
-  init, step, params_of = runner
-  state = init(params)
-  traj = {}
-  if mode == 'single':
-    step_fn = jax.jit(step)
-    for t in range(steps):
-      state = step_fn(state, grads_fn(t, params_of(state)))
-      traj[t + 1] = flat(params_of(state))
-    return traj, True
-  if mode == 'pmap':
-    devices = jax.local_devices()[:n]
-    state = core.replicate_on_host(state, n)
-    first = lambda tree: jax.tree_util.tree_map(_replica0, tree)
-    step_fn = jax.pmap(core.data_parallel(step), axis_name='batch', devices=devices)
-    ok = True
-    for t in range(steps):
-      current = first(params_of(state))
-      state = step_fn(state, core.stack([grads_fn(t, current, d, n) for d in range(n)]))
-      ok = ok and core.replicas_bitwise(params_of(state))
-      traj[t + 1] = flat(first(params_of(state)))
-    return traj, ok and core.replicas_bitwise(state)
-  mesh, state_shardings, share_shardings, sstep = _sharded_program(step, state, n)
-  step_fn = jax.jit(sstep, out_shardings=state_shardings)
-  state = jax.device_put(state, state_shardings)
-  data = mesh.shape['data']
-  ok = True
+  run = _Run(runner, params, n, mode)
   for t in range(steps):
-    current = params_of(state)
-    gs = core.stack([grads_fn(t, current, d, data) for d in range(data)])
-    state = step_fn(state, jax.device_put(gs, share_shardings(gs, 1)))
-    ok = ok and _replicas_equal_sharded(params_of(state))
-    traj[t + 1] = flat(params_of(state))
-  return traj, ok and _replicas_equal_sharded(state)
+    run.advance(run.grads(t, grads_fn))
+  return run.result()
+
+
+def _pmap_put(tree, devices):
+  """``tree`` (host copies with a leading device axis) on ``devices`` as ``jax.pmap``'s
+  outputs lie, where pmap is built on ``shard_map`` and they carry a ``NamedSharding``
+  (jax 0.10): a first call with host arrays traces and compiles the step once more than
+  the later steps, given device arrays, need (the same program, less its call site in
+  the metadata: tests/test_check.py checks the numbers bitwise). Where pmap's outputs
+  carry another sharding (jax 0.4.13, which compiles once either way): ``tree`` as it is."""
+  sharding = _pmap_out_sharding(tuple(devices))
+  return tree if sharding is None else jax.device_put(tree, sharding)
+
+
+@functools.lru_cache(maxsize=16)
+def _pmap_out_sharding(devices: tuple):
+  from jax.sharding import NamedSharding
+  probe = jax.pmap(lambda x: x, axis_name='batch', devices=list(devices))(
+      np.zeros((len(devices),), np.int32))
+  return probe.sharding if isinstance(probe.sharding, NamedSharding) else None
+
+
+class _Run:
+  """One optimizer's trajectory for one mode and device count, one compiled call per step.
+
+  ``grads(t, grads_fn)`` draws step ``t``'s gradients as the step takes them
+  (``'single'``: one tree; ``'pmap'`` / ``'sharded'``: every device's share
+  stacked, ``(k, ...)`` leaves with ``k`` the count or the data axis);
+  ``advance(grads)`` runs the step; ``result()`` is ``({step: flat params},
+  replicas_bitwise)``. Several runs can advance in lockstep, sharing draws.
+  """
+
+  def __init__(self, runner, params, n: int, mode: str):
+    init, step, self.params_of = runner
+    self.mode, self.n = mode, n
+    self.traj, self.ok = {}, True
+    state = init(params)
+    if mode == 'single':
+      self.k = None
+      self.step_fn = jax.jit(step)
+    elif mode == 'pmap':
+      self.k = n
+      devices = jax.local_devices()[:n]
+      state = _pmap_put(core.replicate_on_host(state, n), devices)
+      self.step_fn = jax.pmap(core.data_parallel(step), axis_name='batch', devices=devices)
+    else:
+      mesh, state_shardings, self.share_shardings, sstep = _sharded_program(step, state, n)
+      self.step_fn = jax.jit(sstep, out_shardings=state_shardings)
+      state = jax.device_put(state, state_shardings)
+      self.k = mesh.shape['data']
+    self.state = state
+
+  def current(self):
+    """The params a gradient function sees (``'pmap'``: replica 0's, on the host)."""
+    params = self.params_of(self.state)
+    if self.mode == 'pmap':
+      return jax.tree_util.tree_map(_replica0, params)
+    return params
+
+  def grads(self, t: int, grads_fn):
+    current = self.current()
+    if self.k is None:
+      return grads_fn(t, current)
+    return core.stack([grads_fn(t, current, d, self.k) for d in range(self.k)])
+
+  def advance(self, grads) -> None:
+    if self.mode == 'sharded':
+      grads = jax.device_put(grads, self.share_shardings(grads, 1))
+    self.state = self.step_fn(self.state, grads)
+    params = self.params_of(self.state)
+    if self.mode == 'pmap':
+      self.ok = self.ok and core.replicas_bitwise(params)
+      params = jax.tree_util.tree_map(lambda x: np.array(_replica0(x)), params)
+    elif self.mode == 'sharded':
+      self.ok = self.ok and _replicas_equal_sharded(params)
+    self.traj[len(self.traj) + 1] = flat(params)
+
+  def result(self):
+    if self.mode == 'pmap':
+      return self.traj, self.ok and core.replicas_bitwise(self.state)
+    if self.mode == 'sharded':
+      return self.traj, self.ok and _replicas_equal_sharded(self.state)
+    return self.traj, True
 
 
 def _sharded_program(step, state, n: int):
@@ -613,31 +712,147 @@ def run_pair(legacy, tx, params, grads, steps: int, n: int, mode: str, seed: int
   ``{'legacy': traj, 'tx': traj, 'replicas': {'legacy': bool, 'tx': bool}}``.
   """
   params = materialize(params, seed)
-  if isinstance(grads, PerDeviceGrads):
-    grads_fn = grads
-  elif grads is None:
-    grads_fn = _random_grads(seed)
-  elif isinstance(grads, str):
-    grads_fn = _NAMED_GRADS[grads](seed)
-  else:
-    grads_fn = _user_grads(grads)
+  grads_fn = _grads_fn(grads, seed)
   out: dict = {'replicas': {}}
-  tree = jax.tree_util.tree_structure(params)
-  for who, opt in (('legacy', legacy), ('tx', tx)):
-    if opt is None:
-      continue
-    runner = _legacy_runner(opt) if who == 'legacy' else _tx_runner(opt, tree)
+  for who, runner in _runners(legacy, tx, params):
     out[who], out['replicas'][who] = _trajectory(runner, params, grads_fn, steps, n, mode,
                                                  scan)
   return out
+
+
+def _grads_fn(grads, seed: int):
+  if isinstance(grads, PerDeviceGrads):
+    return grads
+  if grads is None:
+    return _random_grads(seed)
+  if isinstance(grads, str):
+    return _NAMED_GRADS[grads](seed)
+  return _user_grads(grads)
+
+
+def _runners(legacy, tx, params) -> list:
+  """``[(who, (init, step, params_of))]`` for the optimizers given (``None``: skipped)."""
+  tree = jax.tree_util.tree_structure(params)
+  return [(who, _legacy_runner(opt) if who == 'legacy' else _tx_runner(opt, tree))
+          for who, opt in (('legacy', legacy), ('tx', tx)) if opt is not None]
+
+
+def run_counts(legacy, tx, params, grads, steps: int, counts: Sequence[int], mode: str,
+               seed: int = 0, threads: int = 1) -> dict:
+  """``{(mode, n): run_pair(legacy, tx, params, grads, steps, n, mode, seed)}`` for every
+  ``n`` in ``counts``, in this process (needs ``max(counts)`` devices; a count ``n``
+  runs on the first ``n``), bitwise the same numbers.
+
+  All runs (each count, each optimizer) advance in lockstep, one compiled call
+  per run and step: the named draws (``'random'``, ``'tiny'``, ``'mixed'``) are
+  drawn once per step and params signature for all of them (``_NamedDraws.shares``)
+  instead of once per device, count and optimizer, where they cost more than the
+  steps (a 1M-parameter tree: about 0.1 s a draw). Every run's state is held at
+  once (the trajectories kept outweigh it).
+
+  ``threads`` > 1: each step's compiled calls (the first step's: with their
+  compiles) run on up to that many threads, the draws staying in this thread.
+  Only for a process of its own (the worker): jax's context managers
+  (``jax.default_matmul_precision``, ``enable_x64``, ...) are per thread, so a
+  caller's would not reach the others.
+  """
+  import concurrent.futures
+  clock, compiled = time.perf_counter(), _compile_seconds()
+  params = materialize(params, seed)
+  grads_fn = _grads_fn(grads, seed)
+  runners = _runners(legacy, tx, params)
+  runs = [(n, who, _Run(runner, params, n, mode)) for n in counts for who, runner in runners]
+  shared = getattr(grads_fn, 'shares', None)
+  threads = max(1, min(len(runs), threads))
+  split = _TIMINGS['run_counts'] = {'setup': time.perf_counter() - clock}
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    for t in range(steps):
+      if t == 1:
+        split['first_step'] = time.perf_counter() - clock - split['setup']
+      drawn, args = {}, []  # drawn: (k, params signature) -> the shares, for this step
+      for _, _, run in runs:  # in this thread, in order: a user's function sees no threads
+        if shared is None:
+          args.append(run.grads(t, grads_fn))
+          continue
+        current = run.current()
+        key = (run.k, _signature(current))
+        if key not in drawn:
+          drawn[key] = shared(t, current, run.k)
+        args.append(drawn[key])
+      if threads == 1:
+        for (_, _, run), a in zip(runs, args):
+          run.advance(a)
+        continue
+      # each run's compiled step on a thread of its own: the first step's compiles overlap
+      for f in [pool.submit(run.advance, a) for (_, _, run), a in zip(runs, args)]:
+        f.result()
+  runs = {(n, who): run for n, who, run in runs}
+  out = {}
+  for n in counts:
+    out[(mode, n)] = r = {'replicas': {}}
+    for who, _ in runners:
+      r[who], r['replicas'][who] = runs[(n, who)].result()
+  split['total'] = time.perf_counter() - clock
+  split['steps'] = split['total'] - split['setup'] - split.get('first_step', split['total'])
+  split['first_step'] = split.get('first_step', split['total'] - split['setup'])
+  split['xla_compile'] = _compile_seconds() - compiled
+  return out
+
+
+#: Where the last :func:`collect` / :func:`run_counts` of this process spent its time
+#: (:func:`last_timings`).
+_TIMINGS: dict = {}
+_COMPILED = [0.0, False]  # XLA backend compile seconds so far, listener registered
+
+
+def _compile_seconds() -> float:
+  """Seconds this process spent in XLA backend compiles since the first call (summed over
+  threads; jax's ``/jax/core/compile/backend_compile_duration`` events)."""
+  if not _COMPILED[1]:
+    _COMPILED[1] = True
+
+    def listen(event, seconds, **_):
+      if event.endswith('backend_compile_duration'):
+        _COMPILED[0] += seconds
+    register = getattr(getattr(jax, 'monitoring', None), 'register_event_duration_secs_listener',
+                       None)
+    if register is not None:
+      register(listen)
+  return _COMPILED[0]
+
+
+def last_timings() -> dict:
+  """Wall-clock seconds of the last :func:`collect` in this process (a copy).
+
+  ``{'total': s, 'here': split or None, 'worker': split or None}``. A split is
+  ``{'setup': params, optimizer states and their first placement, 'first_step': the
+  first step of every run with their compiles (in the worker: concurrent, on up to
+  one thread per usable core), 'steps': the other steps, 'total': s, 'xla_compile':
+  XLA backend compile seconds summed over threads}``; the worker's also has ``'devices'`` (its
+  host device count), ``'startup'`` (from its start until it has read its input:
+  python, jax and the optimizers' imports) and ``'results'`` (from its end of work
+  until this process has its results: pickling and reading them). Empty before any
+  :func:`collect`.
+  """
+  import copy
+  return copy.deepcopy({k: v for k, v in _TIMINGS.items() if k != 'run_counts'})
 
 
 # ---------------------------------------------------------------------------
 # device counts this process lacks: a subprocess
 
 
-def _run_elsewhere(payload: dict, n: int) -> dict:
+def _start_elsewhere(payload: dict, n: int):
+  """Start a worker process with ``n`` host devices on ``payload`` (``run_counts``'
+  keyword arguments); :func:`_finish_elsewhere` collects its results. The
+  objects travel with ``cloudpickle``; the worker gets this process's ``sys.path``.
+
+  Raises:
+    ValueError: the optimizers cannot be pickled (the message says how to start
+      jax with the devices instead).
+  """
   import cloudpickle
+  import tempfile
   env = dict(os.environ)
   flags = ' '.join(f for f in env.get('XLA_FLAGS', '').split()
                    if not f.startswith('--xla_force_host_platform_device_count'))
@@ -649,25 +864,66 @@ def _run_elsewhere(payload: dict, n: int) -> dict:
   except Exception as e:  # noqa: BLE001
     raise ValueError(f'cannot send the optimizers to a {n}-device subprocess ({e}); start '
                      f'jax with XLA_FLAGS=--xla_force_host_platform_device_count={n}') from e
-  proc = subprocess.run([sys.executable, '-m', 'equivalence_tests.checker', '--worker'],
-                        input=blob, capture_output=True, env=env)
-  if proc.returncode != 0:
-    raise RuntimeError(f'the {n}-device run failed (exit status {proc.returncode}):\n'
-                       f'{proc.stderr.decode(errors="replace")[-4000:]}')
-  result = pickle.loads(proc.stdout)
+  # stdin and stdout through files: nothing blocks while this process runs its own counts
+  files = [tempfile.TemporaryFile() for _ in range(3)]
+  files[0].write(blob)
+  files[0].seek(0)
+  started = time.time()
+  try:
+    proc = subprocess.Popen([sys.executable, '-m', 'equivalence_tests.checker', '--worker'],
+                            stdin=files[0], stdout=files[1], stderr=files[2], env=env)
+  except BaseException:
+    for f in files:
+      f.close()
+    raise
+  return proc, files, n, started
+
+
+def _finish_elsewhere(started) -> dict:
+  """The results of :func:`_start_elsewhere`'s worker (waits for it).
+
+  Raises:
+    RuntimeError: the worker failed (its exit status and stderr's end in the message).
+    ValueError, TypeError: what ``run_counts`` raised there (bad input).
+  """
+  proc, files, n, start = started
+  try:
+    proc.wait()
+    files[1].seek(0)
+    files[2].seek(0)
+    if proc.returncode != 0:
+      raise RuntimeError(f'the {n}-device run failed (exit status {proc.returncode}):\n'
+                         f'{files[2].read().decode(errors="replace")[-4000:]}')
+    result, split = pickle.load(files[1])
+  finally:
+    _stop_elsewhere(started)
   if isinstance(result, BaseException):
     raise result
+  ready, done = split.pop('ready'), split.pop('done')
+  _TIMINGS['worker'] = {'devices': n, 'startup': ready - start, **split,
+                        'results': time.time() - done}
   return result
+
+
+def _stop_elsewhere(started) -> None:
+  proc, files = started[:2]
+  if proc.poll() is None:
+    proc.kill()
+  proc.wait()
+  for f in files:
+    f.close()
 
 
 def _worker() -> int:
   payload = pickle.loads(sys.stdin.buffer.read())
-  runs = payload.pop('runs')
+  ready = time.time()
+  from equivalence_tests import workers
   try:
-    out = {(mode, n): run_pair(**payload, n=n, mode=mode) for mode, n in runs}
+    out = run_counts(**payload, threads=workers.default_workers())  # a process of its own
   except (ValueError, TypeError) as e:
     out = e
-  sys.stdout.buffer.write(pickle.dumps(out))
+  split = {**_TIMINGS.get('run_counts', {}), 'ready': ready, 'done': time.time()}
+  sys.stdout.buffer.write(pickle.dumps((out, split), protocol=pickle.HIGHEST_PROTOCOL))
   return 0
 
 
@@ -768,7 +1024,10 @@ def grads_notes(grads, params) -> tuple:
 
 def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
             devices: Sequence[int]) -> dict:
-  """``{(mode, n): run_pair(...)}`` for each device count, in a subprocess where needed.
+  """``{(mode, n): run_pair(...)}`` for each device count (bitwise its numbers): the
+  counts this process has in it (:func:`run_counts`), the others in one worker
+  process with the largest of them as host devices, started first and running
+  meanwhile (``run_counts`` on threads there).
 
   Either optimizer may be ``None`` (recording only the legacy side, or
   checking a ``tx`` against a recorded file).
@@ -777,18 +1036,31 @@ def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
     ValueError: ``grads='tiny'`` with float16 leaves (:func:`refuse_draws`).
   """
   refuse_draws(grads, params, seed)
-  payload = dict(legacy=legacy, tx=tx, params=params, grads=grads, steps=steps, seed=seed)
+  payload = dict(legacy=legacy, tx=tx, params=params, grads=grads, steps=steps, seed=seed,
+                 mode=mode)
   have = jax.local_device_count()
-  elsewhere = [n for n in devices if n > have]
+  here = list(dict.fromkeys(n for n in devices if n <= have))
+  elsewhere = list(dict.fromkeys(n for n in devices if n > have))
   if elsewhere and jax.default_backend() != 'cpu':
     raise ValueError(f'{max(elsewhere)} devices requested, this {jax.default_backend()} '
                      f'process has {have}')
-  results = {}
-  for n in devices:
-    if n <= have:
-      results[(mode, n)] = run_pair(**payload, n=n, mode=mode)
-  for n in elsewhere:
-    results.update(_run_elsewhere({**payload, 'runs': [(mode, n)]}, n))
+  # one worker for every missing count, on the first n of its max(elsewhere) devices,
+  # running while this process runs its own counts
+  clock = time.perf_counter()
+  _TIMINGS.clear()
+  started = (_start_elsewhere({**payload, 'counts': elsewhere}, max(elsewhere))
+             if elsewhere else None)
+  try:
+    results = run_counts(**payload, counts=here) if here else {}
+  except BaseException:
+    if started is not None:
+      _stop_elsewhere(started)
+    raise
+  _TIMINGS['here'] = _TIMINGS.pop('run_counts', None)
+  if started is not None:
+    results.update(_finish_elsewhere(started))
+  _TIMINGS.setdefault('worker', None)
+  _TIMINGS['total'] = time.perf_counter() - clock
   return {(mode, n): results[(mode, n)] for n in devices}
 
 

@@ -853,3 +853,145 @@ def test_params_that_is_a_fifo_is_refused_not_read(tmp_path, capsys):
   assert cli.main(['check', '--legacy', 'Adam(1e-3)', '--tx', 'optax.adam(1e-3)',
                    '--params', str(fifo)]) == 2
   assert 'not a regular file' in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# the check's execution: one worker for the missing counts, draws once a step, one compile a run
+
+def test_named_draw_shares_are_the_per_device_draws_bitwise_from_one_pair_a_step(monkeypatch):
+  """``_NamedDraws.shares`` gives exactly the per-device calls' values, stacked, drawing
+  ``g`` and ``s`` once per step for every device count (they were drawn per device, count
+  and optimizer: most of a 1M-parameter check's time)."""
+  params = {'a': np.zeros((6, 5), np.float32), 'b': jnp.zeros((7,), jnp.bfloat16),
+            'h': jnp.zeros((4,), jnp.float16), 's': np.float32(0)}
+  draws = []
+  real = core.reference_draw
+  monkeypatch.setattr(core, 'reference_draw', lambda *a: draws.append(a[1:]) or real(*a))
+  for name in ('random', 'tiny', 'mixed'):
+    fn = checker._NAMED_GRADS[name](5)
+    for step in (0, 3):
+      draws.clear()
+      for n in (None, 1, 2, 4, 8):
+        got = fn.shares(step, params, n)
+        want = (fn(step, params) if n is None else
+                core.stack([fn(step, params, d, n) for d in range(n)]))
+        for k in params:
+          g, w = np.asarray(got[k]), np.asarray(want[k])
+          assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes(), (
+              name, step, n, k)
+      # the direct calls drew g 1 + 1 + 2 + 4 + 8 times and s 15 times; shares() each once
+      assert draws.count((step, 5, 1)) == 1 + 16 and draws.count((step, 5, 2)) == 1 + 15
+
+
+def test_missing_device_counts_run_in_one_worker_process(monkeypatch):
+  """devices=(1, 2, 4): one worker with 4 host devices runs 2 and 4 (was one per count)."""
+  started = []
+  real = subprocess.Popen
+
+  def popen(*args, **kwargs):
+    started.append(kwargs['env']['XLA_FLAGS'])
+    return real(*args, **kwargs)
+  monkeypatch.setattr(checker.subprocess, 'Popen', popen)
+  report = check_fn(optim.Adam(0.01), optax.adam(0.01), _params(), devices=(1, 2, 4),
+                    mode='pmap', steps=2, max_ulp=6)
+  assert report.runs == [('pmap', 1), ('pmap', 2), ('pmap', 4)] and report.ok, report
+  assert len(started) == 1 and started[0].endswith('--xla_force_host_platform_device_count=4')
+
+
+def test_pmap_steps_compile_once_per_run():
+  """The first step's host state used to make pmap trace and compile the step a second
+  time for the later steps (device arrays in): one trace per run now."""
+  base = optax.adam(1e-3)
+  traces = []
+
+  def update(g, s, p=None):
+    traces.append(1)
+    return base.update(g, s, p)
+  tx = optax.GradientTransformation(base.init, update)
+  for mode in ('pmap', 'single', 'sharded'):
+    traces.clear()
+    checker.run_counts(None, tx, _params(), 'mixed', 3, [1], mode)
+    assert len(traces) == 1, mode
+
+
+def test_lockstep_runs_give_the_one_run_at_a_time_numbers_bitwise():
+  """``run_counts`` (runs in lockstep on threads, shared draws, the first state put on the
+  devices) against the per-step loop the check ran before, written out here: the same
+  bits in every mode, for a float32 and a bfloat16 tree."""
+  def old_loop(runner, params, grads_fn, steps, mode):
+    init, step, params_of = runner
+    state, traj = init(params), {}
+    first = lambda tree: jax.tree_util.tree_map(lambda x: np.asarray(x)[0], tree)
+    if mode == 'single':
+      fn = jax.jit(step)
+      for t in range(steps):
+        state = fn(state, grads_fn(t, params_of(state)))
+        traj[t + 1] = checker.flat(params_of(state))
+      return traj
+    state = core.replicate_on_host(state, 1)  # host copies into every step's call
+    fn = jax.pmap(core.data_parallel(step), axis_name='batch', devices=jax.local_devices()[:1])
+    for t in range(steps):
+      state = fn(state, core.stack([grads_fn(t, first(params_of(state)), 0, 1)]))
+      traj[t + 1] = checker.flat(first(params_of(state)))
+    return traj
+
+  bf16 = {'w': jax.ShapeDtypeStruct((12, 8), jnp.bfloat16), 'b': jax.ShapeDtypeStruct((8,), jnp.bfloat16)}
+  for params, legacy, tx in ((_params(), optim.Adam(0.01, weight_decay=1e-2),
+                              optax.adamw(0.01, weight_decay=1e-2)),
+                             (bf16, optim.LAMB(0.01), optim.transforms.adafactor(0.1))):
+    concrete = checker.materialize(params, 0)
+    for mode in ('pmap', 'single'):
+      wants = {who: old_loop(runner, concrete, checker._mixed_grads(0), 4, mode)
+               for who, runner in checker._runners(legacy, tx, concrete)}
+      for threads in ((1, 2) if mode == 'pmap' and params is not bf16 else (1,)):
+        got = checker.run_counts(legacy, tx, params, 'mixed', 4, [1], mode,
+                                 threads=threads)[(mode, 1)]
+        for who, want in wants.items():
+          assert got['replicas'][who]
+          for t, leaves in want.items():
+            for k, v in leaves.items():
+              g = got[who][t][k]
+              assert g.dtype == v.dtype and g.tobytes() == v.tobytes(), (mode, threads, who, t, k)
+
+
+_COUNTS_SCRIPT = '''
+import pickle, sys, warnings
+warnings.simplefilter("ignore")
+import optim_compat as optim, jax, jax.numpy as jnp
+from equivalence_tests import checker
+params = {"w": jax.ShapeDtypeStruct((512, 512), jnp.float32),
+          "v": jax.ShapeDtypeStruct((3, 3, 4), jnp.float32),
+          "b": jax.ShapeDtypeStruct((512,), jnp.float32)}
+counts = [int(n) for n in sys.argv[2].split(",")]
+out = {}
+for mode in ("pmap", "sharded"):
+  out.update(checker.run_counts(optim.LAMB(0.01), optim.transforms.adafactor(0.1), params,
+                                "mixed", 3, counts, mode, threads=2))
+with open(sys.argv[1], "wb") as f:
+  pickle.dump(out, f)
+'''
+
+
+def test_first_n_of_more_host_devices_give_a_process_with_n_devices_bitwise(tmp_path):
+  """What one worker for every missing count relies on: pmap (and a sharded mesh) over the
+  first n of 8 host devices gives the numbers of a process started with exactly n, bit for
+  bit (LAMB's norms and Adafactor's factored moments: reductions over a 512x512 leaf)."""
+  def run(devices, counts):
+    out = tmp_path / f'{devices}.pkl'
+    env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
+               XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+    proc = subprocess.run([sys.executable, '-c', _COUNTS_SCRIPT, str(out), counts], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import pickle
+    return pickle.loads(out.read_bytes())
+  many = run(8, '2,4')
+  for n in (2, 4):
+    exact = run(n, str(n))
+    for mode in ('pmap', 'sharded'):
+      a, b = many[(mode, n)], exact[(mode, n)]
+      assert a['replicas'] == b['replicas'] == {'legacy': True, 'tx': True}
+      for who in ('legacy', 'tx'):
+        for t, leaves in b[who].items():
+          for k, v in leaves.items():
+            assert a[who][t][k].tobytes() == v.tobytes(), (mode, n, who, t, k)
