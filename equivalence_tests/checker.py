@@ -831,8 +831,9 @@ def last_timings() -> dict:
   XLA backend compile seconds summed over threads}``; the worker's also has ``'devices'`` (its
   host device count), ``'startup'`` (from its start until it has read its input:
   python, jax and the optimizers' imports) and ``'results'`` (from its end of work
-  until this process has its results: pickling and reading them). Empty before any
-  :func:`collect`.
+  until this process has its results: pickling and reading them); both have
+  ``'summary'`` (``collect(..., summarize=...)``: the counts' :func:`summary`, else
+  0). Empty before any :func:`collect`.
   """
   import copy
   return copy.deepcopy({k: v for k, v in _TIMINGS.items() if k != 'run_counts'})
@@ -918,12 +919,17 @@ def _worker() -> int:
   payload = pickle.loads(sys.stdin.buffer.read())
   ready = time.time()
   from equivalence_tests import workers
+  summarize = payload.pop('summarize', None)
   try:
     out = run_counts(**payload, threads=workers.default_workers())  # a process of its own
+    clock = time.perf_counter()
+    if summarize is not None:
+      out = {k: summary(*k, r, summarize) for k, r in out.items()}
+    _TIMINGS['run_counts']['summary'] = time.perf_counter() - clock
   except (ValueError, TypeError) as e:
     out = e
   split = {**_TIMINGS.get('run_counts', {}), 'ready': ready, 'done': time.time()}
-  sys.stdout.buffer.write(pickle.dumps((out, split), protocol=pickle.HIGHEST_PROTOCOL))
+  pickle.dump((out, split), sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
   return 0
 
 
@@ -995,9 +1001,10 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
     raise ValueError('params has no leaves: nothing to check')
   concrete = materialize(params, seed)
   validate_tx(tx, concrete)  # the leaves and tx, before any subprocess starts
+  dtypes = dtype_names(concrete)
   results = collect(legacy, tx, params, grads=grads, steps=steps, seed=seed, mode=mode,
-                    devices=devices)
-  return report(results, dtype_names(concrete), steps, max_ulp, grads=grads,
+                    devices=devices, summarize=dtypes)
+  return report(results, dtypes, steps, max_ulp, grads=grads,
                 notes=grads_notes(grads, concrete))
 
 
@@ -1023,14 +1030,17 @@ def grads_notes(grads, params) -> tuple:
 
 
 def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
-            devices: Sequence[int]) -> dict:
+            devices: Sequence[int], summarize: dict | None = None) -> dict:
   """``{(mode, n): run_pair(...)}`` for each device count (bitwise its numbers): the
   counts this process has in it (:func:`run_counts`), the others in one worker
   process with the largest of them as host devices, started first and running
   meanwhile (``run_counts`` on threads there).
 
   Either optimizer may be ``None`` (recording only the legacy side, or
-  checking a ``tx`` against a recorded file).
+  checking a ``tx`` against a recorded file). ``summarize`` (leaf path -> dtype
+  name; both optimizers given): each count's :func:`summary` instead of its
+  trajectories, computed where it ran (the worker's trajectories of a 1M-parameter
+  tree, 3 counts x 2 x 20 steps, are 0.5 GB to pickle and read back).
 
   Raises:
     ValueError: ``grads='tiny'`` with float16 leaves (:func:`refuse_draws`).
@@ -1048,15 +1058,20 @@ def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
   # running while this process runs its own counts
   clock = time.perf_counter()
   _TIMINGS.clear()
-  started = (_start_elsewhere({**payload, 'counts': elsewhere}, max(elsewhere))
-             if elsewhere else None)
+  started = (_start_elsewhere({**payload, 'counts': elsewhere, 'summarize': summarize},
+                              max(elsewhere)) if elsewhere else None)
   try:
     results = run_counts(**payload, counts=here) if here else {}
+    at = time.perf_counter()
+    if summarize is not None:
+      results = {k: summary(*k, r, summarize) for k, r in results.items()}
   except BaseException:
     if started is not None:
       _stop_elsewhere(started)
     raise
   _TIMINGS['here'] = _TIMINGS.pop('run_counts', None)
+  if _TIMINGS['here'] is not None:
+    _TIMINGS['here']['summary'] = time.perf_counter() - at
   if started is not None:
     results.update(_finish_elsewhere(started))
   _TIMINGS.setdefault('worker', None)
@@ -1067,33 +1082,51 @@ def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
 def report(results: dict, dtypes: dict, steps: int, max_ulp: float, grads='random',
            notes: tuple = ()) -> Report:
   """The :class:`Report` of :func:`collect`'s results (``dtypes``: leaf path -> dtype name;
-  ``grads``: the draws' name, or a callable; ``notes``: extra report lines)."""
+  ``grads``: the draws' name, or a callable; ``notes``: extra report lines). A result
+  may be a count's trajectories or their :func:`summary` (``collect(...,
+  summarize=dtypes)``): the same report."""
   per_leaf: dict = {}
   worst = None
   replicas = {}
   for (mode, n), r in results.items():
-    for who, ok in r['replicas'].items():
+    part = r if r.get('summary') else summary(mode, n, r, dtypes)
+    for who, ok in part['replicas'].items():
       replicas[(mode, n, who)] = ok
-    legacy, tx = r['legacy'], r['tx']
-    scales = core.leaf_scales(legacy)
-    for step, leaves in legacy.items():
-      for path, expected in leaves.items():
-        d = core.ulp_distance(tx[step][path], expected, scales[path], dtypes.get(path))
-        per_leaf[path] = max(per_leaf.get(path, 0.0), d)
-        if d > 0 and (worst is None or d > worst.ulp):
-          a = np.asarray(tx[step][path], np.float64)
-          e = np.asarray(expected, np.float64)
-          with np.errstate(invalid='ignore'):
-            gap = np.where((a == e) | (np.isnan(a) & np.isnan(e)), 0.0, np.abs(a - e))
-          gap = np.where(np.isnan(gap), np.inf, gap)
-          idx = np.unravel_index(int(np.argmax(gap)), e.shape) if e.ndim else ()
-          worst = Worst(path, step, n, mode, tuple(int(i) for i in idx),
-                        float(e[idx]), float(a[idx]), d)
+    for path, d in part['per_leaf'].items():
+      per_leaf[path] = max(per_leaf.get(path, 0.0), d)
+    if part['worst'] is not None and (worst is None or part['worst'][-1] > worst.ulp):
+      worst = Worst(*part['worst'])
   max_found = max(per_leaf.values(), default=0.0)
   ok = max_found <= max_ulp and all(replicas.values())
   name = grads if isinstance(grads, str) else 'callable'
   return Report(ok, max_found, max_ulp, worst, per_leaf, replicas, list(results), steps, name,
                 tuple(notes))
+
+
+def summary(mode: str, n: int, result: dict, dtypes: dict) -> dict:
+  """One count's part of :func:`report`, computed where its trajectories are (plain
+  data, small to pickle): ``{'summary': True, 'replicas': {who: bool}, 'per_leaf':
+  {path: max ulp over its steps}, 'worst': the fields of its :class:`Worst` as a tuple
+  (its first largest difference in step and leaf order), or None when bitwise}``.
+  ``result``: a :func:`run_pair` result with both trajectories."""
+  per_leaf: dict = {}
+  worst = None
+  legacy, tx = result['legacy'], result['tx']
+  scales = core.leaf_scales(legacy)
+  for step, leaves in legacy.items():
+    for path, expected in leaves.items():
+      d = core.ulp_distance(tx[step][path], expected, scales[path], dtypes.get(path))
+      per_leaf[path] = max(per_leaf.get(path, 0.0), d)
+      if d > 0 and (worst is None or d > worst[-1]):
+        a = np.asarray(tx[step][path], np.float64)
+        e = np.asarray(expected, np.float64)
+        with np.errstate(invalid='ignore'):
+          gap = np.where((a == e) | (np.isnan(a) & np.isnan(e)), 0.0, np.abs(a - e))
+        gap = np.where(np.isnan(gap), np.inf, gap)
+        idx = np.unravel_index(int(np.argmax(gap)), e.shape) if e.ndim else ()
+        worst = (path, step, n, mode, tuple(int(i) for i in idx), float(e[idx]), float(a[idx]), d)
+  return {'summary': True, 'replicas': dict(result['replicas']), 'per_leaf': per_leaf,
+          'worst': worst}
 
 
 if __name__ == '__main__':

@@ -995,3 +995,29 @@ def test_first_n_of_more_host_devices_give_a_process_with_n_devices_bitwise(tmp_
         for t, leaves in b[who].items():
           for k, v in leaves.items():
             assert a[who][t][k].tobytes() == v.tobytes(), (mode, n, who, t, k)
+
+
+def test_report_of_summaries_is_the_report_of_the_trajectories():
+  """``collect(..., summarize=dtypes)`` (each count summarised where it ran, the worker's
+  0.5 GB of trajectories not sent back for a 1M-parameter check) gives the same report:
+  per-leaf maxima and their order, the worst (the first largest, in count, step and leaf
+  order: counts tying on it keep the first), replica flags."""
+  params = _params()
+  dtypes = checker.dtype_names(checker.materialize(params, 0))
+  lamb = checker.run_counts(optim.LAMB(0.01), optax.lamb(0.01), params, 'mixed', 3, [1], 'pmap')
+  adam = checker.run_counts(optim.Adam(0.01), optax.adam(0.01), params, 'mixed', 3, [1], 'single')
+  same = checker.run_counts(optim.Adam(0.01), None, params, 'mixed', 3, [1], 'single')
+  bitwise = {'legacy': same[('single', 1)]['legacy'], 'tx': same[('single', 1)]['legacy'],
+             'replicas': {'legacy': True, 'tx': False}}
+  results = {('single', 1): adam[('single', 1)], ('pmap', 1): lamb[('pmap', 1)],
+             ('pmap', 2): lamb[('pmap', 1)], ('sharded', 2): bitwise}
+  want = checker.report(results, dtypes, 3, 4)
+  assert want.worst is not None and want.worst.n_devices == 1 and want.worst.mode == 'pmap'
+  assert not want.ok and want.replicas_bitwise[('sharded', 2, 'tx')] is False
+  parts = {k: checker.summary(*k, r, dtypes) for k, r in results.items()}
+  got = checker.report(parts, dtypes, 3, 4)
+  assert got == want and list(got.per_leaf.items()) == list(want.per_leaf.items())
+  assert str(got) == str(want)
+  mixed = {**parts, ('pmap', 2): results[('pmap', 2)]}  # either form per count
+  assert checker.report(mixed, dtypes, 3, 4) == want
+  assert checker.summary('sharded', 2, bitwise, dtypes)['worst'] is None
