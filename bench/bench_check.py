@@ -7,19 +7,26 @@ devices=(1, 2, 4, 8), mode='pmap')`` on a 1,068,810-parameter float32 MLP
 process has: device count 1 runs there, 2, 4 and 8 in one worker process with 8
 host devices. Goal in issue 20: <= 20 s on 2 cores (was 57.7 s on 2 busy cores).
 
-Details: the split from ``checker.last_timings()`` (the worker's start-up until
-it has read its input, its first step of every run with their XLA compiles, its
-other steps, the results' trip back; the same for device count 1 in the calling
-process, which runs at the same time), the XLA backend compile seconds summed over
-threads, the CPU seconds of the process and its worker, the machine's cores and
-load average before and after. One measurement: it takes tens of seconds and the
-load of other processes moves it (the CPU seconds move less).
+Contenders, interleaved for 3 rounds (check, floor, check, floor, ...; medians and
+min-max), each in a fresh subprocess:
 
-``check_1m_adam_compile_floor_seconds``: the floor, in another fresh subprocess with
-8 host devices: XLA compiling the 8 step programs alone (Adam and ``optax.adam``
-on 1, 2, 4 and 8 devices), one after the other; details give their CPU seconds and
-a bare interpreter's start-up (python + jax + the optimizers' imports), which the
-check pays twice (its own process is not counted above; the worker's is).
+``check_1m_adam_devices_1248_seconds``: the check's wall seconds (the call only: the
+calling process has imported jax, as a user's has). Details: the CPU seconds of the
+calling process and its worker, cores and load average, and the split of the median
+round from ``checker.last_timings()``: the worker's start-up until it has read its
+input (wall and CPU: python, jax, the optimizers' imports), setup, first steps and
+other steps, the gradient draws, the summaries, the results' trip back, and per
+optimizer (legacy vs ``tx``) its calls' seconds with jax's trace, MLIR lowering and
+XLA compile seconds; the same for device count 1 in the calling process, which runs
+at the same time.
+
+``check_1m_adam_floor_seconds``: what no implementation of this check avoids, in a
+fresh process with 8 host devices: its start-up (python, jax, the optimizers'
+imports) and XLA compiling the 8 step programs (Adam and ``optax.adam`` on 1, 2, 4
+and 8 devices) one after the other, with their CPU seconds. The check pays one more
+start-up (its calling process's, not counted) and the steps themselves.
+
+``check_1m_adam_vs_floor``: the median of the per-round ratios of the two.
 
 ``--quick``: a 3-leaf tree of 1,282 parameters, 3 steps, devices (1, 2): tiny, not
 comparable.
@@ -29,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import platform
 import subprocess
 import sys
 
@@ -109,37 +117,72 @@ def _python(code: str, arg, devices: int | None, timeout: float) -> dict:
 def _split(s: dict | None) -> str:
   if not s:
     return 'none'
-  parts = [f'{k} {s[k]:.1f}' for k in ('startup', 'setup', 'first_step', 'steps', 'results')
-           if k in s]
-  return ', '.join(parts) + f' (XLA compile {s["xla_compile"]:.1f} summed over threads)'
+  parts = [f'{k} {s[k]:.1f}' for k in ('startup', 'setup', 'first_step', 'steps', 'draws',
+                                          'summary', 'results') if k in s]
+  if 'startup_cpu' in s:
+    parts[0] += f' ({s["startup_cpu"]:.1f} CPU s: python, jax, the optimizers)'
+  for who in ('legacy', 'tx'):
+    w = s.get(who)
+    if w:
+      parts.append(f'{who}: first steps {w["first_step"]:.1f} (trace {w["trace"]:.2f}, lower '
+                   f'{w["lower"]:.2f}, XLA compile {w["compile"]:.1f}), other steps '
+                   f'{w["steps"]:.1f}')
+  cpu = s.get('process_cpu', s.get('cpu'))
+  return ', '.join(parts) + (f'; {cpu:.1f} CPU s' if cpu is not None else '')
+
+
+def _median(xs):
+  xs = sorted(xs)
+  return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
 def run(quick: bool) -> list[tuple[str, float, str]]:
+  """Rounds of the two contenders interleaved (check, floor, check, floor, ...): 3 rounds,
+  1 with ``--quick``; medians and min-max."""
   sizes, steps, devices = ([20, 40, 10], 3, [1, 2]) if quick else ([784, 1024, 256, 10], 20,
                                                                     [1, 2, 4, 8])
-  r = _python(_CHECK, [sizes, steps, devices], None, 600)
-  t = r['timings']
-  worker = t.get('worker')
+  rounds = 1 if quick else 3
+  checks, floors = [], []
+  for _ in range(rounds):
+    checks.append(_python(_CHECK, [sizes, steps, devices], None, 600))
+    floors.append(_python(_FLOOR, [sizes, devices], max(devices), 600))
   cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()
-  details = (f'seconds, check(Adam, optax.adam) of {r["size"]:,} float32 params, {steps} steps, '
-             f'devices={tuple(devices)}, pmap, default draws: ok={r["ok"]}, max {r["max_ulp"]:g} '
-             f'ulp; {cores} cores, load average {r["load_before"]:.1f} before, '
-             f'{r["load_after"]:.1f} after; CPU s {r["cpu_here"]:.1f} in the process + '
-             f'{r["cpu_worker"]:.1f} in its worker; split (s): worker with '
-             f'{worker["devices"] if worker else 0} devices: {_split(worker)}; device count 1 '
-             f'here, meanwhile: {_split(t.get("here"))}')
+  machine = f'{cores} cores, {platform.processor() or platform.machine()}'
+  walls = [r['seconds'] for r in checks]
+  cpus = [r['cpu_here'] + r['cpu_worker'] for r in checks]
+  floor_walls = [f['startup_wall'] + f['wall'] for f in floors]
+  floor_cpus = [f['startup_cpu'] + f['cpu'] for f in floors]
+  ratios = [w / f for w, f in zip(walls, floor_walls)]
+  loads = [x for r in checks for x in (r['load_before'], r['load_after'])]
+  mid = checks[walls.index(sorted(walls)[len(walls) // 2])]
+  t = mid['timings']
+  worker = t.get('worker')
+  rng = lambda xs: f'min {min(xs):.1f} max {max(xs):.1f}'
+  what = (f'check(Adam, optax.adam) of {mid["size"]:,} float32 params, {steps} steps, '
+          f'devices={tuple(devices)}, pmap, default draws')
+  details = (f'seconds (median of {rounds}, {rng(walls)}), {what}: ok={mid["ok"]}, max '
+             f'{mid["max_ulp"]:g} ulp; CPU s {_median(cpus):.1f} ({rng(cpus)}: the calling '
+             f'process + its worker); {machine}, load average {min(loads):.1f}-{max(loads):.1f}; '
+             f'split (s) of the median round: worker with {worker["devices"] if worker else 0} '
+             f'devices: {_split(worker)}; device count 1 in the calling process, meanwhile: '
+             f'{_split(t.get("here"))}')
   if quick:
     details += '; --quick: tiny tree, not comparable'
-    return [('check_1m_adam_devices_1248_seconds', r['seconds'], details)]
-  details += '; goal <= 20 on 2 cores'
-  f = _python(_FLOOR, [sizes, devices], max(devices), 600)
-  floor = (f'seconds, XLA compile of the {f["programs"]} step programs alone (Adam and optax.adam '
-           f'on {", ".join(map(str, devices))} devices, {r["size"]:,} params), one after the other '
-           f'in one process: {f["cpu"]:.1f} CPU s; plus an interpreter start-up (python, jax, the '
-           f'optimizers) of {f["startup_wall"]:.1f} s ({f["startup_cpu"]:.1f} CPU s), paid by the '
-           f'worker; load average {os.getloadavg()[0]:.1f} after')
-  return [('check_1m_adam_devices_1248_seconds', r['seconds'], details),
-          ('check_1m_adam_compile_floor_seconds', f['wall'], floor)]
+  else:
+    details += '; goal <= 20 on 2 cores'
+  f = floors[floor_walls.index(sorted(floor_walls)[len(floor_walls) // 2])]
+  floor = (f'seconds (median of {rounds}, {rng(floor_walls)}, interleaved with the check), '
+           f'a fresh process with {max(devices)} host devices: its start-up (python, jax, the '
+           f'optimizers: {f["startup_wall"]:.1f} s) and XLA compiling the {f["programs"]} step '
+           f'programs (Adam and optax.adam on {", ".join(map(str, devices))} devices) one after '
+           f'the other ({f["wall"]:.1f} s): CPU s {_median(floor_cpus):.1f} ({rng(floor_cpus)}); '
+           f'the check pays two start-ups (the calling process\'s is not counted above)')
+  ratio = (f'check / floor wall, median of {rounds} per-round ratios ({min(ratios):.2f}-'
+           f'{max(ratios):.2f}); CPU {_median(cpus) / _median(floor_cpus):.2f}; {machine}, load '
+           f'average {min(loads):.1f}-{max(loads):.1f}')
+  return [('check_1m_adam_devices_1248_seconds', _median(walls), details),
+          ('check_1m_adam_floor_seconds', _median(floor_walls), floor),
+          ('check_1m_adam_vs_floor', _median(ratios), ratio)]
 
 
 if __name__ == '__main__':

@@ -56,6 +56,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -231,8 +232,22 @@ class _NamedDraws:
       return self._scaled(memo['g'])
     if 's' not in memo:
       memo['s'] = core.reference_draw(params, step, self.seed, 2)
-    return core.stack([self._scaled(core.reference_share(memo['g'], memo['s'], d, n_devices))
-                       for d in range(n_devices)])
+    return jax.tree_util.tree_map(functools.partial(self._stacked_share, n_devices),
+                                  memo['g'], memo['s'])
+
+  def _stacked_share(self, n: int, g, s) -> np.ndarray:
+    """One leaf's ``(n, ...)`` stack of every device's scaled share: float32 leaves as one
+    broadcast ``g + k * s`` (the same float32 operations as ``core.reference_share``'s
+    per device), scaled slice by slice in place; others device by device as before."""
+    if np.asarray(g).dtype != np.float32:  # jax arrays: scaled as before, then stacked
+      return np.stack([np.asarray(self._scaled(core.reference_share(g, s, d, n)))
+                       for d in range(n)])
+    ks = np.asarray([np.float32(d - (n - 1) / 2) for d in range(n)], np.float32)
+    out = (g + ks.reshape((n,) + (1,) * np.ndim(g)) * s).astype(np.float32, copy=False)
+    if self.scale is not None:
+      for d in range(n):
+        out[d] = self.scale(out[d])
+    return out
 
 
 def _random_grads(seed):
@@ -485,20 +500,57 @@ def _pmap_out_sharding(devices: tuple):
   return probe.sharding if isinstance(probe.sharding, NamedSharding) else None
 
 
+def _replica_views(x) -> list:
+  """The replicas of a ``pmap`` output ``x`` (leading device axis of ``n``): ``n`` read-only
+  numpy views of the devices' own buffers, in device-axis order, each of shape
+  ``x.shape[1:]``; nothing copied (``np.asarray(x)`` gathers all ``n`` copies into one host
+  array: 32 MB a step for a 1M-parameter leaf on 8 devices). Zero-size leaves, whose
+  shards jax cannot fetch, give zeros."""
+  shape, n = tuple(np.shape(x))[1:], np.shape(x)[0]
+  if int(np.prod(np.shape(x))) == 0:
+    return [np.zeros(shape, x.dtype)] * n
+  out = [None] * n
+  for shard in x.addressable_shards:
+    i = shard.index[0]  # a slice(d, d + 1) (jax >= 0.5) or the int d (jax 0.4.13)
+    out[(i.start or 0) if isinstance(i, slice) else int(i)] = np.asarray(shard.data).reshape(shape)
+  if any(v is None for v in out):  # not one buffer per replica: gather them
+    return list(core.host(x))
+  return out
+
+
+def _views_bitwise(views: list) -> bool:
+  """Every view's bytes equal the first's, or its values (``-0.0 == 0.0``, NaN equal to
+  NaN): what :func:`core.replicas_bitwise` says of the stacked replicas."""
+  first = views[0]
+  words = _words(first)
+  return all(np.array_equal(_words(v), words)
+             or np.array_equal(core.storable(v), core.storable(first), equal_nan=True)
+             for v in views[1:])
+
+
+def _words(x: np.ndarray) -> np.ndarray:
+  size = x.dtype.itemsize
+  flat_x = np.ascontiguousarray(x).reshape(-1)
+  return flat_x.view(f'u{size}') if size in (1, 2, 4, 8) else flat_x.view(np.uint8)
+
+
 class _Run:
   """One optimizer's trajectory for one mode and device count, one compiled call per step.
 
   ``grads(t, grads_fn)`` draws step ``t``'s gradients as the step takes them
   (``'single'``: one tree; ``'pmap'`` / ``'sharded'``: every device's share
   stacked, ``(k, ...)`` leaves with ``k`` the count or the data axis);
-  ``advance(grads)`` runs the step; ``result()`` is ``({step: flat params},
-  replicas_bitwise)``. Several runs can advance in lockstep, sharing draws.
+  ``advance(grads)`` runs the step; ``last`` is then its flat params (``'pmap'``:
+  replica 0's, views of its device buffers); ``result()`` is ``({step: flat params},
+  replicas_bitwise)`` (``keep=False``: ``{}``, only ``last`` kept). Several runs can
+  advance in lockstep, sharing draws.
   """
 
-  def __init__(self, runner, params, n: int, mode: str):
+  def __init__(self, runner, params, n: int, mode: str, keep: bool = True, who=None):
     init, step, self.params_of = runner
-    self.mode, self.n = mode, n
-    self.traj, self.ok = {}, True
+    self.mode, self.n, self.keep, self.who = mode, n, keep, who
+    self.traj, self.ok, self.last = {}, True, None
+    self.seconds: list = []  # wall seconds of each advance (the first: with its compile)
     state = init(params)
     if mode == 'single':
       self.k = None
@@ -522,6 +574,14 @@ class _Run:
       return jax.tree_util.tree_map(_replica0, params)
     return params
 
+  def like(self):
+    """:meth:`current`'s shapes and dtypes, no values fetched (read-only zero-strided
+    numpy placeholders): all that the named draws read."""
+    lead = 1 if self.mode == 'pmap' else 0
+    return jax.tree_util.tree_map(
+        lambda x: np.broadcast_to(np.zeros((), x.dtype), tuple(np.shape(x))[lead:]),
+        self.params_of(self.state))
+
   def grads(self, t: int, grads_fn):
     current = self.current()
     if self.k is None:
@@ -529,20 +589,37 @@ class _Run:
     return core.stack([grads_fn(t, current, d, self.k) for d in range(self.k)])
 
   def advance(self, grads) -> None:
+    clock = time.perf_counter()
+    _TAG.who = self.who  # jax's trace / lower / compile events on this thread are this run's
+    try:
+      self._advance(grads)
+    finally:
+      _TAG.who = None
+      self.seconds.append(time.perf_counter() - clock)
+
+  def _advance(self, grads) -> None:
     if self.mode == 'sharded':
       grads = jax.device_put(grads, self.share_shardings(grads, 1))
     self.state = self.step_fn(self.state, grads)
     params = self.params_of(self.state)
     if self.mode == 'pmap':
-      self.ok = self.ok and core.replicas_bitwise(params)
-      params = jax.tree_util.tree_map(lambda x: np.array(_replica0(x)), params)
-    elif self.mode == 'sharded':
+      leaves, treedef = jax.tree_util.tree_flatten(params)
+      views = [_replica_views(x) for x in leaves]
+      self.ok = self.ok and all(_views_bitwise(v) for v in views)
+      self.last = flat(jax.tree_util.tree_unflatten(treedef, [v[0] for v in views]))
+      if self.keep:  # copies: the views would hold every step's device buffers
+        self.traj[len(self.traj) + 1] = {k: np.array(v) for k, v in self.last.items()}
+      return
+    if self.mode == 'sharded':
       self.ok = self.ok and _replicas_equal_sharded(params)
-    self.traj[len(self.traj) + 1] = flat(params)
+    self.last = flat(params)
+    if self.keep:
+      self.traj[len(self.traj) + 1] = self.last
 
   def result(self):
     if self.mode == 'pmap':
-      return self.traj, self.ok and core.replicas_bitwise(self.state)
+      return self.traj, self.ok and all(
+          _views_bitwise(_replica_views(x)) for x in jax.tree_util.tree_leaves(self.state))
     if self.mode == 'sharded':
       return self.traj, self.ok and _replicas_equal_sharded(self.state)
     return self.traj, True
@@ -738,7 +815,7 @@ def _runners(legacy, tx, params) -> list:
 
 
 def run_counts(legacy, tx, params, grads, steps: int, counts: Sequence[int], mode: str,
-               seed: int = 0, threads: int = 1) -> dict:
+               seed: int = 0, threads: int = 1, summarize: dict | None = None) -> dict:
   """``{(mode, n): run_pair(legacy, tx, params, grads, steps, n, mode, seed)}`` for every
   ``n`` in ``counts``, in this process (needs ``max(counts)`` devices; a count ``n``
   runs on the first ``n``), bitwise the same numbers.
@@ -748,7 +825,12 @@ def run_counts(legacy, tx, params, grads, steps: int, counts: Sequence[int], mod
   drawn once per step and params signature for all of them (``_NamedDraws.shares``)
   instead of once per device, count and optimizer, where they cost more than the
   steps (a 1M-parameter tree: about 0.1 s a draw). Every run's state is held at
-  once (the trajectories kept outweigh it).
+  once. ``'pmap'`` reads each replica in its device's buffer (no gather of the ``n``
+  copies).
+
+  ``summarize`` (leaf path -> dtype name, both optimizers given): each count's
+  :func:`summary` instead of its trajectories, built step by step (``_Summary``:
+  the same numbers) and no trajectory kept.
 
   ``threads`` > 1: each step's compiled calls (the first step's: with their
   compiles) run on up to that many threads, the draws staying in this thread.
@@ -757,83 +839,229 @@ def run_counts(legacy, tx, params, grads, steps: int, counts: Sequence[int], mod
   caller's would not reach the others.
   """
   import concurrent.futures
-  clock, compiled = time.perf_counter(), _compile_seconds()
+  clock, compiled, cpu = time.perf_counter(), _compile_seconds(), time.process_time()
   params = materialize(params, seed)
   grads_fn = _grads_fn(grads, seed)
   runners = _runners(legacy, tx, params)
-  runs = [(n, who, _Run(runner, params, n, mode)) for n in counts for who, runner in runners]
+  if summarize is not None and len(runners) < 2:
+    raise ValueError('summarize needs both optimizers')
+  keep = summarize is None
+  stages = _stages()
+  runs = [(n, who, _Run(runner, params, n, mode, keep, who)) for n in counts
+          for who, runner in runners]
+  by_key = {(n, who): run for n, who, run in runs}
+  sums = {n: _Summary(mode, n, summarize) for n in counts} if not keep else {}
   shared = getattr(grads_fn, 'shares', None)
   threads = max(1, min(len(runs), threads))
   split = _TIMINGS['run_counts'] = {'setup': time.perf_counter() - clock}
+  pending, drawing = [], 0.0
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     for t in range(steps):
       if t == 1:
         split['first_step'] = time.perf_counter() - clock - split['setup']
       drawn, args = {}, []  # drawn: (k, params signature) -> the shares, for this step
+      at = time.perf_counter()
       for _, _, run in runs:  # in this thread, in order: a user's function sees no threads
         if shared is None:
           args.append(run.grads(t, grads_fn))
           continue
-        current = run.current()
-        key = (run.k, _signature(current))
+        like = run.like()
+        key = (run.k, _signature(like))
         if key not in drawn:
-          drawn[key] = shared(t, current, run.k)
+          drawn[key] = shared(t, like, run.k)
         args.append(drawn[key])
+      drawing += time.perf_counter() - at
       if threads == 1:
         for (_, _, run), a in zip(runs, args):
           run.advance(a)
-        continue
-      # each run's compiled step on a thread of its own: the first step's compiles overlap
-      for f in [pool.submit(run.advance, a) for (_, _, run), a in zip(runs, args)]:
-        f.result()
-  runs = {(n, who): run for n, who, run in runs}
+      else:
+        # each run's compiled step on a thread of its own: the first step's compiles overlap
+        for f in [pool.submit(run.advance, a) for (_, _, run), a in zip(runs, args)]:
+          f.result()
+      for n, acc in sums.items():  # on the pool, while the next step's draws are made
+        pair = (t + 1, by_key[(n, 'legacy')].last, by_key[(n, 'tx')].last)
+        if threads == 1:
+          acc.add(*pair)
+        else:
+          pending.append(pool.submit(acc.add, *pair))
+    for f in pending:
+      f.result()
   out = {}
   for n in counts:
-    out[(mode, n)] = r = {'replicas': {}}
+    replicas = {who: by_key[(n, who)].result()[1] for who, _ in runners}
+    if sums:
+      out[(mode, n)] = sums[n].result(replicas)
+      continue
+    out[(mode, n)] = r = {'replicas': replicas}
     for who, _ in runners:
-      r[who], r['replicas'][who] = runs[(n, who)].result()
+      r[who] = by_key[(n, who)].traj
   split['total'] = time.perf_counter() - clock
   split['steps'] = split['total'] - split['setup'] - split.get('first_step', split['total'])
   split['first_step'] = split.get('first_step', split['total'] - split['setup'])
   split['xla_compile'] = _compile_seconds() - compiled
+  split['summary'] = sum(acc.seconds for acc in sums.values())
+  split['draws'] = drawing
+  split['cpu'] = time.process_time() - cpu
+  now = _stages()
+  for who, _ in runners:
+    mine = [by_key[(n, who)].seconds for n in counts]
+    split[who] = {'first_step': sum(x[0] for x in mine if x),
+                  'steps': sum(sum(x[1:]) for x in mine),
+                  **{stage: now.get((stage, who), 0.0) - stages.get((stage, who), 0.0)
+                     for stage in ('trace', 'lower', 'compile')}}
   return out
+
+
+class _Summary:
+  """:func:`summary` of one count, built step by step from the two runs' flat params
+  (``add``, steps in any order, on any thread) without keeping them: per step and
+  leaf only the largest difference, where it is and the legacy leaf's largest finite
+  magnitude (``core.leaf_scales``); ``result`` then divides by the ulps of the whole
+  run's scale as ``core.ulp_distance`` does. ``seconds``: time spent in ``add``."""
+
+  def __init__(self, mode: str, n: int, dtypes: dict):
+    self.mode, self.n, self.dtypes = mode, n, dtypes
+    self.steps: dict = {}
+    self.seconds = 0.0
+
+  def add(self, step: int, legacy: dict, tx: dict) -> None:
+    clock = time.perf_counter()
+    leaves = {}
+    for path, expected in legacy.items():
+      leaves[path] = (_finite_max(expected),) + _largest_gap(tx[path], expected)
+    self.steps[step] = leaves
+    self.seconds += time.perf_counter() - clock
+
+  def result(self, replicas: dict) -> dict:
+    order = (sorted(self.steps) if all(isinstance(k, int) for k in self.steps)
+             else list(self.steps))  # added on threads: in step order again
+    scales: dict = {}
+    for step in order:
+      for path, (scale, *_) in self.steps[step].items():
+        scales[path] = max(scales.get(path, 0.0), scale)
+    per_leaf: dict = {}
+    worst = None
+    for step in order:
+      for path, (_, gap, dtype, where) in self.steps[step].items():
+        d = 0.0 if gap == 0 else _in_ulps(gap, scales[path], dtype, self.dtypes.get(path))
+        per_leaf[path] = max(per_leaf.get(path, 0.0), d)
+        if d > 0 and (worst is None or d > worst[-1]):
+          worst = (path, step, self.n, self.mode) + where + (d,)
+    return {'summary': True, 'replicas': dict(replicas), 'per_leaf': per_leaf, 'worst': worst}
+
+
+def _finite_max(expected: np.ndarray) -> float:
+  """The largest finite ``|value|`` of a leaf (0.0 if none): one step of ``core.leaf_scales``."""
+  if expected.size == 0:
+    return 0.0
+  top = np.max(np.abs(expected))
+  if np.isfinite(top):  # no NaN, no inf: the float64 path's number (abs and max are exact)
+    return float(top)
+  finite = np.abs(np.asarray(expected, np.float64))
+  finite = finite[np.isfinite(finite)]
+  return float(finite.max()) if finite.size else 0.0
+
+
+def _largest_gap(actual: np.ndarray, expected: np.ndarray) -> tuple:
+  """``(gap, expected's dtype, where)`` of one leaf and step, for ``core.ulp_distance`` and
+  the report's worst: ``gap`` the largest ``|actual - expected|`` in float64 (0 where
+  equal, inf where a NaN or inf differs), ``where`` ``(index, legacy value, tx value)`` of
+  its first element (``()`` when ``gap`` is 0).
+
+  Raises:
+    ValueError: the shapes differ (as ``core.ulp_distance``).
+  """
+  a = np.asarray(actual, np.float64)
+  e = np.asarray(expected, np.float64)
+  if a.shape != e.shape:
+    raise ValueError(f'shape mismatch {a.shape} vs {e.shape}')
+  if e.size == 0:
+    return 0.0, expected.dtype, ()
+  with np.errstate(invalid='ignore'):
+    diff = np.abs(a - e)
+  top = np.max(diff)
+  if not np.isfinite(top):  # a NaN or an inf somewhere: ulp_distance's masks decide
+    same = (a == e) | (np.isnan(a) & np.isnan(e))
+    with np.errstate(invalid='ignore'):
+      diff = np.where(same, 0.0, diff)
+    top = np.max(diff) if np.all(np.isfinite(diff)) else np.inf
+    diff = np.where(np.isnan(diff), np.inf, diff)
+  if top == 0:
+    return 0.0, expected.dtype, ()
+  idx = np.unravel_index(int(np.argmax(diff)), e.shape) if e.ndim else ()
+  return top, expected.dtype, (tuple(int(i) for i in idx), float(e[idx]), float(a[idx]))
+
+
+def _in_ulps(gap, scale: float, base, dtype: str | None) -> float:
+  """``gap`` (> 0, or inf) in ulps of ``scale`` as ``core.ulp_distance`` counts them."""
+  if not np.isfinite(gap):
+    return float('inf')
+  base = np.dtype(base)
+  if base.kind != 'f':
+    base = np.dtype(np.float32)
+  factor = core._ULP_FACTOR.get(dtype or base.name, 1)
+  ulp = float(np.spacing(base.type(scale))) if scale > 0 else float(np.finfo(base).tiny)
+  return float(gap / (ulp * factor))
 
 
 #: Where the last :func:`collect` / :func:`run_counts` of this process spent its time
 #: (:func:`last_timings`).
 _TIMINGS: dict = {}
-_COMPILED = [0.0, False]  # XLA backend compile seconds so far, listener registered
+_COMPILED = [False]  # listener registered
+#: ``{(stage, who): seconds}`` summed over threads since the listener's registration:
+#: stage ``'trace'`` / ``'lower'`` / ``'compile'`` (jax's jaxpr trace, MLIR lowering and
+#: XLA backend compile events), ``who`` the run's optimizer (``'legacy'`` / ``'tx'``) on
+#: the thread that paid it, else None.
+_STAGES: dict = {}
+_STAGE_NAMES = {'jaxpr_trace_duration': 'trace', 'jaxpr_to_mlir_module_duration': 'lower',
+                'backend_compile_duration': 'compile'}
+_TAG = threading.local()
+_LOCK = threading.Lock()
 
 
 def _compile_seconds() -> float:
   """Seconds this process spent in XLA backend compiles since the first call (summed over
-  threads; jax's ``/jax/core/compile/backend_compile_duration`` events)."""
-  if not _COMPILED[1]:
-    _COMPILED[1] = True
+  threads; jax's ``/jax/core/compile/backend_compile_duration`` events); also starts
+  recording :data:`_STAGES`."""
+  if not _COMPILED[0]:
+    _COMPILED[0] = True
 
     def listen(event, seconds, **_):
-      if event.endswith('backend_compile_duration'):
-        _COMPILED[0] += seconds
+      stage = _STAGE_NAMES.get(event.rsplit('/', 1)[-1])
+      if stage is not None:
+        key = (stage, getattr(_TAG, 'who', None))
+        with _LOCK:
+          _STAGES[key] = _STAGES.get(key, 0.0) + seconds
     register = getattr(getattr(jax, 'monitoring', None), 'register_event_duration_secs_listener',
                        None)
     if register is not None:
       register(listen)
-  return _COMPILED[0]
+  return sum(v for (stage, _), v in _STAGES.items() if stage == 'compile')
+
+
+def _stages() -> dict:
+  with _LOCK:
+    return dict(_STAGES)
 
 
 def last_timings() -> dict:
   """Wall-clock seconds of the last :func:`collect` in this process (a copy).
 
-  ``{'total': s, 'here': split or None, 'worker': split or None}``. A split is
-  ``{'setup': params, optimizer states and their first placement, 'first_step': the
-  first step of every run with their compiles (in the worker: concurrent, on up to
-  one thread per usable core), 'steps': the other steps, 'total': s, 'xla_compile':
-  XLA backend compile seconds summed over threads}``; the worker's also has ``'devices'`` (its
-  host device count), ``'startup'`` (from its start until it has read its input:
-  python, jax and the optimizers' imports) and ``'results'`` (from its end of work
-  until this process has its results: pickling and reading them); both have
-  ``'summary'`` (``collect(..., summarize=...)``: the counts' :func:`summary`, else
-  0). Empty before any :func:`collect`.
+  ``{'total': s, 'here': split or None, 'worker': split or None}``. A split
+  (:func:`run_counts`' own) is ``{'setup': params, optimizer states and their first
+  placement, 'first_step': the first step of every run with their compiles (in the
+  worker: concurrent, on up to one thread per usable core), 'steps': the other steps,
+  'total': s, 'xla_compile': XLA backend compile seconds summed over threads, 'draws':
+  the gradient draws (in the calling thread), 'summary': building the counts'
+  summaries (``summarize``; summed over threads, overlapping the draws), 'cpu': this
+  process's CPU seconds in it, 'legacy' / 'tx': {'first_step', 'steps': wall seconds of
+  that optimizer's calls summed over its runs (overlapping on threads), 'trace',
+  'lower', 'compile': jax's trace, MLIR lowering and XLA compile seconds paid on its
+  runs' threads}}``; the worker's also has ``'devices'`` (its host device count),
+  ``'startup'`` (from its start until it has read its input: python, jax and the
+  optimizers' imports), ``'startup_cpu'`` and ``'process_cpu'`` (its CPU seconds
+  until then and in all) and ``'results'`` (from its end of work until this process
+  has its results: pickling and reading them). Empty before any :func:`collect`.
   """
   import copy
   return copy.deepcopy({k: v for k, v in _TIMINGS.items() if k != 'run_counts'})
@@ -917,18 +1145,14 @@ def _stop_elsewhere(started) -> None:
 
 def _worker() -> int:
   payload = pickle.loads(sys.stdin.buffer.read())
-  ready = time.time()
+  ready, ready_cpu = time.time(), time.process_time()
   from equivalence_tests import workers
-  summarize = payload.pop('summarize', None)
   try:
     out = run_counts(**payload, threads=workers.default_workers())  # a process of its own
-    clock = time.perf_counter()
-    if summarize is not None:
-      out = {k: summary(*k, r, summarize) for k, r in out.items()}
-    _TIMINGS['run_counts']['summary'] = time.perf_counter() - clock
   except (ValueError, TypeError) as e:
     out = e
-  split = {**_TIMINGS.get('run_counts', {}), 'ready': ready, 'done': time.time()}
+  split = {**_TIMINGS.get('run_counts', {}), 'startup_cpu': ready_cpu,
+           'process_cpu': time.process_time(), 'ready': ready, 'done': time.time()}
   pickle.dump((out, split), sys.stdout.buffer, protocol=pickle.HIGHEST_PROTOCOL)
   return 0
 
@@ -1061,17 +1285,12 @@ def collect(legacy, tx, params, *, grads, steps: int, seed: int, mode: str,
   started = (_start_elsewhere({**payload, 'counts': elsewhere, 'summarize': summarize},
                               max(elsewhere)) if elsewhere else None)
   try:
-    results = run_counts(**payload, counts=here) if here else {}
-    at = time.perf_counter()
-    if summarize is not None:
-      results = {k: summary(*k, r, summarize) for k, r in results.items()}
+    results = run_counts(**payload, counts=here, summarize=summarize) if here else {}
   except BaseException:
     if started is not None:
       _stop_elsewhere(started)
     raise
   _TIMINGS['here'] = _TIMINGS.pop('run_counts', None)
-  if _TIMINGS['here'] is not None:
-    _TIMINGS['here']['summary'] = time.perf_counter() - at
   if started is not None:
     results.update(_finish_elsewhere(started))
   _TIMINGS.setdefault('worker', None)
@@ -1108,25 +1327,12 @@ def summary(mode: str, n: int, result: dict, dtypes: dict) -> dict:
   data, small to pickle): ``{'summary': True, 'replicas': {who: bool}, 'per_leaf':
   {path: max ulp over its steps}, 'worst': the fields of its :class:`Worst` as a tuple
   (its first largest difference in step and leaf order), or None when bitwise}``.
-  ``result``: a :func:`run_pair` result with both trajectories."""
-  per_leaf: dict = {}
-  worst = None
-  legacy, tx = result['legacy'], result['tx']
-  scales = core.leaf_scales(legacy)
-  for step, leaves in legacy.items():
-    for path, expected in leaves.items():
-      d = core.ulp_distance(tx[step][path], expected, scales[path], dtypes.get(path))
-      per_leaf[path] = max(per_leaf.get(path, 0.0), d)
-      if d > 0 and (worst is None or d > worst[-1]):
-        a = np.asarray(tx[step][path], np.float64)
-        e = np.asarray(expected, np.float64)
-        with np.errstate(invalid='ignore'):
-          gap = np.where((a == e) | (np.isnan(a) & np.isnan(e)), 0.0, np.abs(a - e))
-        gap = np.where(np.isnan(gap), np.inf, gap)
-        idx = np.unravel_index(int(np.argmax(gap)), e.shape) if e.ndim else ()
-        worst = (path, step, n, mode, tuple(int(i) for i in idx), float(e[idx]), float(a[idx]), d)
-  return {'summary': True, 'replicas': dict(result['replicas']), 'per_leaf': per_leaf,
-          'worst': worst}
+  ``result``: a :func:`run_pair` result with both trajectories (``run_counts(...,
+  summarize=dtypes)`` builds the same step by step, keeping none)."""
+  acc = _Summary(mode, n, dtypes)
+  for step, leaves in result['legacy'].items():
+    acc.add(step, leaves, result['tx'][step])
+  return acc.result(result['replicas'])
 
 
 if __name__ == '__main__':

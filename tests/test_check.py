@@ -1021,3 +1021,173 @@ def test_report_of_summaries_is_the_report_of_the_trajectories():
   mixed = {**parts, ('pmap', 2): results[('pmap', 2)]}  # either form per count
   assert checker.report(mixed, dtypes, 3, 4) == want
   assert checker.summary('sharded', 2, bitwise, dtypes)['worst'] is None
+
+
+def test_largest_gap_in_ulps_is_ulp_distance_with_nan_inf_signed_zero_and_empty():
+  """``_Summary`` divides per-step gaps by the whole run's scale afterwards: the same numbers
+  as ``core.ulp_distance`` on the stored leaves, in its fast path (all finite) and the
+  masked one (NaN and inf at the same or different places, -0.0 vs 0.0), and the worst's
+  index and values as ``summary`` finds them."""
+  rs = np.random.RandomState(3)
+  e = rs.standard_normal(50).astype(np.float32)
+  cases = {'equal': (e.copy(), e), 'apart': (e + np.float32(1e-6), e),
+           'signed zero': (np.float32([0.0, 1.0]), np.float32([-0.0, 1.0])),
+           'same nan': (np.float32([np.nan, 1.0, 2.0]), np.float32([np.nan, 1.0, 2.5])),
+           'nan vs number': (np.float32([np.nan, 1.0]), np.float32([3.0, 1.0])),
+           'equal infs': (np.float32([np.inf, 1.0, 2.0]), np.float32([np.inf, 1.0, 2.25])),
+           'opposite infs': (np.float32([np.inf, 1.0]), np.float32([-np.inf, 1.0])),
+           'empty': (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)),
+           'scalar': (np.float32(2.5), np.float32(2.0)),
+           'float64': (np.float64([1.0, 2.0 + 2 ** -40]), np.float64([1.0, 2.0]))}
+  for name, (a, x) in cases.items():
+    for dtype in (None, 'bfloat16'):
+      scale = checker._finite_max(x)
+      assert scale == core.leaf_scales({1: {'p': x}})['p'], name
+      gap, base, where = checker._largest_gap(a, x)
+      want = core.ulp_distance(a, x, scale, dtype)
+      got = 0.0 if gap == 0 else checker._in_ulps(gap, scale, base, dtype)
+      assert got == want, (name, dtype, got, want)
+      part = checker.summary('single', 1, {'legacy': {1: {'p': x}}, 'tx': {1: {'p': a}},
+                                           'replicas': {}}, {'p': dtype})
+      assert repr(part['worst'][4:7] if part['worst'] else ()) == repr(where), name
+  with pytest.raises(ValueError, match='shape mismatch'):
+    checker._largest_gap(np.zeros(3), np.zeros(4))
+
+
+def test_pmap_runs_read_replicas_in_place_without_gathering(monkeypatch):
+  """Each pmap step used to copy all n replicas of every leaf into one host array (twice
+  the state's size a step) to compare them and keep replica 0: now each device's buffer
+  is read where it is. ``core.host`` (the gather) is no longer called."""
+  def gather(x):
+    raise AssertionError('gathered a pmap output')
+  monkeypatch.setattr(checker.core, 'host', gather)
+  out = checker.run_counts(optim.Adam(0.01), optax.adam(0.01), _params(), 'mixed', 3, [1],
+                           'pmap')
+  assert out[('pmap', 1)]['replicas'] == {'legacy': True, 'tx': True}
+  assert sorted(out[('pmap', 1)]['legacy']) == [1, 2, 3]
+
+
+_BITWISE_SCRIPT = '''
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import jax, jax.numpy as jnp, numpy as np, optax
+import optim_compat as optim
+from equivalence_tests import checker, core
+
+def old_loop(runner, params, grads_fn, steps, n, mode):
+  """The check's runs before the lockstep runner, written out: one optimizer, one count,
+  every pmap output gathered to the host to compare its replicas and keep replica 0."""
+  init, step, params_of = runner
+  state, traj, ok = init(params), {}, True
+  first = lambda tree: jax.tree_util.tree_map(lambda x: core.host(x)[0], tree)
+  if mode == "single":
+    fn = jax.jit(step)
+    for t in range(steps):
+      state = fn(state, grads_fn(t, params_of(state)))
+      traj[t + 1] = checker.flat(params_of(state))
+    return traj, True
+  if mode == "sharded":
+    mesh, shardings, share_shardings, sstep = checker._sharded_program(step, state, n)
+    fn = jax.jit(sstep, out_shardings=shardings)
+    state, k = jax.device_put(state, shardings), mesh.shape["data"]
+    for t in range(steps):
+      g = core.stack([grads_fn(t, params_of(state), d, k) for d in range(k)])
+      state = fn(state, jax.device_put(g, share_shardings(g, 1)))
+      ok = ok and checker._replicas_equal_sharded(params_of(state))
+      traj[t + 1] = checker.flat(params_of(state))
+    return traj, ok and checker._replicas_equal_sharded(state)
+  state = core.replicate_on_host(state, n)
+  fn = jax.pmap(core.data_parallel(step), axis_name="batch", devices=jax.local_devices()[:n])
+  for t in range(steps):
+    state = fn(state, core.stack([grads_fn(t, first(params_of(state)), d, n) for d in range(n)]))
+    ok = ok and core.replicas_bitwise(params_of(state))
+    traj[t + 1] = checker.flat(jax.tree_util.tree_map(lambda x: np.array(core.host(x)[0]),
+                                                      params_of(state)))
+  return traj, ok and core.replicas_bitwise(state)
+
+def old_report(results, dtypes):
+  """report() before per-count summaries: ulp_distance over the kept trajectories."""
+  per_leaf, worst, replicas = {}, None, {}
+  for (mode, n), r in results.items():
+    replicas.update({(mode, n, who): ok for who, ok in r["replicas"].items()})
+    scales = core.leaf_scales(r["legacy"])
+    for step, leaves in r["legacy"].items():
+      for path, e in leaves.items():
+        d = core.ulp_distance(r["tx"][step][path], e, scales[path], dtypes.get(path))
+        per_leaf[path] = max(per_leaf.get(path, 0.0), d)
+        if d > 0 and (worst is None or d > worst[-1]):
+          a, x = np.asarray(r["tx"][step][path], np.float64), np.asarray(e, np.float64)
+          with np.errstate(invalid="ignore"):
+            gap = np.where((a == x) | (np.isnan(a) & np.isnan(x)), 0.0, np.abs(a - x))
+          gap = np.where(np.isnan(gap), np.inf, gap)
+          idx = np.unravel_index(int(np.argmax(gap)), x.shape) if x.ndim else ()
+          worst = (path, step, n, mode, tuple(int(i) for i in idx), float(x[idx]), float(a[idx]), d)
+  return repr((list(per_leaf.items()), worst, replicas))
+
+def bad_update(g, s, p=None):  # replicas drift apart: each device adds its index
+  u, s = optax.adam(0.01).update(g, s, p)
+  return jax.tree_util.tree_map(
+      lambda x: x + jax.lax.axis_index("batch").astype(x.dtype) * 1e-3, u), s
+
+S = jax.ShapeDtypeStruct
+f32 = {"w": S((40, 24), jnp.float32), "b": S((24,), jnp.float32), "s": S((), jnp.float32),
+       "z": S((0, 3), jnp.float32)}
+bf16 = {"w": S((12, 8), jnp.bfloat16), "b": S((8,), jnp.bfloat16)}
+bad = optax.GradientTransformation(optax.adam(0.01).init, bad_update)
+cases = [(f32, optim.Adam(0.01, weight_decay=1e-2), optax.adamw(0.01, weight_decay=1e-2), "pmap", [1, 2, 4]),
+         (f32, optim.Adam(0.01), bad, "pmap", [2]),
+         (bf16, optim.LAMB(0.01), optim.transforms.adafactor(0.1), "pmap", [2]),
+         (f32, optim.Adam(0.01, weight_decay=1e-2), optax.adamw(0.01, weight_decay=1e-2), "sharded", [2]),
+         (f32, optim.Adam(0.01), optax.adam(0.01), "single", [1])]
+out = []
+for params, legacy, tx, mode, counts in cases:
+  concrete = checker.materialize(params, 0)
+  dtypes = checker.dtype_names(concrete)
+  old = {}
+  for n in counts:
+    old[(mode, n)] = r = {"replicas": {}}
+    for who, runner in checker._runners(legacy, tx, concrete):
+      r[who], r["replicas"][who] = old_loop(runner, concrete, checker._mixed_grads(0), 3, n, mode)
+  new = checker.run_counts(legacy, tx, params, "mixed", 3, counts, mode, threads=2)
+  for k, r in old.items():
+    assert new[k]["replicas"] == r["replicas"], (mode, k, new[k]["replicas"], r["replicas"])
+    for who in ("legacy", "tx"):
+      assert sorted(new[k][who]) == sorted(r[who])
+      for t, leaves in r[who].items():
+        assert list(new[k][who][t]) == list(leaves)
+        for p, v in leaves.items():
+          g = new[k][who][t][p]
+          assert g.dtype == v.dtype and g.shape == v.shape and g.tobytes() == v.tobytes(), (
+              mode, k, who, t, p)
+  want = old_report(old, dtypes)
+  for threads in (1, 2):
+    parts = checker.run_counts(legacy, tx, params, "mixed", 3, counts, mode, threads=threads,
+                               summarize=dtypes)
+    assert all(set(p) == {"summary", "replicas", "per_leaf", "worst"} for p in parts.values())
+    rep = checker.report(parts, dtypes, 3, 4)
+    got = repr((list(rep.per_leaf.items()),
+                None if rep.worst is None else tuple(vars(rep.worst).values()),
+                rep.replicas_bitwise))
+    assert got == want, (mode, threads, got, want)
+  out.append([mode, counts, {f"{m}x{n} {who}": ok for (m, n), r in old.items()
+                             for who, ok in r["replicas"].items()}])
+print(json.dumps(out))
+'''
+
+
+def test_check_runs_are_the_previous_runs_bitwise_and_report_alike():
+  """The lockstep runner (pmap replicas read in place, draws from shapes only, shares
+  stacked in one broadcast, summaries built step by step without trajectories) against
+  the runs and report as they were before, written out in the script: the same bits for
+  every step and leaf, the same replica flags (False ones included: a tx whose replicas
+  drift apart), the same report (per-leaf maxima and order, worst, with NaN and inf
+  from bfloat16 LAMB vs Adafactor), in pmap on 1, 2 and 4 of 4 devices, sharded, single."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
+             XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  proc = subprocess.run([sys.executable, '-c', _BITWISE_SCRIPT], env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  flags = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert [m for m, _, _ in flags] == ['pmap', 'pmap', 'pmap', 'sharded', 'single']
+  assert flags[1][2] == {'pmapx2 legacy': True, 'pmapx2 tx': False}
+  assert len(flags[0][2]) == 6 and all(flags[0][2].values())
