@@ -1163,7 +1163,7 @@ def _worker() -> int:
 
 def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
           mode: str = 'pmap', grads: str | Callable = DEFAULT_GRADS, seed: int = 0,
-          max_ulp: float = 4) -> Report:
+          max_ulp: float | None = None) -> Report:
   """Run ``legacy`` and ``tx`` side by side and compare their parameter trajectories.
 
   Args:
@@ -1188,7 +1188,9 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
       (e.g. the gradient of your loss); every device gets the same share.
     seed: seeds the params (for ``ShapeDtypeStruct`` leaves) and the gradients.
     max_ulp: bound on every leaf's distance, in ulps of that leaf's largest
-      magnitude over the run (0: bitwise).
+      magnitude over the run (0: bitwise). None (the default): the legacy def's
+      :func:`default_max_ulp` (Adam and Adam with weight decay: 24; a def whose
+      Optax form is bitwise, or one the spec does not know: 4).
 
   Returns:
     A :class:`Report`; ``report.ok`` is the verdict and ``str(report)`` the table.
@@ -1216,6 +1218,8 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
                      f"model mesh with a model axis of 2), got {devices}")
   if steps < 1:
     raise ValueError(f'steps must be >= 1, got {steps}')
+  if max_ulp is None:
+    max_ulp = default_max_ulp(legacy)
   if not max_ulp >= 0:
     raise ValueError(f'max_ulp must be >= 0, got {max_ulp}')
   if isinstance(grads, str) and grads not in GRADS:
@@ -1230,6 +1234,40 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
                     devices=devices, summarize=dtypes)
   return report(results, dtypes, steps, max_ulp, grads=grads,
                 notes=grads_notes(grads, concrete))
+
+
+#: :func:`check`'s bound (ulps) for a legacy def the spec does not know, and the least
+#: :func:`default_max_ulp` gives.
+DEFAULT_MAX_ULP = 4.0
+#: :func:`default_max_ulp`: this many times the def's ``stock_max_ulp``. That bound was
+#: measured on the recorded tree; on other trees Adam with weight decay against
+#: ``optax.adamw`` (rounding only: adamw subtracts the decay in the same update, legacy
+#: a second time) measures more: 9-15 ulp in the spec's notes, up to 16 over 54 trees,
+#: learning rates (1e-3, 1e-2, 0.1), weight decays (1e-4, 1e-3, 1e-2) and seeds, 20
+#: steps, ``'mixed'`` draws (2.7 times its stock 6). 4 times leaves a margin of 1.5 over
+#: that. Wrong migrations measure far more: b1 and b2 swapped 1.5e5-5.3e5 ulp, eps 1e-6
+#: for 1e-8 1.7e5-4.5e5, lr 1% off 5e3, nesterov flipped 1.4e6; a weight decay off by 2x
+#: measures 20-9e4 (the least where lr * weight_decay = 1e-7, whose effect over 20
+#: steps is itself near rounding: there pass more ``steps``).
+STOCK_MARGIN = 4
+
+
+def default_max_ulp(legacy) -> float:
+  """The bound :func:`check` uses when none is given: ``STOCK_MARGIN`` times the measured
+  ``stock_max_ulp`` of ``legacy``'s def in ``optim_compat.spec`` (found by class name
+  along its MRO, for classes of ``optim_compat`` or ``flax.optim``: user subclasses of
+  them included), at least ``DEFAULT_MAX_ULP``; ``DEFAULT_MAX_ULP`` for any other def.
+  E.g. Adam 24, AdaBelief and Adadelta 28, RMSProp 12, LAMB, LARS and Adafactor 8,
+  GradientDescent, Momentum and Adagrad 4."""
+  try:
+    from optim_compat import spec
+  except ImportError:  # an old stack without the project on its path
+    return DEFAULT_MAX_ULP
+  for cls in type(legacy).__mro__:
+    entry = spec.SPECS.get(cls.__name__)
+    if entry is not None and (cls.__module__ or '').split('.')[0] in ('optim_compat', 'flax'):
+      return float(max(DEFAULT_MAX_ULP, STOCK_MARGIN * entry.stock_max_ulp))
+  return DEFAULT_MAX_ULP
 
 
 def refuse_draws(grads, params, seed: int = 0) -> None:

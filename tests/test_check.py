@@ -1191,3 +1191,39 @@ def test_check_runs_are_the_previous_runs_bitwise_and_report_alike():
   assert [m for m, _, _ in flags] == ['pmap', 'pmap', 'pmap', 'sharded', 'single']
   assert flags[1][2] == {'pmapx2 legacy': True, 'pmapx2 tx': False}
   assert len(flags[0][2]) == 6 and all(flags[0][2].values())
+
+
+def test_default_bound_is_per_def_passing_adamw_and_failing_wrong_migrations():
+  """``max_ulp=None`` (the default): 4 times the def's measured stock bound. Adam with
+  weight decay against ``optax.adamw`` measures 9 ulp here (rounding only: one subtraction
+  of the decay instead of two), over the old default of 4; the wrong migrations measure
+  thousands of ulps and still fail on the default."""
+  params = _params()
+  adamw = check_fn(optim.Adam(1e-3, weight_decay=1e-4), optax.adamw(1e-3, weight_decay=1e-4),
+                   params, mode='single')
+  assert adamw.max_ulp > 4 and adamw.ok and adamw.max_ulp_bound == 24, adamw  # measured 9
+  legacy = optim.Adam(1e-3, weight_decay=1e-4)
+  for wrong in (optax.adamw(1e-3, b1=0.999, b2=0.9, weight_decay=1e-4),  # measured 5.3e5
+                optax.adamw(1e-3, eps=1e-6, weight_decay=1e-4),  # 2.8e5
+                optax.adamw(1.01e-3, weight_decay=1e-4)):  # 1.3e4
+    report = check_fn(legacy, wrong, params, mode='single')
+    assert not report.ok and report.max_ulp > 1000, report
+  wd = check_fn(optim.Adam(1e-2, weight_decay=1e-3), optax.adamw(1e-2, weight_decay=5e-4),
+                params, mode='single')
+  assert not wd.ok and wd.max_ulp > 200, wd  # measured 949
+  nesterov = check_fn(optim.Momentum(0.1, beta=0.9), optax.sgd(0.1, momentum=0.9, nesterov=True),
+                      params, mode='single', steps=5)
+  assert not nesterov.ok and nesterov.max_ulp_bound == 4
+  bounds = {type(d).__name__: checker.default_max_ulp(d)
+            for d in (optim.Adam(1e-3), optim.Momentum(0.1), optim.GradientDescent(0.1),
+                      optim.RMSProp(1e-3), optim.LAMB(1e-3), optim.AdaBelief(1e-3))}
+  assert bounds == {'Adam': 24, 'Momentum': 4, 'GradientDescent': 4, 'RMSProp': 12, 'LAMB': 8,
+                    'AdaBelief': 28}
+  assert all(b == max(4, 4 * spec.SPECS[k].stock_max_ulp) for k, b in bounds.items())
+
+  class Mine(optim.Adam):
+    pass
+  assert checker.default_max_ulp(Mine(1e-3)) == 24
+  assert checker.default_max_ulp(object()) == checker.DEFAULT_MAX_ULP == 4
+  assert check_fn(legacy, optax.adamw(1e-3, weight_decay=1e-4), params, mode='single',
+                  max_ulp=4).ok is False  # an explicit bound still rules
