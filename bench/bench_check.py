@@ -176,7 +176,8 @@ def run(quick: bool) -> list[tuple[str, float, str]]:
            f'optimizers: {f["startup_wall"]:.1f} s) and XLA compiling the {f["programs"]} step '
            f'programs (Adam and optax.adam on {", ".join(map(str, devices))} devices) one after '
            f'the other ({f["wall"]:.1f} s): CPU s {_median(floor_cpus):.1f} ({rng(floor_cpus)}); '
-           f'the check pays two start-ups (the calling process\'s is not counted above)')
+           f'the check pays two start-ups (the calling process\'s is not counted above); '
+           f'{machine}, load average {min(loads):.1f}-{max(loads):.1f}')
   ratio = (f'check / floor wall, median of {rounds} per-round ratios ({min(ratios):.2f}-'
            f'{max(ratios):.2f}); CPU {_median(cpus) / _median(floor_cpus):.2f}; {machine}, load '
            f'average {min(loads):.1f}-{max(loads):.1f}')
