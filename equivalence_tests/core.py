@@ -64,17 +64,28 @@ def reference_grads(params, step: int, seed: int = 0, device: int | None = None,
     promote the params to float32 at the first step; these stay in their dtype,
     and every partial sum in any reduction order is ``0`` or ``n * g``: exact.
   """
-  def draw(offset):
-    rs = np.random.RandomState(seed * GRAD_SEED_STRIDE + step * 7 + offset)
-    def leaf(p):
-      x = np.clip(rs.standard_normal(np.shape(p)), -7.9, 7.9)
-      x = np.asarray(np.round(x * 4096) / 4096, np.float32)
-      return x if np.asarray(p).dtype == np.float32 else jnp.asarray(x, np.asarray(p).dtype)
-    return jax.tree_util.tree_map(leaf, params)
-  g = draw(1)
+  g = reference_draw(params, step, seed, 1)
   if device is None:
     return g
-  s = draw(2)
+  return reference_share(g, reference_draw(params, step, seed, 2), device, n_devices)
+
+
+def reference_draw(params, step: int, seed: int, offset: int):
+  """One of :func:`reference_grads`' draws (``offset`` 1: ``g``, 2: ``s``), in each leaf's
+  dtype; reads only the leaves' shapes and dtypes. Drawn once, it can make every
+  device's share (:func:`reference_share`) for every device count."""
+  rs = np.random.RandomState(seed * GRAD_SEED_STRIDE + step * 7 + offset)
+
+  def leaf(p):
+    x = np.clip(rs.standard_normal(np.shape(p)), -7.9, 7.9)
+    x = np.asarray(np.round(x * 4096) / 4096, np.float32)
+    return x if np.asarray(p).dtype == np.float32 else jnp.asarray(x, np.asarray(p).dtype)
+  return jax.tree_util.tree_map(leaf, params)
+
+
+def reference_share(g, s, device: int, n_devices: int):
+  """Device ``device``'s share of ``g`` out of ``n_devices`` (``g``, ``s``: the two
+  :func:`reference_draw` trees): ``reference_grads(params, step, seed, device, n_devices)``."""
   k = np.float32(device - (n_devices - 1) / 2)
 
   def share(a, b):
@@ -213,8 +224,22 @@ def host(x) -> np.ndarray:
 def replicas_bitwise(tree) -> bool:
   """Every leaf's slices along its leading (device) axis bitwise equal to slice 0
   (NaN equal to NaN): the replicas of a ``pmap`` output, or of a trajectory of them."""
-  return all(np.array_equal(storable(x[d]), storable(x[0]), equal_nan=True)
-             for x in map(host, jax.tree_util.tree_leaves(tree)) for d in range(x.shape[0]))
+  return all(_same_bytes(x) or all(np.array_equal(storable(x[d]), storable(x[0]), equal_nan=True)
+                                   for d in range(x.shape[0]))
+             for x in map(host, jax.tree_util.tree_leaves(tree)))
+
+
+def _same_bytes(x: np.ndarray) -> bool:
+  """Every slice of ``x`` along axis 0 has slice 0's bytes (then ``array_equal`` holds too;
+  otherwise that, which takes -0.0 == 0.0 and NaN == NaN, decides)."""
+  if x.ndim == 0:
+    return False  # no device axis: the slow path says so
+  if x.shape[0] < 2 or x.size == 0:
+    return True
+  size = x.dtype.itemsize
+  flat = np.ascontiguousarray(x).reshape(x.shape[0], -1)
+  words = flat.view(f'u{size}') if size in (1, 2, 4, 8) else flat.view(np.uint8)
+  return bool((words[1:] == words[:1]).all())
 
 
 def data_parallel(step: Callable) -> Callable:

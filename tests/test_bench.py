@@ -13,7 +13,9 @@ LINE = re.compile(r'^(?P<name>[\w\[\]/.\-]+): (?P<value>\S+) \((?P<details>.*)\)
 EXPECTED = ('shim_vs_optax_step[', 'shim_vs_legacy_step[', 'codemod_vs_libcst_noop',
             'codemod_parse_floor_vs_libcst_noop',
             'equivalence_grid_seconds', 'faithful_vs_optax_step[lamb]',
-            'faithful_vs_optax_step[adafactor_momentum]', 'faithful_vs_optax_compile')
+            'faithful_vs_optax_step[adafactor_momentum]', 'faithful_vs_optax_compile',
+            'check_1m_adam_devices_1248_seconds', 'check_1m_adam_floor_seconds',
+            'check_1m_adam_vs_floor')
 
 
 def test_quick_run_prints_finite_positive_metrics(tmp_path):
@@ -34,6 +36,12 @@ def test_quick_run_prints_finite_positive_metrics(tmp_path):
     if m['name'].startswith(('shim_vs_optax_step[', 'faithful_vs_optax_step[')):
       # the step ratios come with both compiled programs' HLO instruction counts
       assert re.search(r'HLO ops \w+ \d+ \(\d+ in ENTRY\) / stock \d+', m['details']), line
+    if m['name'].startswith('check_1m_adam'):
+      # the check's rows say the CPU seconds and the load beside the wall seconds
+      assert re.search(r'CPU s? ?\d', m['details']) and 'load average' in m['details'], line
+    if m['name'] == 'check_1m_adam_devices_1248_seconds':
+      for part in ('startup', 'draws', 'legacy: first steps', 'tx: first steps', 'XLA compile'):
+        assert part in m['details'], (part, line)
   for prefix in EXPECTED:
     assert any(n.startswith(prefix) for n in names), (prefix, names)
   table = out.read_text()

@@ -853,3 +853,377 @@ def test_params_that_is_a_fifo_is_refused_not_read(tmp_path, capsys):
   assert cli.main(['check', '--legacy', 'Adam(1e-3)', '--tx', 'optax.adam(1e-3)',
                    '--params', str(fifo)]) == 2
   assert 'not a regular file' in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# the check's execution: one worker for the missing counts, draws once a step, one compile a run
+
+def test_named_draw_shares_are_the_per_device_draws_bitwise_from_one_pair_a_step(monkeypatch):
+  """``_NamedDraws.shares`` gives exactly the per-device calls' values, stacked, drawing
+  ``g`` and ``s`` once per step for every device count (they were drawn per device, count
+  and optimizer: most of a 1M-parameter check's time)."""
+  params = {'a': np.zeros((6, 5), np.float32), 'b': jnp.zeros((7,), jnp.bfloat16),
+            'h': jnp.zeros((4,), jnp.float16), 's': np.float32(0)}
+  draws = []
+  real = core.reference_draw
+  monkeypatch.setattr(core, 'reference_draw', lambda *a: draws.append(a[1:]) or real(*a))
+  for name in ('random', 'tiny', 'mixed'):
+    fn = checker._NAMED_GRADS[name](5)
+    for step in (0, 3):
+      draws.clear()
+      for n in (None, 1, 2, 4, 8):
+        got = fn.shares(step, params, n)
+        want = (fn(step, params) if n is None else
+                core.stack([fn(step, params, d, n) for d in range(n)]))
+        for k in params:
+          g, w = np.asarray(got[k]), np.asarray(want[k])
+          assert g.dtype == w.dtype and g.shape == w.shape and g.tobytes() == w.tobytes(), (
+              name, step, n, k)
+      # the direct calls drew g 1 + 1 + 2 + 4 + 8 times and s 15 times; shares() each once
+      assert draws.count((step, 5, 1)) == 1 + 16 and draws.count((step, 5, 2)) == 1 + 15
+
+
+def test_missing_device_counts_run_in_one_worker_process(monkeypatch):
+  """devices=(1, 2, 4): one worker with 4 host devices runs 2 and 4 (was one per count)."""
+  started = []
+  real = subprocess.Popen
+
+  def popen(*args, **kwargs):
+    started.append(kwargs['env']['XLA_FLAGS'])
+    return real(*args, **kwargs)
+  monkeypatch.setattr(checker.subprocess, 'Popen', popen)
+  report = check_fn(optim.Adam(0.01), optax.adam(0.01), _params(), devices=(1, 2, 4),
+                    mode='pmap', steps=2, max_ulp=6)
+  assert report.runs == [('pmap', 1), ('pmap', 2), ('pmap', 4)] and report.ok, report
+  assert len(started) == 1 and started[0].endswith('--xla_force_host_platform_device_count=4')
+
+
+def test_pmap_steps_compile_once_per_run():
+  """The first step's host state used to make pmap trace and compile the step a second
+  time for the later steps (device arrays in): one trace per run now."""
+  base = optax.adam(1e-3)
+  traces = []
+
+  def update(g, s, p=None):
+    traces.append(1)
+    return base.update(g, s, p)
+  tx = optax.GradientTransformation(base.init, update)
+  for mode in ('pmap', 'single', 'sharded'):
+    traces.clear()
+    checker.run_counts(None, tx, _params(), 'mixed', 3, [1], mode)
+    assert len(traces) == 1, mode
+
+
+def test_lockstep_runs_give_the_one_run_at_a_time_numbers_bitwise():
+  """``run_counts`` (runs in lockstep on threads, shared draws, the first state put on the
+  devices) against the per-step loop the check ran before, written out here: the same
+  bits in every mode, for a float32 and a bfloat16 tree."""
+  def old_loop(runner, params, grads_fn, steps, mode):
+    init, step, params_of = runner
+    state, traj = init(params), {}
+    first = lambda tree: jax.tree_util.tree_map(lambda x: np.asarray(x)[0], tree)
+    if mode == 'single':
+      fn = jax.jit(step)
+      for t in range(steps):
+        state = fn(state, grads_fn(t, params_of(state)))
+        traj[t + 1] = checker.flat(params_of(state))
+      return traj
+    state = core.replicate_on_host(state, 1)  # host copies into every step's call
+    fn = jax.pmap(core.data_parallel(step), axis_name='batch', devices=jax.local_devices()[:1])
+    for t in range(steps):
+      state = fn(state, core.stack([grads_fn(t, first(params_of(state)), 0, 1)]))
+      traj[t + 1] = checker.flat(first(params_of(state)))
+    return traj
+
+  bf16 = {'w': jax.ShapeDtypeStruct((12, 8), jnp.bfloat16), 'b': jax.ShapeDtypeStruct((8,), jnp.bfloat16)}
+  for params, legacy, tx in ((_params(), optim.Adam(0.01, weight_decay=1e-2),
+                              optax.adamw(0.01, weight_decay=1e-2)),
+                             (bf16, optim.LAMB(0.01), optim.transforms.adafactor(0.1))):
+    concrete = checker.materialize(params, 0)
+    for mode in ('pmap', 'single'):
+      wants = {who: old_loop(runner, concrete, checker._mixed_grads(0), 4, mode)
+               for who, runner in checker._runners(legacy, tx, concrete)}
+      for threads in ((1, 2) if mode == 'pmap' and params is not bf16 else (1,)):
+        got = checker.run_counts(legacy, tx, params, 'mixed', 4, [1], mode,
+                                 threads=threads)[(mode, 1)]
+        for who, want in wants.items():
+          assert got['replicas'][who]
+          for t, leaves in want.items():
+            for k, v in leaves.items():
+              g = got[who][t][k]
+              assert g.dtype == v.dtype and g.tobytes() == v.tobytes(), (mode, threads, who, t, k)
+
+
+_COUNTS_SCRIPT = '''
+import pickle, sys, warnings
+warnings.simplefilter("ignore")
+import optim_compat as optim, jax, jax.numpy as jnp
+from equivalence_tests import checker
+params = {"w": jax.ShapeDtypeStruct((512, 512), jnp.float32),
+          "v": jax.ShapeDtypeStruct((3, 3, 4), jnp.float32),
+          "b": jax.ShapeDtypeStruct((512,), jnp.float32)}
+counts = [int(n) for n in sys.argv[2].split(",")]
+out = {}
+for mode in ("pmap", "sharded"):
+  out.update(checker.run_counts(optim.LAMB(0.01), optim.transforms.adafactor(0.1), params,
+                                "mixed", 3, counts, mode, threads=2))
+with open(sys.argv[1], "wb") as f:
+  pickle.dump(out, f)
+'''
+
+
+def test_first_n_of_more_host_devices_give_a_process_with_n_devices_bitwise(tmp_path):
+  """What one worker for every missing count relies on: pmap (and a sharded mesh) over the
+  first n of 8 host devices gives the numbers of a process started with exactly n, bit for
+  bit (LAMB's norms and Adafactor's factored moments: reductions over a 512x512 leaf)."""
+  def run(devices, counts):
+    out = tmp_path / f'{devices}.pkl'
+    env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
+               XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+    proc = subprocess.run([sys.executable, '-c', _COUNTS_SCRIPT, str(out), counts], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import pickle
+    return pickle.loads(out.read_bytes())
+  many = run(8, '2,4')
+  for n in (2, 4):
+    exact = run(n, str(n))
+    for mode in ('pmap', 'sharded'):
+      a, b = many[(mode, n)], exact[(mode, n)]
+      assert a['replicas'] == b['replicas'] == {'legacy': True, 'tx': True}
+      for who in ('legacy', 'tx'):
+        for t, leaves in b[who].items():
+          for k, v in leaves.items():
+            assert a[who][t][k].tobytes() == v.tobytes(), (mode, n, who, t, k)
+
+
+def test_report_of_summaries_is_the_report_of_the_trajectories():
+  """``collect(..., summarize=dtypes)`` (each count summarised where it ran, the worker's
+  0.5 GB of trajectories not sent back for a 1M-parameter check) gives the same report:
+  per-leaf maxima and their order, the worst (the first largest, in count, step and leaf
+  order: counts tying on it keep the first), replica flags."""
+  params = _params()
+  dtypes = checker.dtype_names(checker.materialize(params, 0))
+  lamb = checker.run_counts(optim.LAMB(0.01), optax.lamb(0.01), params, 'mixed', 3, [1], 'pmap')
+  adam = checker.run_counts(optim.Adam(0.01), optax.adam(0.01), params, 'mixed', 3, [1], 'single')
+  same = checker.run_counts(optim.Adam(0.01), None, params, 'mixed', 3, [1], 'single')
+  bitwise = {'legacy': same[('single', 1)]['legacy'], 'tx': same[('single', 1)]['legacy'],
+             'replicas': {'legacy': True, 'tx': False}}
+  results = {('single', 1): adam[('single', 1)], ('pmap', 1): lamb[('pmap', 1)],
+             ('pmap', 2): lamb[('pmap', 1)], ('sharded', 2): bitwise}
+  want = checker.report(results, dtypes, 3, 4)
+  assert want.worst is not None and want.worst.n_devices == 1 and want.worst.mode == 'pmap'
+  assert not want.ok and want.replicas_bitwise[('sharded', 2, 'tx')] is False
+  parts = {k: checker.summary(*k, r, dtypes) for k, r in results.items()}
+  got = checker.report(parts, dtypes, 3, 4)
+  assert got == want and list(got.per_leaf.items()) == list(want.per_leaf.items())
+  assert str(got) == str(want)
+  mixed = {**parts, ('pmap', 2): results[('pmap', 2)]}  # either form per count
+  assert checker.report(mixed, dtypes, 3, 4) == want
+  assert checker.summary('sharded', 2, bitwise, dtypes)['worst'] is None
+
+
+def test_largest_gap_in_ulps_is_ulp_distance_with_nan_inf_signed_zero_and_empty():
+  """``_Summary`` divides per-step gaps by the whole run's scale afterwards: the same numbers
+  as ``core.ulp_distance`` on the stored leaves, in its fast path (all finite) and the
+  masked one (NaN and inf at the same or different places, -0.0 vs 0.0), and the worst's
+  index and values as ``summary`` finds them."""
+  rs = np.random.RandomState(3)
+  e = rs.standard_normal(50).astype(np.float32)
+  cases = {'equal': (e.copy(), e), 'apart': (e + np.float32(1e-6), e),
+           'signed zero': (np.float32([0.0, 1.0]), np.float32([-0.0, 1.0])),
+           'same nan': (np.float32([np.nan, 1.0, 2.0]), np.float32([np.nan, 1.0, 2.5])),
+           'nan vs number': (np.float32([np.nan, 1.0]), np.float32([3.0, 1.0])),
+           'equal infs': (np.float32([np.inf, 1.0, 2.0]), np.float32([np.inf, 1.0, 2.25])),
+           'opposite infs': (np.float32([np.inf, 1.0]), np.float32([-np.inf, 1.0])),
+           'empty': (np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32)),
+           'scalar': (np.float32(2.5), np.float32(2.0)),
+           'float64': (np.float64([1.0, 2.0 + 2 ** -40]), np.float64([1.0, 2.0]))}
+  for name, (a, x) in cases.items():
+    for dtype in (None, 'bfloat16'):
+      scale = checker._finite_max(x)
+      assert scale == core.leaf_scales({1: {'p': x}})['p'], name
+      gap, base, where = checker._largest_gap(a, x)
+      want = core.ulp_distance(a, x, scale, dtype)
+      got = 0.0 if gap == 0 else checker._in_ulps(gap, scale, base, dtype)
+      assert got == want, (name, dtype, got, want)
+      part = checker.summary('single', 1, {'legacy': {1: {'p': x}}, 'tx': {1: {'p': a}},
+                                           'replicas': {}}, {'p': dtype})
+      assert repr(part['worst'][4:7] if part['worst'] else ()) == repr(where), name
+  with pytest.raises(ValueError, match='shape mismatch'):
+    checker._largest_gap(np.zeros(3), np.zeros(4))
+
+
+def test_pmap_runs_read_replicas_in_place_without_gathering(monkeypatch):
+  """Each pmap step used to copy all n replicas of every leaf into one host array (twice
+  the state's size a step) to compare them and keep replica 0: now each device's buffer
+  is read where it is. ``core.host`` (the gather) is no longer called."""
+  def gather(x):
+    raise AssertionError('gathered a pmap output')
+  monkeypatch.setattr(checker.core, 'host', gather)
+  out = checker.run_counts(optim.Adam(0.01), optax.adam(0.01), _params(), 'mixed', 3, [1],
+                           'pmap')
+  assert out[('pmap', 1)]['replicas'] == {'legacy': True, 'tx': True}
+  assert sorted(out[('pmap', 1)]['legacy']) == [1, 2, 3]
+
+
+_BITWISE_SCRIPT = '''
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import jax, jax.numpy as jnp, numpy as np, optax
+import optim_compat as optim
+from equivalence_tests import checker, core
+
+def old_loop(runner, params, grads_fn, steps, n, mode):
+  """The check's runs before the lockstep runner, written out: one optimizer, one count,
+  every pmap output gathered to the host to compare its replicas and keep replica 0."""
+  init, step, params_of = runner
+  state, traj, ok = init(params), {}, True
+  first = lambda tree: jax.tree_util.tree_map(lambda x: core.host(x)[0], tree)
+  if mode == "single":
+    fn = jax.jit(step)
+    for t in range(steps):
+      state = fn(state, grads_fn(t, params_of(state)))
+      traj[t + 1] = checker.flat(params_of(state))
+    return traj, True
+  if mode == "sharded":
+    mesh, shardings, share_shardings, sstep = checker._sharded_program(step, state, n)
+    fn = jax.jit(sstep, out_shardings=shardings)
+    state, k = jax.device_put(state, shardings), mesh.shape["data"]
+    for t in range(steps):
+      g = core.stack([grads_fn(t, params_of(state), d, k) for d in range(k)])
+      state = fn(state, jax.device_put(g, share_shardings(g, 1)))
+      ok = ok and checker._replicas_equal_sharded(params_of(state))
+      traj[t + 1] = checker.flat(params_of(state))
+    return traj, ok and checker._replicas_equal_sharded(state)
+  state = core.replicate_on_host(state, n)
+  fn = jax.pmap(core.data_parallel(step), axis_name="batch", devices=jax.local_devices()[:n])
+  for t in range(steps):
+    state = fn(state, core.stack([grads_fn(t, first(params_of(state)), d, n) for d in range(n)]))
+    ok = ok and core.replicas_bitwise(params_of(state))
+    traj[t + 1] = checker.flat(jax.tree_util.tree_map(lambda x: np.array(core.host(x)[0]),
+                                                      params_of(state)))
+  return traj, ok and core.replicas_bitwise(state)
+
+def old_report(results, dtypes):
+  """report() before per-count summaries: ulp_distance over the kept trajectories."""
+  per_leaf, worst, replicas = {}, None, {}
+  for (mode, n), r in results.items():
+    replicas.update({(mode, n, who): ok for who, ok in r["replicas"].items()})
+    scales = core.leaf_scales(r["legacy"])
+    for step, leaves in r["legacy"].items():
+      for path, e in leaves.items():
+        d = core.ulp_distance(r["tx"][step][path], e, scales[path], dtypes.get(path))
+        per_leaf[path] = max(per_leaf.get(path, 0.0), d)
+        if d > 0 and (worst is None or d > worst[-1]):
+          a, x = np.asarray(r["tx"][step][path], np.float64), np.asarray(e, np.float64)
+          with np.errstate(invalid="ignore"):
+            gap = np.where((a == x) | (np.isnan(a) & np.isnan(x)), 0.0, np.abs(a - x))
+          gap = np.where(np.isnan(gap), np.inf, gap)
+          idx = np.unravel_index(int(np.argmax(gap)), x.shape) if x.ndim else ()
+          worst = (path, step, n, mode, tuple(int(i) for i in idx), float(x[idx]), float(a[idx]), d)
+  return repr((list(per_leaf.items()), worst, replicas))
+
+def bad_update(g, s, p=None):  # replicas drift apart: each device adds its index
+  u, s = optax.adam(0.01).update(g, s, p)
+  return jax.tree_util.tree_map(
+      lambda x: x + jax.lax.axis_index("batch").astype(x.dtype) * 1e-3, u), s
+
+S = jax.ShapeDtypeStruct
+f32 = {"w": S((40, 24), jnp.float32), "b": S((24,), jnp.float32), "s": S((), jnp.float32),
+       "z": S((0, 3), jnp.float32)}
+bf16 = {"w": S((12, 8), jnp.bfloat16), "b": S((8,), jnp.bfloat16)}
+bad = optax.GradientTransformation(optax.adam(0.01).init, bad_update)
+cases = [(f32, optim.Adam(0.01, weight_decay=1e-2), optax.adamw(0.01, weight_decay=1e-2), "pmap", [1, 2, 4]),
+         (f32, optim.Adam(0.01), bad, "pmap", [2]),
+         (bf16, optim.LAMB(0.01), optim.transforms.adafactor(0.1), "pmap", [2]),
+         (f32, optim.Adam(0.01, weight_decay=1e-2), optax.adamw(0.01, weight_decay=1e-2), "sharded", [2]),
+         (f32, optim.Adam(0.01), optax.adam(0.01), "single", [1])]
+out = []
+for params, legacy, tx, mode, counts in cases:
+  concrete = checker.materialize(params, 0)
+  dtypes = checker.dtype_names(concrete)
+  old = {}
+  for n in counts:
+    old[(mode, n)] = r = {"replicas": {}}
+    for who, runner in checker._runners(legacy, tx, concrete):
+      r[who], r["replicas"][who] = old_loop(runner, concrete, checker._mixed_grads(0), 3, n, mode)
+  new = checker.run_counts(legacy, tx, params, "mixed", 3, counts, mode, threads=2)
+  for k, r in old.items():
+    assert new[k]["replicas"] == r["replicas"], (mode, k, new[k]["replicas"], r["replicas"])
+    for who in ("legacy", "tx"):
+      assert sorted(new[k][who]) == sorted(r[who])
+      for t, leaves in r[who].items():
+        assert list(new[k][who][t]) == list(leaves)
+        for p, v in leaves.items():
+          g = new[k][who][t][p]
+          assert g.dtype == v.dtype and g.shape == v.shape and g.tobytes() == v.tobytes(), (
+              mode, k, who, t, p)
+  want = old_report(old, dtypes)
+  for threads in (1, 2):
+    parts = checker.run_counts(legacy, tx, params, "mixed", 3, counts, mode, threads=threads,
+                               summarize=dtypes)
+    assert all(set(p) == {"summary", "replicas", "per_leaf", "worst"} for p in parts.values())
+    rep = checker.report(parts, dtypes, 3, 4)
+    got = repr((list(rep.per_leaf.items()),
+                None if rep.worst is None else tuple(vars(rep.worst).values()),
+                rep.replicas_bitwise))
+    assert got == want, (mode, threads, got, want)
+  out.append([mode, counts, {f"{m}x{n} {who}": ok for (m, n), r in old.items()
+                             for who, ok in r["replicas"].items()}])
+print(json.dumps(out))
+'''
+
+
+def test_check_runs_are_the_previous_runs_bitwise_and_report_alike():
+  """The lockstep runner (pmap replicas read in place, draws from shapes only, shares
+  stacked in one broadcast, summaries built step by step without trajectories) against
+  the runs and report as they were before, written out in the script: the same bits for
+  every step and leaf, the same replica flags (False ones included: a tx whose replicas
+  drift apart), the same report (per-leaf maxima and order, worst, with NaN and inf
+  from bfloat16 LAMB vs Adafactor), in pmap on 1, 2 and 4 of 4 devices, sharded, single."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=str(ROOT),
+             XLA_FLAGS='--xla_force_host_platform_device_count=4')
+  proc = subprocess.run([sys.executable, '-c', _BITWISE_SCRIPT], env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  flags = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert [m for m, _, _ in flags] == ['pmap', 'pmap', 'pmap', 'sharded', 'single']
+  assert flags[1][2] == {'pmapx2 legacy': True, 'pmapx2 tx': False}
+  assert len(flags[0][2]) == 6 and all(flags[0][2].values())
+
+
+def test_default_bound_is_per_def_passing_adamw_and_failing_wrong_migrations():
+  """``max_ulp=None`` (the default): 4 times the def's measured stock bound. Adam with
+  weight decay against ``optax.adamw`` measures 9 ulp here (rounding only: one subtraction
+  of the decay instead of two), over the old default of 4; the wrong migrations measure
+  thousands of ulps and still fail on the default."""
+  params = _params()
+  adamw = check_fn(optim.Adam(1e-3, weight_decay=1e-4), optax.adamw(1e-3, weight_decay=1e-4),
+                   params, mode='single')
+  assert adamw.max_ulp > 4 and adamw.ok and adamw.max_ulp_bound == 24, adamw  # measured 9
+  legacy = optim.Adam(1e-3, weight_decay=1e-4)
+  for wrong in (optax.adamw(1e-3, b1=0.999, b2=0.9, weight_decay=1e-4),  # measured 5.3e5
+                optax.adamw(1e-3, eps=1e-6, weight_decay=1e-4),  # 2.8e5
+                optax.adamw(1.01e-3, weight_decay=1e-4)):  # 1.3e4
+    report = check_fn(legacy, wrong, params, mode='single')
+    assert not report.ok and report.max_ulp > 1000, report
+  wd = check_fn(optim.Adam(1e-2, weight_decay=1e-3), optax.adamw(1e-2, weight_decay=5e-4),
+                params, mode='single')
+  assert not wd.ok and wd.max_ulp > 200, wd  # measured 949
+  nesterov = check_fn(optim.Momentum(0.1, beta=0.9), optax.sgd(0.1, momentum=0.9, nesterov=True),
+                      params, mode='single', steps=5)
+  assert not nesterov.ok and nesterov.max_ulp_bound == 4
+  bounds = {type(d).__name__: checker.default_max_ulp(d)
+            for d in (optim.Adam(1e-3), optim.Momentum(0.1), optim.GradientDescent(0.1),
+                      optim.RMSProp(1e-3), optim.LAMB(1e-3), optim.AdaBelief(1e-3))}
+  assert bounds == {'Adam': 24, 'Momentum': 4, 'GradientDescent': 4, 'RMSProp': 12, 'LAMB': 8,
+                    'AdaBelief': 28}
+  assert all(b == max(4, 4 * spec.SPECS[k].stock_max_ulp) for k, b in bounds.items())
+
+  class Mine(optim.Adam):
+    pass
+  assert checker.default_max_ulp(Mine(1e-3)) == 24
+  assert checker.default_max_ulp(object()) == checker.DEFAULT_MAX_ULP == 4
+  assert check_fn(legacy, optax.adamw(1e-3, weight_decay=1e-4), params, mode='single',
+                  max_ulp=4).ok is False  # an explicit bound still rules
