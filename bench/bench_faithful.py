@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from optim_compat import emitted
 from optim_compat import spec as spec_lib
 
 from common import fmt_range, hlo_entry_op_count, hlo_op_count, ratios, summary
@@ -136,7 +137,7 @@ def bench_case(case: str, params, grads, rounds: int, steps: int, compile_reps: 
   """Compile and time the faithful and the stock step of ``case``, interleaved."""
   load_before = _loadavg()
   srcs = dict(zip(('faithful', 'stock'), sources(case, extra)))
-  txs = {k: spec_lib.tx_from_source(s) for k, s in srcs.items()}
+  txs = {k: emitted.tx_from_source(s) for k, s in srcs.items()}
   states = {k: tx.init(params) for k, tx in txs.items()}
   compile_s = {k: [] for k in txs}
   compiled = {}

@@ -2,7 +2,7 @@
 
     optim-migrate check --legacy "Adam(learning_rate=1e-3, weight_decay=1e-4)" \\
         --tx "optax.adamw(1e-3, weight_decay=1e-4)" --params model:params \\
-        [--devices 1,2,4,8] [--mode pmap] [--steps 20] [--max-ulp 4] [--grads mixed]
+        [--devices 1,2,4,8] [--mode pmap] [--steps 20] [--max-ulp N] [--grads mixed]
     optim-migrate check                      # every [[tool.optim-migrate.check]] entry
     optim-migrate record --legacy "Adam(...)" --params shapes.json -o traj.npz   # old stack
     optim-migrate check --against traj.npz --tx "optax.adamw(...)"               # new stack
@@ -60,8 +60,9 @@ def register(subparsers) -> None:
   _common(p)
   p.add_argument('--tx', help='Optax expression, e.g. "optax.adamw(1e-3, weight_decay=1e-4)"')
   p.add_argument('--against', metavar='TRAJ.npz', help='a trajectory file from `record`')
-  p.add_argument('--max-ulp', type=float, default=4.0,
-                 help='the largest difference that passes, in ulp (finite, >= 0; default 4)')
+  p.add_argument('--max-ulp', type=float, default=None,
+                 help='the largest difference that passes, in ulp (finite, >= 0; default: per '
+                      'def, 4 x its measured bound and at least 4: Adam 24, RMSProp 12, ...)')
   p.add_argument('--config', default='pyproject.toml',
                  help='read [[tool.optim-migrate.check]] entries from this file when '
                       '--tx is not given (default: ./pyproject.toml)')
@@ -396,6 +397,11 @@ def load_trajectory(path: str):
 # commands
 
 
+def _entry_max_ulp(value):
+  """An entry's (or the command line's) ``max-ulp`` as a float; None: the def's default."""
+  return None if value is None else float(value)
+
+
 def _run_check(legacy_expr, tx_expr, params_spec, devices, mode, steps, seed, max_ulp,
                label='', grads=DEFAULT_GRADS, rows=None, name='') -> int:
   """One comparison; its report printed, or (``rows``, a list) appended as a
@@ -461,7 +467,10 @@ def _check_against(args, rows=None) -> int:
     results[(mode, int(n))] = {'legacy': legacy, 'tx': mine['tx'],
                                'replicas': {'legacy': run['replicas'],
                                             'tx': mine['replicas']['tx']}}
-  report = checker.report(results, index['dtypes'], meta['steps'], args.max_ulp, grads=grads,
+  max_ulp = args.max_ulp
+  if max_ulp is None:  # the recorded def's default bound, as check() gives it
+    max_ulp = checker.default_max_ulp(_literal_def(str(meta['legacy'])))
+  report = checker.report(results, index['dtypes'], meta['steps'], max_ulp, grads=grads,
                           notes=checker.grads_notes(grads, params))
   if rows is not None:
     from codemod.output_formats import check_row
@@ -675,7 +684,7 @@ def _check(args, rows) -> int:
                      f'{err}') from None
     status = max(status, _run_check(
         e.get('legacy'), e.get('tx'), e.get('params'), run['devices'], run['mode'],
-        run['steps'], run['seed'], float(e.get('max-ulp', args.max_ulp)), label=label,
+        run['steps'], run['seed'], _entry_max_ulp(e.get('max-ulp', args.max_ulp)), label=label,
         grads=run['grads'], **out(str(e.get('name', i)))))
   return status
 

@@ -203,7 +203,7 @@ def test_default_gradients_expose_epsilon_mistakes_random_ones_hide(tmp_path, ca
   for right in (rms_right, adam_right):
     assert cli.main(right) == 0, right
     assert 'optimizer equivalence: OK' in capsys.readouterr().out
-  # the random draws alone hide the Adam one (measured 2 ulp over 5 steps, bound 4)
+  # the random draws alone hide the Adam one (measured 2 ulp over 5 steps; default bound 24)
   assert cli.main(adam_wrong + ['--grads', 'random']) == 0
   assert 'random gradients' in capsys.readouterr().out
   assert cli.main(rms_wrong + ['--grads', 'tiny']) == 1
