@@ -203,6 +203,20 @@ def test_run_a_directory_or_a_script_with_an_error_reports_it_as_python_would(tm
     assert 'runpy' not in proc.stderr and 'codemod' not in proc.stderr
 
 
+def test_run_a_relative_script_sets_an_absolute_file_as_python_does(tmp_path):
+  """Issue 18: `run train_test.py` from the script's folder raised IndexError in code that
+  walks `__file__`'s parents; `python SCRIPT` makes `__file__` absolute, argv[0] as given."""
+  script = tmp_path / 'rel_test.py'
+  script.write_text('import os, pathlib, sys\n'
+                    'print(os.path.isabs(__file__), pathlib.Path(__file__).parents[0].name, sys.argv[0])\n'
+                    'raise SystemExit(0 if os.path.isabs(__file__) else 5)\n')
+  proc = _cli('run', 'rel_test.py', cwd=tmp_path)
+  python = subprocess.run([sys.executable, 'rel_test.py'], capture_output=True, text=True,
+                          cwd=tmp_path)
+  assert proc.returncode == python.returncode == 0, proc.stderr
+  assert proc.stdout == python.stdout == f'True {tmp_path.name} rel_test.py\n'
+
+
 def test_parse_error_names_file_and_line():
   result = engine.rewrite_source('from flax import optim\ndef f(:\n', 'b.py')
   assert result.error.startswith('b.py:2:') and 'cannot parse' in result.error
