@@ -56,6 +56,7 @@ class Facts:
   attr_other: set = _field(set)       # chains also assigned something else
   attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it
   annotated_fields: set = _field(set)  # class fields annotated `flax.optim.Optimizer`
+  declared_fields: dict = _field()     # module-level class -> its fields annotated so (flow)
   assignments: list = _field(list)    # (targets, value) of every `=` statement
 
   # -- uses of optimizers and defs ----------------------------------------------------------
@@ -81,11 +82,20 @@ class Facts:
   opt_factories: set = _field(set)    # functions returning a new optimizer
   module_factories: set = _field(set)  # module-level ones
   bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
+  def_factories: set = _field(set)    # module-level functions returning a legacy def
   steps: dict = _field()              # module-level function -> its optimizer parameters
 
   # -- other modules (codemod.flow) -------------------------------------------------------
   flow_vars: dict = _field()          # binding -> flow.Factory whose result it holds
   flow_used: dict = _field()          # qualified name -> flow.Factory this file calls
+  #: qualified name -> flow.Fields: another module's class with optimizer fields named here
+  flow_classes: dict = _field()
+  flow_fields: set = _field(set)      # the fields of those that their module converts
+  flow_def_vars: dict = _field()      # binding -> flow.DefFactory whose def it holds
+  flow_def_chains: dict = _field()    # chain -> flow.DefFactory whose def `.create`d it
+  #: `.create(...)` calls on another module's def: (call, flow.DefFactory or None: a
+  #: parameter named like a def, `optimizer_def.create(p)`, in a file nothing proves)
+  flow_def_creates: list = _field(list)
 
   @property
   def only_imports(self) -> bool:  # (a star import's names are never seen as used)

@@ -53,6 +53,7 @@ CALL_CHAIN = (
     defs.leave_create,
     apply_gradient.leave_mixed_lr,
     crossmodule.leave_unproven_apply,
+    crossmodule.leave_def_create,
     _stop_if_unproven,
     apply_gradient.leave_optimize_lr,
     methods.leave_method,
