@@ -89,6 +89,7 @@ class Analyzer(cst.CSTVisitor):
                   and any(self.n.symbol(x) in ('Optimizer', 'ReplicatedOptimizer')
                           for x in m.findall(small.annotation, m.Name() | m.Attribute()))):
                 self.f.annotated_fields.add(small.target.value)
+                self.f.container_classes.add(stmt.name.value)
 
   # -- contexts ----------------------------------------------------------------------------
   def visit_Annotation(self, node) -> None:
@@ -300,6 +301,20 @@ class Analyzer(cst.CSTVisitor):
         return found
     return None
 
+  def makes_container(self, value) -> bool:
+    """``value`` constructs a class with optimizer fields: this module's, or another module's
+    that the run converts (``codemod.flow.Fields``)."""
+    if not isinstance(value, cst.Call):
+      return False
+    f = self.f
+    if isinstance(value.func, cst.Name) and value.func.value in f.container_classes:
+      return f.uses_legacy
+    if f.flow is None or not self._field_classes:
+      return False
+    found = next((x for q in sorted(self.n.qnames(value.func))
+                  if (x := f.flow.resolve_fields(q)) is not None), None)
+    return found is not None and found.converted
+
   def def_created(self, value):
     """``value`` is ``d.create(...)`` on another module's def (:class:`codemod.flow.DefFactory`,
     directly or through a name): that factory, else None."""
@@ -351,6 +366,9 @@ class Analyzer(cst.CSTVisitor):
       pass  # another module's optimizer, kept legacy there: flagged where it is used
     elif isinstance(value, cst.Name) and n.binding(value) in f.opt_vars:
       pass  # an alias (above)
+    elif self.makes_container(value):
+      f.container_vars.update(n.name_bindings(targets))  # `state = TrainState(optimizer=opt)`
+      f.rebound.update(n.name_bindings(targets))
     elif (isinstance(value, cst.Attribute) and value.attr.value in f.annotated_fields
           and (f.uses_legacy or value.attr.value in f.flow_fields)):
       f.opt_vars.update(n.name_bindings(targets))  # `optimizer = state.optimizer` (a field)

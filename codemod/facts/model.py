@@ -57,6 +57,8 @@ class Facts:
   attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it
   annotated_fields: set = _field(set)  # class fields annotated `flax.optim.Optimizer`
   declared_fields: dict = _field()     # module-level class -> its fields annotated so (flow)
+  container_classes: set = _field(set)  # module-level classes with such fields (before the visit)
+  container_vars: set = _field(set)   # bindings assigned an instance of one (`TrainState(opt)`)
   assignments: list = _field(list)    # (targets, value) of every `=` statement
 
   # -- uses of optimizers and defs ----------------------------------------------------------

@@ -95,6 +95,11 @@ class Queries:
         self.n.binding(value) in (f.params | f.loop_vars | self.maybe_vars)
         or self.n.binding(value) in (f.rebound & f.opt_vars))
 
+  def is_container(self, expr) -> bool:
+    """``expr`` holds an instance of a class with optimizer fields (``TrainState(optimizer=
+    opt)`` of this module, or of another module the run converts), by name."""
+    return isinstance(expr, cst.Name) and self.n.binding(expr) in self.f.container_vars
+
   def annotated_field(self, expr) -> bool:
     """``x.optimizer`` where this file's class declares ``optimizer: optim.Optimizer``
     (and no chain ending in that attribute is assigned anything but an optimizer)."""

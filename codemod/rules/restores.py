@@ -9,11 +9,16 @@ readers and their target argument come from ``codemod.legacy_api.RESTORES``.
 from __future__ import annotations
 
 import importlib.util
+import re
+
+import libcst as cst
 
 from codemod import legacy_api as api
 from codemod.names import code, kwargs, template
 
 _KNOWN_KEYWORDS = {'step', 'ckpt_dir', 'state', 'encoded_bytes'}
+#: a parameter named like an optimizer or a train state (`optimizer`, `opt`, `train_state`)
+_OPTIMIZER_LOOKING = re.compile(r'opt|state', re.I)
 
 
 def _reader(q, call):
@@ -36,7 +41,18 @@ def leave_restore(p, original) -> bool:
     return False
   qname, index, keyword = _reader(q, original)
   o_target = _target(original, index, keyword)
-  if o_target is None or not q.mentions_optimizer(o_target):
+  if o_target is None:
+    return True
+  short = qname.rsplit('.', 1)[1]
+  if not q.mentions_optimizer(o_target) and not q.mentions(o_target, q.is_container):
+    if q.converts and q.mentions(o_target, lambda e: q.maybe_optimizer(e) and isinstance(
+        e, cst.Name) and _OPTIMIZER_LOOKING.search(e.value) is not None):
+      p.flag(original, 'OM013', f'{short} restores into `{code(o_target)}`, which nothing here '
+                                'proves to hold an optimizer (a parameter, a container item): '
+                                'if it holds one (a TrainState after this run), a checkpoint the '
+                                'legacy code wrote needs optim_compat.checkpoint.restore_legacy'
+                                '(path_or_state_dict, target[, step=]), which reads legacy and '
+                                'TrainState checkpoints')
     return True
   landed = importlib.util.find_spec('optim_compat.checkpoint') is not None
   short = qname.rsplit('.', 1)[1]
