@@ -101,6 +101,10 @@ DYNAMIC_SCALE = frozenset({'DynamicScale', 'dynamic_scale'})
 RESTORES = {'flax.training.checkpoints.restore_checkpoint': (1, 'target'),
             'flax.serialization.from_state_dict': (0, 'target'),
             'flax.serialization.from_bytes': (0, 'target')}
+#: Checkpoint writers: ``{qualified name: (position, keyword) of the directory argument}``.
+#: Flax >= 0.7 writes with orbax, which rejects a relative directory.
+SAVES = {'flax.training.checkpoints.save_checkpoint': (0, 'ckpt_dir'),
+         'flax.training.checkpoints.save_checkpoint_multiprocess': (0, 'ckpt_dir')}
 #: ``flax.jax_utils`` functions whose result is the optimizer they are given.
 REPLICATE_FNS = frozenset({'flax.jax_utils.replicate', 'flax.jax_utils.unreplicate'})
 #: Wrappers whose result takes the wrapped function's arguments unchanged (``p_step = jax.pmap(step)``).

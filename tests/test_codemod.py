@@ -1212,3 +1212,24 @@ def test_dynamic_flax_optim_imports_pass_the_prefilter_and_are_flagged():
   source = 'import importlib\nm = importlib.import_module("torch.optim")\n'
   assert not engine.may_need_rewrite(source)
   assert engine.rewrite_source(source, 'm.py').findings == []
+
+
+def test_migrated_save_to_a_relative_directory_runs_on_the_modern_stack(tmp_path, monkeypatch):
+  """Issue 18: after migration a relative checkpoint directory crashed modern Flax's orbax
+  writer ('Checkpoint path should be absolute'); the rewrite now saves to
+  os.path.abspath(dir), and the optimizer restores from there as a TrainState."""
+  import jax.numpy as jnp
+  import numpy as np
+  from flax.training import checkpoints
+  monkeypatch.chdir(tmp_path)
+  case = FIXTURES / 'save_checkpoint_relative_dir'
+  with pytest.raises(ValueError, match='absolute'):  # what the unwrapped call does here
+    checkpoints.save_checkpoint('unwrapped', {'loss': np.float32(1.0)}, 0)
+  ns = {}
+  exec(compile((case / 'after.py').read_text(), str(case / 'after.py'), 'exec'), ns)
+  opt = ns['train']({'w': jnp.arange(3.0)}, 'ckpts', 1, {'loss': np.float32(1.0)})
+  names = sorted(p.name for p in (tmp_path / 'ckpts').iterdir())
+  assert names == ['both_0', 'checkpoint_0', 'log_1'], names
+  back = checkpoints.restore_checkpoint(str(tmp_path / 'ckpts'), opt, prefix='checkpoint_')
+  np.testing.assert_array_equal(np.asarray(back.params['w']), np.arange(3.0))
+  assert int(back.step) == 0

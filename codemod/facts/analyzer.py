@@ -507,6 +507,8 @@ class Analyzer(cst.CSTVisitor):
         f.opt_vars.add(b)  # flax.optim's own methods, as for apply_gradient
     if n.qnames(func) & set(api.RESTORES):
       f.restores.append(node)
+    elif n.qnames(func) & set(api.SAVES):
+      f.saves.append(node)
 
   def leave_Module(self, node: cst.Module) -> None:
     following.settle(self)

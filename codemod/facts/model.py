@@ -68,6 +68,7 @@ class Facts:
   grad_assigns: set = _field(set)     # ids of `a, b = opt.compute_gradient(f)`
   method_calls: dict = _field()       # id(call) -> `.replicate()` / `.unreplicate()` call
   restores: list = _field(list)       # checkpoint restore calls (legacy_api.RESTORES)
+  saves: list = _field(list)          # checkpoint save calls (legacy_api.SAVES)
   legacy_attrs: list = _field(list)   # opt.optimizer_def, opt.state, opt.replicate...
   member_attrs: list = _field(list)   # every `.apply_gradient`, `.target` and `.state`
   handled: set = _field(set)          # ids of legacy_attrs a rule converts

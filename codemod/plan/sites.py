@@ -60,6 +60,7 @@ CALL_CHAIN = (
     apply_gradient.leave_apply_problem,
     _stop_if_blocked,
     restores.leave_restore,
+    restores.leave_save,
     apply_gradient.leave_apply,
     attributes.leave_replace,
 )

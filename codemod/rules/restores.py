@@ -72,6 +72,45 @@ def leave_restore(p, original) -> bool:
   return True
 
 
+def leave_save(p, original) -> bool:
+  """``checkpoints.save_checkpoint(d, ...)`` in a file that converts (whatever it saves):
+  ``d`` -> ``os.path.abspath(d)`` (Flax >= 0.7 saves with orbax, which rejects a relative
+  directory: 'Checkpoint path should be absolute'). Ends the call's chain."""
+  q = p.q
+  if not any(original is c for c in q.f.saves) or not q.opts.fixable('OM013'):
+    return False
+  qname = sorted(q.n.qnames(original.func) & set(api.SAVES))[0]
+  index, keyword = api.SAVES[qname]
+  directory = _target(original, index, keyword)
+  if directory is None or _absolute_already(q, directory):
+    return False  # (any target: orbax rejects a relative directory for every save)
+  p.fix(original, apply_save, [('OM013', f'{qname.rsplit(".", 1)[1]}(dir, ...): dir -> '
+                                         'os.path.abspath(dir) (orbax, Flax >= 0.7, rejects a '
+                                         'relative checkpoint directory)')],
+        data={'reader': (qname, index, keyword)})
+  return True
+
+
+def _absolute_already(q, expr) -> bool:
+  return isinstance(expr, cst.Call) and bool(
+      q.n.qnames(expr.func) & {'os.path.abspath', 'os.path.realpath'}) or (
+      isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
+      and expr.func.attr.value in ('abspath', 'realpath', 'resolve', 'absolute'))
+
+
+def apply_save(ctx, original, updated, fix):
+  _, index, keyword = fix.data['reader']
+  ctx.add_import('os')
+  kw = kwargs(updated)
+  if keyword in kw:
+    args = [a.with_changes(value=template('os.path.abspath(D)', D=a.value))
+            if a.keyword is not None and a.keyword.value == keyword else a for a in updated.args]
+  else:
+    args = list(updated.args)
+    args[index] = args[index].with_changes(value=template('os.path.abspath(D)', D=args[index].value))
+  return updated.with_changes(args=args)
+
+
 def apply_restore(ctx, original, updated, fix):
   qname, index, keyword = fix.data['reader']
   short = qname.rsplit('.', 1)[1]
