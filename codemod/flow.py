@@ -123,6 +123,32 @@ class DefFactory(_ModuleFunction):
 
 
 @dataclasses.dataclass(frozen=True)
+class Layout(_ModuleFunction):
+  """The optimizer-state layout a converted module's defs get (``<module>.__layout__`` in the
+  factories table, never a factory): whether its transformations are built with
+  ``optax.inject_hyperparams``. A module that hands its own optimizer to a function of that
+  module (``train.restore_checkpoint(workdir, optimizer)``) builds its defs the same way, so
+  that the checkpoints they exchange have one layout (pixelcnn: ``train.py`` injected and
+  ``sample.py`` did not, so sample.py restored train.py's Adam state silently zeroed).
+
+  Attributes:
+    qualified: ``'pkg.train.__layout__'``.
+    path: the module's file, as the run names it.
+    inject_lr: its defs are built with ``inject_hyperparams``.
+  """
+  qualified: str
+  path: str
+  inject_lr: bool
+  converted: bool = True
+  why: str = ''
+  bundle: bool = False
+
+
+#: The key suffix of :class:`Layout` entries.
+LAYOUT = '__layout__'
+
+
+@dataclasses.dataclass(frozen=True)
 class Step(_ModuleFunction):
   """A module-level function of the tree that takes legacy optimizers as arguments
   (a train step: ``def train_step(opt, batch): ... opt.apply_gradient(g)``).
@@ -155,7 +181,12 @@ class Flow:
   def resolve(self, qname: str) -> Optional[Factory]:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
     found = self.factories.get(self._absolute(qname) or '')
-    return None if isinstance(found, (Fields, DefFactory)) else found
+    return None if isinstance(found, (Fields, DefFactory, Layout)) else found
+
+  def layout(self, module_qname: str) -> Optional[Layout]:
+    """The :class:`Layout` of the module ``module_qname`` names, if the run converts it."""
+    found = self.factories.get(self._absolute(f'{module_qname}.{LAYOUT}') or '')
+    return found if isinstance(found, Layout) else None
 
   def resolve_def(self, qname: str) -> Optional[DefFactory]:
     """The function returning a legacy def ``qname`` names (:class:`DefFactory`), if any."""
@@ -331,6 +362,8 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                                '' if converted and changes else why)
                     for function, converted in summary.def_factories.items()
                     for name, _ in names]
+  layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
+             if summary.defs and changes and plan.converts else [])
   return ([Factory(f'{name}.{function}', shown, converted, inject, why)
            for function, (converted, inject, why) in found.items() for name, _ in names]
-          + bundles + classes + def_factories, steps)
+          + bundles + classes + def_factories + layouts, steps)

@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TREES = pathlib.Path(__file__).parent / 'fixtures' / 'flow'
 PROGRAM = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_two_modules'
 CONTAINER = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_state_container'
+SHARED_LAYOUT = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_shared_layout'
 
 
 
@@ -254,6 +255,39 @@ def test_container_declared_in_another_module_migrated_matches_real_flax_optim(
   for key in old.files:
     np.testing.assert_allclose(new_[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
   assert old['losses'][-1] < 0.6 * old['losses'][0]  # it trained
+
+
+def test_a_module_restoring_another_modules_checkpoint_gets_its_layout(tmp_path):
+  """Issue 18 (pixelcnn): trainer.py passes learning rates at apply time (its Adam is built
+  with inject_hyperparams); sampler.py builds its own Adam and restores trainer.py's
+  checkpoint through trainer.restore. Before: sampler.py got a plain optax.adam and restored
+  the checkpoint without error, every Adam moment zero. Now the flow gives sampler.py
+  trainer.py's layout (codemod.flow.Layout): the moments come back as saved. (Modern stack
+  only: the old stack's flax.training.checkpoints does not import with jax 0.4.13.)"""
+  import numpy as np
+  new = tmp_path / 'new'
+  shutil.copytree(SHARED_LAYOUT, new)
+  proc = _cli('rewrite', '--write', 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  sampler = (new / 'sampler.py').read_text()
+  assert 'optax.inject_hyperparams(optax.adam' in sampler and 'TODO' not in sampler
+  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
+  got = {}
+  for stack, python, tree in (('new', sys.executable, new),):
+    workdir = tmp_path / f'{stack}_ckpt'
+    for script in ('trainer', 'sampler'):
+      out = tmp_path / f'{stack}_{script}.npz'
+      proc = subprocess.run([python, str(tree / f'{script}.py'), str(workdir), str(out)],
+                            capture_output=True, text=True, cwd=tmp_path, env=env)
+      assert proc.returncode == 0, proc.stderr[-3000:]
+      loaded = np.load(out)
+      got[stack, script] = [loaded[k] for k in sorted(loaded.files, key=lambda k: int(k[4:]))]
+  for stack in ('new',):  # the sampler restores what the trainer saved, moments included
+    saved, restored = got[stack, 'trainer'], got[stack, 'sampler']
+    assert len(saved) == len(restored) == 3, stack
+    for a, b in zip(saved, restored):
+      np.testing.assert_array_equal(a, b, err_msg=stack)
+    assert all(np.all(a != 0) for a in restored), stack
 
 
 def test_a_module_migrated_earlier_still_proves_its_users(tmp_path):

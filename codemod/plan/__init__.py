@@ -35,6 +35,7 @@ class Summary:
   fields: dict = dataclasses.field(default_factory=dict)
   #: module-level function returning a legacy def -> converted (its callers `.create` it)
   def_factories: dict = dataclasses.field(default_factory=dict)
+  defs: bool = False  # the module builds legacy defs (its Layout is offered to the others)
 
 
 @dataclasses.dataclass
@@ -107,7 +108,8 @@ def make_plan(analysis, options) -> Plan:
                                    - set(f.steps)), converts),
       inject_lr=q.inject_lr,
       fields={cls: (fields, converts) for cls, fields in sorted(f.declared_fields.items())},
-      def_factories=dict.fromkeys(sorted(f.def_factories), converts))
+      def_factories=dict.fromkeys(sorted(f.def_factories), converts),
+      defs=bool(f.def_calls))
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
