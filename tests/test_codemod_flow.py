@@ -159,8 +159,11 @@ def test_pre_pass_parses_only_creators_that_are_imported(monkeypatch, tmp_path):
   assert all(r.error is None for r in results) and rewritten
   texts = [p.read_text() for p in files]
   assert sorted(parses) == sorted(t for t in texts if engine.wanted(t, flows[0]))  # once each
-  factories = flows[0].factories
+  factories = {q: f for q, f in flows[0].factories.items() if isinstance(f, flow.Factory)}
   assert sorted(factories) == ['pkg.opt.create_optimizer', 'pkg.sched.create_scheduled']
+  # each converted module that builds defs offers its layout (inject_hyperparams or not)
+  layouts = {q: f.inject_lr for q, f in flows[0].factories.items() if isinstance(f, flow.Layout)}
+  assert layouts == {'pkg.opt.__layout__': False, 'pkg.sched.__layout__': True}
   # warmup_step takes an optimizer and returns `opt.apply_gradient(...)`: a step function
   # (its callers pass their own optimizer through), converted to take a TrainState
   assert flows[0].steps == {'pkg.sched.warmup_step': flow.Step(
