@@ -489,7 +489,9 @@ class Analyzer(cst.CSTVisitor):
         made = (f.flow_def_vars.get(n.binding(recv)) if isinstance(recv, cst.Name)
                 else self.def_factory_of(recv))
       if made is not None or (isinstance(recv, cst.Name) and _DEF_LOOKING.fullmatch(recv.value)
-                              and n.binding(recv) in f.params):
+                              and n.binding(recv) not in f.def_vars):
+        # (a parameter, or a name another library's function gave: `optimizer_def =
+        # dqn_agent.create_optimizer(...)` from a package outside the run)
         f.flow_def_creates.append((node, made))
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and not self._subclass_depth:
       # (inside a user OptimizerDef subclass it is the def's own method: kept on the shim)

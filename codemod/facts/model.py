@@ -96,8 +96,9 @@ class Facts:
   flow_fields: set = _field(set)      # the fields of those that their module converts
   flow_def_vars: dict = _field()      # binding -> flow.DefFactory whose def it holds
   flow_def_chains: dict = _field()    # chain -> flow.DefFactory whose def `.create`d it
-  #: `.create(...)` calls on another module's def: (call, flow.DefFactory or None: a
-  #: parameter named like a def, `optimizer_def.create(p)`, in a file nothing proves)
+  #: `.create(...)` calls on another module's def: (call, flow.DefFactory or None: a name
+  #: like a def, `optimizer_def.create(p)`, that nothing here proves, flagged where the
+  #: file never imports flax.optim)
   flow_def_creates: list = _field(list)
 
   @property
