@@ -1030,18 +1030,23 @@ def test_method_reference_and_name_conflicts_keep_the_file_legacy():
   assert 'TrainState' not in result.new and 'from flax import optim' in result.new
   assert [f.rule for f in result.manual] == ['OM116']
   assert '`.apply_gradient` used as a value' in result.manual[0].message
-  shadowed = ('from flax import optim\n\ndef init(params):\n  train_state = {"epoch": 0}\n'
-              '  opt = optim.Adam(learning_rate=0.1).create(params)\n  return opt, train_state\n')
+  shadowed = ('from flax import optim\n\ndef init(params):\n  optax = {"epoch": 0}\n'
+              '  opt = optim.Adam(learning_rate=0.1).create(params)\n  return opt, optax\n')
   result = engine.rewrite_source(shadowed, 's.py')
-  assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'optax' not in result.new
+  assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'import optax' not in result.new
   assert [f.rule for f in result.manual] == ['OM108']
-  assert '`train_state` is bound to something else' in result.manual[0].message
+  assert '`optax` is bound to something else' in result.manual[0].message
   # the TODO stands in the file, above its first statement, once (below the shim fallback)
   shimmed = result.new.split('\n', 2)[2]
   assert result.new.startswith('import optim_compat\noptim_compat.install()  # optim-migrate')
-  assert shimmed.startswith('# TODO(optim-migrate): OM108: `train_state` is bound to')
+  assert shimmed.startswith('# TODO(optim-migrate): OM108: `optax` is bound to')
   assert result.manual[0].line == 1 and shimmed[shimmed.index('\n') + 1:] == shadowed
   assert engine.rewrite_source(result.new, 's.py').new == result.new
+  # `train_state` bound here (and `train_state.TrainState` spelled nowhere): flax's module is
+  # imported under another name instead of keeping the file legacy (issue 17)
+  aliased = engine.rewrite_source(shadowed.replace('optax', 'train_state'), 't.py')
+  assert not aliased.manual and 'from flax.training import train_state as flax_train_state' \
+      in aliased.new and 'opt = flax_train_state.TrainState.create(' in aliased.new
 
 
 def test_stdin_honours_the_coding_cookie_and_rejects_undecodable_bytes():
