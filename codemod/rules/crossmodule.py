@@ -239,8 +239,6 @@ def def_create_message(q, call: cst.Call) -> Optional[tuple[str, bool]]:
               f'optimizer code: `.create` makes a flax.optim Optimizer here; migrate them '
               f'together ({after})')
     return text, f.uses_legacy and not q.unproven
-  if f.uses_legacy:
-    return None  # this file's own defs: the defs family decides
   return (f'if `{recv}` is a flax.optim optimizer def (made elsewhere), `.create` makes a '
           f'flax.optim Optimizer: migrate it where the def is made ({after})'), False
 
