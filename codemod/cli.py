@@ -11,8 +11,8 @@
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
-import runpy
 import sys
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
@@ -56,6 +56,21 @@ def cmd_rewrite(args) -> int:
   return runner.cmd_rewrite(args)
 
 
+def _run_as_main(source: bytes, absolute: str) -> None:
+  """Execute ``source`` as ``__main__`` as ``python SCRIPT`` does: ``__file__`` and the code's
+  file name absolute, ``sys.argv`` untouched (``runpy.run_path`` would set ``argv[0]`` to
+  the path it is given)."""
+  import builtins
+  import importlib.machinery
+  import types
+  code = compile(source, absolute, 'exec', dont_inherit=True)
+  main = types.ModuleType('__main__')
+  main.__dict__.update(__file__=absolute, __cached__=None, __builtins__=builtins, __spec__=None,
+                       __loader__=importlib.machinery.SourceFileLoader('__main__', absolute))
+  sys.modules['__main__'] = main  # for good, as python leaves it (pickle, atexit handlers)
+  exec(code, main.__dict__)  # noqa: S102 - the user's script, as python runs it
+
+
 def cmd_run(args) -> int:
   """Run SCRIPT as ``__main__`` with ``flax.optim`` resolving to the shim.
 
@@ -77,7 +92,7 @@ def cmd_run(args) -> int:
   except OSError as e:
     print(f'{script}: cannot read: {e.strerror or e}', file=sys.stderr)
     return EXIT_ERROR
-  try:  # compiled here first, so a syntax error shows no frames of runpy or this tool
+  try:  # compiled here first, so a syntax error shows no frames of this tool
     compile(source, str(script), 'exec', dont_inherit=True)
   except SyntaxError as e:
     import traceback
@@ -86,13 +101,14 @@ def cmd_run(args) -> int:
   except ValueError as e:  # null bytes (a SyntaxError from Python 3.12)
     print(f'{script}: SyntaxError: {e}', file=sys.stderr)
     return 1
-  sys.argv = [str(script), *args.args]
-  sys.path.insert(0, str(script.resolve().parent))
+  sys.argv = [str(script), *args.args]  # argv[0] as given, __file__ absolute: as `python SCRIPT`
+  absolute = os.path.abspath(script)
+  sys.path.insert(0, os.path.dirname(absolute))
   try:
-    runpy.run_path(str(script), run_name='__main__')
+    _run_as_main(source, absolute)
   except Exception as e:  # noqa: BLE001 - reported as python would, from the script's frames
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != str(script):
+    while tb is not None and tb.tb_frame.f_code.co_filename != absolute:
       tb = tb.tb_next
     tb = tb or e.__traceback__
     sys.excepthook(type(e), e.with_traceback(tb), tb)

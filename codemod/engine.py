@@ -177,7 +177,8 @@ def rewrite_parsed(module: cst.Module, source: str, path: str,
     return result
   findings = list(plan.findings)
   parsed: dict[str, ast.Module] = {}  # CPython's parse of a text, for the re-parse check
-  if new_source != source and any(f.fixed and f.rule not in ('OM006', 'OM014') for f in findings):
+  if new_source != source and (any(f.fixed and f.rule not in ('OM006', 'OM014') for f in findings)
+                               or plan.drops_imports):
     # (OM006 and OM014, the shim fallback, report their own imports)
     imports = import_finding(source, new_source, parsed)
     if imports is not None:

@@ -78,6 +78,77 @@ class Factory(_ModuleFunction):
 
 
 @dataclasses.dataclass(frozen=True)
+class Fields(_ModuleFunction):
+  """A module-level class of the tree (a ``struct.dataclass``, ``NamedTuple``, ...) with fields
+  annotated ``flax.optim.Optimizer``: its instances hold optimizers, wherever they are read
+  (``state.optimizer.target`` in another module). Kept in the factories table (so that the
+  runner passes it on unchanged) but never a factory: :meth:`Flow.resolve` skips it.
+
+  Attributes:
+    qualified: ``'pkg.model_utils.TrainState'``.
+    path: the defining file, as the run names it.
+    fields: the annotated field names (``('optimizer',)``).
+    converted: its file's rewrite annotates them ``train_state.TrainState`` (and makes the
+      optimizers stored there TrainStates); False: that file keeps its legacy code.
+    why: the first manual item of the defining file when not converted.
+  """
+  qualified: str
+  path: str
+  fields: tuple[str, ...]
+  converted: bool
+  why: str = ''
+  bundle: bool = False      # (read beside factories: never a bundle)
+  inject_lr: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DefFactory(_ModuleFunction):
+  """A module-level function of the tree that returns a legacy optimizer *def*
+  (``def get_optimizer(config): return optim.Adam(...)``): its callers ``.create`` the
+  optimizer. Kept in the factories table, never a factory (:meth:`Flow.resolve` skips it).
+
+  Attributes:
+    qualified: ``'pkg.losses.get_optimizer'``.
+    path: the defining file, as the run names it.
+    converted: its file's rewrite returns an Optax transformation from it (never, today: a
+      def handed to other code keeps its file legacy, OM114).
+    why: the first manual item of the defining file when not converted.
+  """
+  qualified: str
+  path: str
+  converted: bool
+  why: str = ''
+  bundle: bool = False      # (read beside factories: never a bundle)
+  inject_lr: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout(_ModuleFunction):
+  """The optimizer-state layout a converted module's defs get (``<module>.__layout__`` in the
+  factories table, never a factory): whether its transformations are built with
+  ``optax.inject_hyperparams``. A module that hands its own optimizer to a function of that
+  module (``train.restore_checkpoint(workdir, optimizer)``) builds its defs the same way, so
+  that the checkpoints they exchange have one layout (pixelcnn: ``train.py`` injected and
+  ``sample.py`` did not, so sample.py restored train.py's Adam state silently zeroed).
+
+  Attributes:
+    qualified: ``'pkg.train.__layout__'``.
+    path: the module's file, as the run names it.
+    inject_lr: its defs are built with ``inject_hyperparams``.
+  """
+  qualified: str
+  path: str
+  inject_lr: bool
+  converted: bool = True
+  why: str = ''
+  bundle: bool = False
+
+
+#: The key suffix of :class:`Layout` entries.
+LAYOUT = '__layout__'
+
+
+@dataclasses.dataclass(frozen=True)
 class Step(_ModuleFunction):
   """A module-level function of the tree that takes legacy optimizers as arguments
   (a train step: ``def train_step(opt, batch): ... opt.apply_gradient(g)``).
@@ -109,7 +180,28 @@ class Flow:
 
   def resolve(self, qname: str) -> Optional[Factory]:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
-    return self.factories.get(self._absolute(qname) or '')
+    found = self.factories.get(self._absolute(qname) or '')
+    return None if isinstance(found, (Fields, DefFactory, Layout)) else found
+
+  def layout(self, module_qname: str) -> Optional[Layout]:
+    """The :class:`Layout` of the module ``module_qname`` names, if the run converts it."""
+    found = self.factories.get(self._absolute(f'{module_qname}.{LAYOUT}') or '')
+    return found if isinstance(found, Layout) else None
+
+  def resolve_def(self, qname: str) -> Optional[DefFactory]:
+    """The function returning a legacy def ``qname`` names (:class:`DefFactory`), if any."""
+    found = self.factories.get(self._absolute(qname) or '')
+    return found if isinstance(found, DefFactory) else None
+
+  def resolve_fields(self, qname: str) -> Optional[Fields]:
+    """The class with optimizer fields ``qname`` names (:class:`Fields`), if any."""
+    found = self.factories.get(self._absolute(qname) or '')
+    return found if isinstance(found, Fields) else None
+
+  @property
+  def field_classes(self) -> frozenset:
+    """The last names of the :class:`Fields` classes (a cheap test before resolving names)."""
+    return frozenset(f.function for f in self.factories.values() if isinstance(f, Fields))
 
   def resolve_step(self, qname: str) -> Optional[Step]:
     """The step function ``qname`` names (absolute, or relative to this file's package)."""
@@ -132,9 +224,15 @@ def _could_take(text: str) -> bool:
 
 
 def _could_define(text: str) -> bool:
-  """A legacy factory (the codemod's words) or an already migrated one (``TrainState``)."""
-  return ('create' in text and 'return' in text and _TOP_DEF.search(text) is not None
-          and ('TrainState' in text or legacy_api.may_need_rewrite(text)))
+  """A legacy factory or def factory (the codemod's words) or an already migrated one
+  (``TrainState``), or a class with fields annotated ``Optimizer``."""
+  return (('return' in text and _TOP_DEF.search(text) is not None
+           and (('create' in text and 'TrainState' in text) or legacy_api.may_need_rewrite(text)))
+          or (_FIELD_CLASS.search(text) is not None and legacy_api.may_need_rewrite(text)))
+
+
+#: ``class X...:`` and, later, a field annotated ``...Optimizer`` (a cheap prefilter).
+_FIELD_CLASS = re.compile(r'^class[ \t]+\w+[\s\S]*?^[ \t]+\w+[ \t]*:[^\n=]*Optimizer\b', re.M)
 
 
 #: Pre-pass rounds: a creator that itself uses another module's factory is planned again
@@ -257,6 +355,15 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
     converted = converted and changes
     steps.extend(Step(f'{name}.{function}', shown, params, converted, '' if converted else why)
                  for name, _ in names)
+  classes = [Fields(f'{name}.{cls}', shown, tuple(fields), converted and changes,
+                   '' if converted and changes else why)
+             for cls, (fields, converted) in summary.fields.items() for name, _ in names]
+  def_factories = [DefFactory(f'{name}.{function}', shown, converted and changes,
+                               '' if converted and changes else why)
+                    for function, converted in summary.def_factories.items()
+                    for name, _ in names]
+  layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
+             if summary.defs and changes and plan.converts else [])
   return ([Factory(f'{name}.{function}', shown, converted, inject, why)
            for function, (converted, inject, why) in found.items() for name, _ in names]
-          + bundles, steps)
+          + bundles + classes + def_factories + layouts, steps)

@@ -101,6 +101,10 @@ DYNAMIC_SCALE = frozenset({'DynamicScale', 'dynamic_scale'})
 RESTORES = {'flax.training.checkpoints.restore_checkpoint': (1, 'target'),
             'flax.serialization.from_state_dict': (0, 'target'),
             'flax.serialization.from_bytes': (0, 'target')}
+#: Checkpoint writers: ``{qualified name: (position, keyword) of the directory argument}``.
+#: Flax >= 0.7 writes with orbax, which rejects a relative directory.
+SAVES = {'flax.training.checkpoints.save_checkpoint': (0, 'ckpt_dir'),
+         'flax.training.checkpoints.save_checkpoint_multiprocess': (0, 'ckpt_dir')}
 #: ``flax.jax_utils`` functions whose result is the optimizer they are given.
 REPLICATE_FNS = frozenset({'flax.jax_utils.replicate', 'flax.jax_utils.unreplicate'})
 #: Wrappers whose result takes the wrapped function's arguments unchanged (``p_step = jax.pmap(step)``).
@@ -110,7 +114,17 @@ REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.se
                             'builtins.delattr', 'dataclasses.replace',
                             'flax.serialization.to_state_dict'})
 #: Module names the rewrite may import and use.
-EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util'})
+EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util',
+                           'flax_train_state'})
+#: The name ``flax.training.train_state`` is imported as where ``train_state`` is bound to
+#: something else in the module (a variable, a parameter, another library's module).
+TRAIN_STATE_ALIAS = 'flax_train_state'
+#: The module each of :data:`EMITTED_NAMES` stands for: an import binding the name to any
+#: other module (`from t5x import train_state`) is a conflict like an assignment.
+EMITTED_MODULES = {'optax': 'optax', 'train_state': 'flax.training.train_state',
+                   'optim_compat': 'optim_compat', 'jax_utils': 'flax.jax_utils',
+                   'traverse_util': 'flax.traverse_util',
+                   'flax_train_state': 'flax.training.train_state'}
 #: The modern module whose ``TrainState.create`` a migrated factory returns.
 TRAIN_STATE_CREATE = 'flax.training.train_state.TrainState.create'
 INJECT = 'optax.inject_hyperparams'

@@ -203,6 +203,20 @@ def test_run_a_directory_or_a_script_with_an_error_reports_it_as_python_would(tm
     assert 'runpy' not in proc.stderr and 'codemod' not in proc.stderr
 
 
+def test_run_a_relative_script_sets_an_absolute_file_as_python_does(tmp_path):
+  """Issue 18: `run train_test.py` from the script's folder raised IndexError in code that
+  walks `__file__`'s parents; `python SCRIPT` makes `__file__` absolute, argv[0] as given."""
+  script = tmp_path / 'rel_test.py'
+  script.write_text('import os, pathlib, sys\n'
+                    'print(os.path.isabs(__file__), pathlib.Path(__file__).parents[0].name, sys.argv[0])\n'
+                    'raise SystemExit(0 if os.path.isabs(__file__) else 5)\n')
+  proc = _cli('run', 'rel_test.py', cwd=tmp_path)
+  python = subprocess.run([sys.executable, 'rel_test.py'], capture_output=True, text=True,
+                          cwd=tmp_path)
+  assert proc.returncode == python.returncode == 0, proc.stderr
+  assert proc.stdout == python.stdout == f'True {tmp_path.name} rel_test.py\n'
+
+
 def test_parse_error_names_file_and_line():
   result = engine.rewrite_source('from flax import optim\ndef f(:\n', 'b.py')
   assert result.error.startswith('b.py:2:') and 'cannot parse' in result.error
@@ -1016,18 +1030,23 @@ def test_method_reference_and_name_conflicts_keep_the_file_legacy():
   assert 'TrainState' not in result.new and 'from flax import optim' in result.new
   assert [f.rule for f in result.manual] == ['OM116']
   assert '`.apply_gradient` used as a value' in result.manual[0].message
-  shadowed = ('from flax import optim\n\ndef init(params):\n  train_state = {"epoch": 0}\n'
-              '  opt = optim.Adam(learning_rate=0.1).create(params)\n  return opt, train_state\n')
+  shadowed = ('from flax import optim\n\ndef init(params):\n  optax = {"epoch": 0}\n'
+              '  opt = optim.Adam(learning_rate=0.1).create(params)\n  return opt, optax\n')
   result = engine.rewrite_source(shadowed, 's.py')
-  assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'optax' not in result.new
+  assert 'optim.Adam(learning_rate=0.1).create(params)' in result.new and 'import optax' not in result.new
   assert [f.rule for f in result.manual] == ['OM108']
-  assert '`train_state` is bound to something else' in result.manual[0].message
+  assert '`optax` is bound to something else' in result.manual[0].message
   # the TODO stands in the file, above its first statement, once (below the shim fallback)
   shimmed = result.new.split('\n', 2)[2]
   assert result.new.startswith('import optim_compat\noptim_compat.install()  # optim-migrate')
-  assert shimmed.startswith('# TODO(optim-migrate): OM108: `train_state` is bound to')
+  assert shimmed.startswith('# TODO(optim-migrate): OM108: `optax` is bound to')
   assert result.manual[0].line == 1 and shimmed[shimmed.index('\n') + 1:] == shadowed
   assert engine.rewrite_source(result.new, 's.py').new == result.new
+  # `train_state` bound here (and `train_state.TrainState` spelled nowhere): flax's module is
+  # imported under another name instead of keeping the file legacy (issue 17)
+  aliased = engine.rewrite_source(shadowed.replace('optax', 'train_state'), 't.py')
+  assert not aliased.manual and 'from flax.training import train_state as flax_train_state' \
+      in aliased.new and 'opt = flax_train_state.TrainState.create(' in aliased.new
 
 
 def test_stdin_honours_the_coding_cookie_and_rejects_undecodable_bytes():
@@ -1202,3 +1221,24 @@ def test_dynamic_flax_optim_imports_pass_the_prefilter_and_are_flagged():
   source = 'import importlib\nm = importlib.import_module("torch.optim")\n'
   assert not engine.may_need_rewrite(source)
   assert engine.rewrite_source(source, 'm.py').findings == []
+
+
+def test_migrated_save_to_a_relative_directory_runs_on_the_modern_stack(tmp_path, monkeypatch):
+  """Issue 18: after migration a relative checkpoint directory crashed modern Flax's orbax
+  writer ('Checkpoint path should be absolute'); the rewrite now saves to
+  os.path.abspath(dir), and the optimizer restores from there as a TrainState."""
+  import jax.numpy as jnp
+  import numpy as np
+  from flax.training import checkpoints
+  monkeypatch.chdir(tmp_path)
+  case = FIXTURES / 'save_checkpoint_relative_dir'
+  with pytest.raises(ValueError, match='absolute'):  # what the unwrapped call does here
+    checkpoints.save_checkpoint('unwrapped', {'loss': np.float32(1.0)}, 0)
+  ns = {}
+  exec(compile((case / 'after.py').read_text(), str(case / 'after.py'), 'exec'), ns)
+  opt = ns['train']({'w': jnp.arange(3.0)}, 'ckpts', 1, {'loss': np.float32(1.0)})
+  names = sorted(p.name for p in (tmp_path / 'ckpts').iterdir())
+  assert names == ['both_0', 'checkpoint_0', 'log_1'], names
+  back = checkpoints.restore_checkpoint(str(tmp_path / 'ckpts'), opt, prefix='checkpoint_')
+  np.testing.assert_array_equal(np.asarray(back.params['w']), np.arange(3.0))
+  assert int(back.step) == 0

@@ -104,7 +104,7 @@ def migrated(tmp_path_factory):
     text = (out / name).read_text()
     assert 'optim.' not in text.replace('optim_compat.', '') and 'TODO(optim-migrate)' not in text
     assert 'optim_compat.checkpoint.restore_legacy(ckpt_dir, optimizer)' in text
-    assert 'checkpoints.save_checkpoint(ckpt_dir, optimizer, step=' in text
+    assert 'checkpoints.save_checkpoint(os.path.abspath(ckpt_dir), optimizer, step=' in text
   return out
 
 

@@ -8,6 +8,7 @@ and returns. Parameters and rebinds are settled after the visit
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import libcst as cst
@@ -25,6 +26,8 @@ _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
 #: attributes the late checks of the plan look at (a method used as a value, a member of
 #: another module's optimizer)
+#: a parameter named like an optimizer def (`optimizer_def`, `optim_def`, `opt_def`)
+_DEF_LOOKING = re.compile(r'\w*opt\w*_def')
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
 
 
@@ -36,6 +39,9 @@ class Analyzer(cst.CSTVisitor):
     self.n = names
     self.f: Facts = names.facts
     self._class_depth = 0
+    self._classes: list[str] = []  # names of the classes being visited
+    flow = self.f.flow
+    self._field_classes = flow.field_classes if flow is not None else frozenset()
     self._annotation_depth = 0
     self._subclass_depth = 0
     self._state_step: set[int] = set()
@@ -71,6 +77,20 @@ class Analyzer(cst.CSTVisitor):
       self.f.legacy_imports.append(node)
     return False
 
+  def visit_Module(self, node: cst.Module) -> None:
+    # the optimizer fields of the module's classes, before any function reading them (a
+    # class declared below its users: `optimizer = state.optimizer` in a step above it)
+    for stmt in node.body:
+      if isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
+        for line in stmt.body.body:
+          if isinstance(line, cst.SimpleStatementLine):
+            for small in line.body:
+              if (isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)
+                  and any(self.n.symbol(x) in ('Optimizer', 'ReplicatedOptimizer')
+                          for x in m.findall(small.annotation, m.Name() | m.Attribute()))):
+                self.f.annotated_fields.add(small.target.value)
+                self.f.container_classes.add(stmt.name.value)
+
   # -- contexts ----------------------------------------------------------------------------
   def visit_Annotation(self, node) -> None:
     self._annotation_depth += 1
@@ -80,6 +100,7 @@ class Analyzer(cst.CSTVisitor):
 
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
     self._class_depth += 1
+    self._classes.append(node.name.value)
     if any(self.n.symbol(base.value) for base in node.bases):
       self.f.subclasses.append(node)
       self.f.subclass_names.add(node.name.value)
@@ -87,6 +108,7 @@ class Analyzer(cst.CSTVisitor):
 
   def leave_ClassDef(self, node: cst.ClassDef) -> None:
     self._class_depth -= 1
+    self._classes.pop()
     if any(node is c for c in self.f.subclasses):
       self._subclass_depth -= 1
 
@@ -131,9 +153,25 @@ class Analyzer(cst.CSTVisitor):
 
   def visit_Name(self, node) -> None:
     self._reference(node)
+    if node.value in self._field_classes:
+      self._field_class(node)
+
+  def _field_class(self, node) -> None:
+    """``node`` names another module's class with optimizer fields (``codemod.flow.Fields``):
+    ``<anything>.<field>`` holds that module's optimizer here too."""
+    f = self.f
+    for q in sorted(self.n.qnames(node)):
+      if (found := f.flow.resolve_fields(q)) is not None:
+        f.flow_classes[found.qualified] = found
+        if found.converted:
+          f.flow_fields.update(found.fields)
+          f.annotated_fields.update(found.fields)
+        return
 
   def visit_Attribute(self, node: cst.Attribute) -> None:
     self._reference(node)
+    if node.attr.value in self._field_classes:
+      self._field_class(node)
     f = self.f
     attr = node.attr.value
     if attr == 'step' and m.matches(node.value, _STATE_STEP):
@@ -179,6 +217,8 @@ class Analyzer(cst.CSTVisitor):
     f, value = self.f, node.value
     if value is not None and self.n.is_def(value):
       f.escaping[id(value)] = value
+      if len(self._function_stack) == 1 and not self._class_depth:
+        f.def_factories.add(self._function_stack[0])  # its callers `.create` the def
     if value is not None and self._function_stack and (
         produces_optimizer(self.n, value)
         or (isinstance(value, cst.Name) and self.n.binding(value) in f.opt_vars)):
@@ -226,6 +266,10 @@ class Analyzer(cst.CSTVisitor):
       # `optimizer: optim.Optimizer` (also Optional[...]) in a dataclass / NamedTuple: a
       # proof that `<anything>.optimizer` holds one, wherever it is read in this file
       f.annotated_fields.add(node.target.value)
+      if self._class_depth == 1:  # a module-level class: other modules may read its fields
+        fields = f.declared_fields.setdefault(self._classes[-1], [])
+        if node.target.value not in fields:
+          fields.append(node.target.value)
     if node.value is not None and (n.legacy_def(node.value) or n.is_user_def(node.value)):
       f.def_vars.update(dict.fromkeys(n.name_bindings([node.target]), node.value))
 
@@ -247,6 +291,40 @@ class Analyzer(cst.CSTVisitor):
                                    | m.Name('unreplicate') | m.Name('replace'))):
       return f.flow_vars.get(n.binding(func.value))
     return None
+
+  def def_factory_of(self, value):
+    """The other module's function returning a legacy def that ``value`` calls, if any."""
+    if not isinstance(value, cst.Call):
+      return None
+    for q in sorted(self.n.qnames(value.func)):
+      if (found := self.f.flow.resolve_def(q)) is not None:
+        return found
+    return None
+
+  def makes_container(self, value) -> bool:
+    """``value`` constructs a class with optimizer fields: this module's, or another module's
+    that the run converts (``codemod.flow.Fields``)."""
+    if not isinstance(value, cst.Call):
+      return False
+    f = self.f
+    if isinstance(value.func, cst.Name) and value.func.value in f.container_classes:
+      return f.uses_legacy
+    if f.flow is None or not self._field_classes:
+      return False
+    found = next((x for q in sorted(self.n.qnames(value.func))
+                  if (x := f.flow.resolve_fields(q)) is not None), None)
+    return found is not None and found.converted
+
+  def def_created(self, value):
+    """``value`` is ``d.create(...)`` on another module's def (:class:`codemod.flow.DefFactory`,
+    directly or through a name): that factory, else None."""
+    f = self.f
+    if f.flow is None or not m.matches(value, m.Call(func=m.Attribute(attr=m.Name('create')))):
+      return None
+    recv = value.func.value
+    if isinstance(recv, cst.Name):
+      return f.flow_def_vars.get(self.n.binding(recv))
+    return self.def_factory_of(recv)
 
   def visit_Assign(self, node: cst.Assign) -> None:
     n, f = self.n, self.f
@@ -272,6 +350,10 @@ class Analyzer(cst.CSTVisitor):
       block = self._blocks[-1] if self._blocks else None
       self.assign_sites.setdefault(b, []).append((targets[0], value, block))
     source = self.flow_source(value) if f.flow is not None else None
+    if source is None and f.flow is not None:
+      source = self.def_created(value)  # `opt = get_optimizer(cfg).create(p)`: kept legacy there
+    if f.flow is not None and (made := self.def_factory_of(value)) is not None:
+      f.flow_def_vars.update(dict.fromkeys(n.name_bindings(targets), made))
     if source is not None:
       f.flow_vars.update(dict.fromkeys(n.name_bindings(targets), source))
     if n.legacy_def(value) or n.is_user_def(value):
@@ -284,6 +366,12 @@ class Analyzer(cst.CSTVisitor):
       pass  # another module's optimizer, kept legacy there: flagged where it is used
     elif isinstance(value, cst.Name) and n.binding(value) in f.opt_vars:
       pass  # an alias (above)
+    elif self.makes_container(value):
+      f.container_vars.update(n.name_bindings(targets))  # `state = TrainState(optimizer=opt)`
+      f.rebound.update(n.name_bindings(targets))
+    elif (isinstance(value, cst.Attribute) and value.attr.value in f.annotated_fields
+          and (f.uses_legacy or value.attr.value in f.flow_fields)):
+      f.opt_vars.update(n.name_bindings(targets))  # `optimizer = state.optimizer` (a field)
     elif not _passes_name_through(value, targets):
       # `opt = Thing()`: this name also holds something else; never rewrite it blindly
       f.rebound.update(n.name_bindings(targets))
@@ -303,6 +391,8 @@ class Analyzer(cst.CSTVisitor):
       f.attr_chains.add(chain)
       if (factory := n.factory_of_call(value)) is not None and factory.converted:
         f.attr_flow[chain] = factory  # `self.opt = create_optimizer(p)`, converted there
+    elif (made := self.def_created(value)) is not None:
+      f.flow_def_chains[chain] = made  # `self.opt = get_optimizer(cfg).create(p)`
     elif not m.matches(value, m.Name('None')):
       f.attr_other.add(chain)  # `self.opt = Thing()`: never rewritten blindly
 
@@ -392,6 +482,17 @@ class Analyzer(cst.CSTVisitor):
     func = node.func
     if m.matches(func, m.Attribute(attr=m.Name('create'))) and n.is_def(func.value):
       f.create_calls.append(node)
+    elif m.matches(func, m.Attribute(attr=m.Name('create'))) and not self._subclass_depth:
+      recv = func.value
+      made = None
+      if f.flow is not None:
+        made = (f.flow_def_vars.get(n.binding(recv)) if isinstance(recv, cst.Name)
+                else self.def_factory_of(recv))
+      if made is not None or (isinstance(recv, cst.Name) and _DEF_LOOKING.fullmatch(recv.value)
+                              and n.binding(recv) not in f.def_vars):
+        # (a parameter, or a name another library's function gave: `optimizer_def =
+        # dqn_agent.create_optimizer(...)` from a package outside the run)
+        f.flow_def_creates.append((node, made))
     if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and not self._subclass_depth:
       # (inside a user OptimizerDef subclass it is the def's own method: kept on the shim)
       f.apply_calls.append(node)
@@ -408,6 +509,8 @@ class Analyzer(cst.CSTVisitor):
         f.opt_vars.add(b)  # flax.optim's own methods, as for apply_gradient
     if n.qnames(func) & set(api.RESTORES):
       f.restores.append(node)
+    elif n.qnames(func) & set(api.SAVES):
+      f.saves.append(node)
 
   def leave_Module(self, node: cst.Module) -> None:
     following.settle(self)

@@ -1,4 +1,5 @@
-"""Names a module binds by anything but an import (a rewrite must not emit one of them)."""
+"""Names a module binds by anything but an import of the module the rewrite means by them (a
+rewrite must not emit one of them)."""
 from __future__ import annotations
 
 import re
@@ -6,6 +7,7 @@ from typing import Optional
 
 import libcst as cst
 
+from codemod.legacy_api import EMITTED_MODULES
 from codemod.names import target_names
 
 
@@ -52,6 +54,34 @@ class Bindings(cst.CSTVisitor):
 
   def visit_ClassDef(self, node):
     self._add(node.name)
+
+  def visit_Import(self, node):
+    for alias in node.names:
+      full = _dotted(alias.name)
+      bound = alias.asname.name.value if alias.asname else full.split('.')[0]
+      if alias.asname is not None and EMITTED_MODULES.get(bound, full) != full:
+        self.names.add(bound)  # `import other.module as train_state`
+    return False
+
+  def visit_ImportFrom(self, node):
+    if isinstance(node.names, cst.ImportStar):
+      return False
+    module = _dotted(node.module) if node.module is not None else ''
+    for alias in node.names:
+      bound = (alias.asname.name.value if alias.asname and isinstance(alias.asname.name, cst.Name)
+               else _dotted(alias.name))
+      full = f'{module}.{_dotted(alias.name)}' if module and not node.relative else None
+      if bound in EMITTED_MODULES and EMITTED_MODULES[bound] != full:
+        self.names.add(bound)  # `from t5x import train_state`, `from . import optax`
+    return False
+
+
+def _dotted(node) -> str:
+  if isinstance(node, cst.Name):
+    return node.value
+  if isinstance(node, cst.Attribute):
+    return f'{_dotted(node.value)}.{node.attr.value}'
+  return ''
 
 
 def bound_names(tree: cst.Module, among: frozenset, code: Optional[str] = None) -> set[str]:

@@ -56,6 +56,9 @@ class Facts:
   attr_other: set = _field(set)       # chains also assigned something else
   attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it
   annotated_fields: set = _field(set)  # class fields annotated `flax.optim.Optimizer`
+  declared_fields: dict = _field()     # module-level class -> its fields annotated so (flow)
+  container_classes: set = _field(set)  # module-level classes with such fields (before the visit)
+  container_vars: set = _field(set)   # bindings assigned an instance of one (`TrainState(opt)`)
   assignments: list = _field(list)    # (targets, value) of every `=` statement
 
   # -- uses of optimizers and defs ----------------------------------------------------------
@@ -65,6 +68,7 @@ class Facts:
   grad_assigns: set = _field(set)     # ids of `a, b = opt.compute_gradient(f)`
   method_calls: dict = _field()       # id(call) -> `.replicate()` / `.unreplicate()` call
   restores: list = _field(list)       # checkpoint restore calls (legacy_api.RESTORES)
+  saves: list = _field(list)          # checkpoint save calls (legacy_api.SAVES)
   legacy_attrs: list = _field(list)   # opt.optimizer_def, opt.state, opt.replicate...
   member_attrs: list = _field(list)   # every `.apply_gradient`, `.target` and `.state`
   handled: set = _field(set)          # ids of legacy_attrs a rule converts
@@ -81,11 +85,21 @@ class Facts:
   opt_factories: set = _field(set)    # functions returning a new optimizer
   module_factories: set = _field(set)  # module-level ones
   bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
+  def_factories: set = _field(set)    # module-level functions returning a legacy def
   steps: dict = _field()              # module-level function -> its optimizer parameters
 
   # -- other modules (codemod.flow) -------------------------------------------------------
   flow_vars: dict = _field()          # binding -> flow.Factory whose result it holds
   flow_used: dict = _field()          # qualified name -> flow.Factory this file calls
+  #: qualified name -> flow.Fields: another module's class with optimizer fields named here
+  flow_classes: dict = _field()
+  flow_fields: set = _field(set)      # the fields of those that their module converts
+  flow_def_vars: dict = _field()      # binding -> flow.DefFactory whose def it holds
+  flow_def_chains: dict = _field()    # chain -> flow.DefFactory whose def `.create`d it
+  #: `.create(...)` calls on another module's def: (call, flow.DefFactory or None: a name
+  #: like a def, `optimizer_def.create(p)`, that nothing here proves, flagged where the
+  #: file never imports flax.optim)
+  flow_def_creates: list = _field(list)
 
   @property
   def only_imports(self) -> bool:  # (a star import's names are never seen as used)

@@ -31,6 +31,11 @@ class Summary:
   steps: dict
   bundles: dict
   inject_lr: bool
+  #: module-level class -> (its fields annotated ``Optimizer``, converted)
+  fields: dict = dataclasses.field(default_factory=dict)
+  #: module-level function returning a legacy def -> converted (its callers `.create` it)
+  def_factories: dict = dataclasses.field(default_factory=dict)
+  defs: bool = False  # the module builds legacy defs (its Layout is offered to the others)
 
 
 @dataclasses.dataclass
@@ -71,6 +76,12 @@ class Plan:
                                                 or self.fallback)
 
   @property
+  def drops_imports(self) -> bool:
+    """The rewrite drops flax.optim module imports nothing uses (reported as OM005)."""
+    from codemod.rules.imports import dead_imports
+    return self.converts and dead_imports(self.queries)
+
+  @property
   def blocking(self) -> list[Finding]:
     """The findings that keep the file on its legacy code."""
     return [f for f in self.findings if f.blocks]
@@ -95,7 +106,10 @@ def make_plan(analysis, options) -> Plan:
       steps={name: (params, converts) for name, params in sorted(f.steps.items())},
       bundles=dict.fromkeys(sorted(f.bundle_factories & {fn.name.value for fn in f.top_functions}
                                    - set(f.steps)), converts),
-      inject_lr=q.inject_lr)
+      inject_lr=q.inject_lr,
+      fields={cls: (fields, converts) for cls, fields in sorted(f.declared_fields.items())},
+      def_factories=dict.fromkeys(sorted(f.def_factories), converts),
+      defs=bool(f.def_calls))
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
@@ -123,4 +137,6 @@ def _unselected(plan: Plan, options) -> None:
                    ] if options.enabled('OM106') else []
   plan.summary = Summary(dict.fromkeys(plan.summary.factories, False),
                          {name: (params, False) for name, (params, _) in plan.summary.steps.items()},
-                         dict.fromkeys(plan.summary.bundles, False), plan.summary.inject_lr)
+                         dict.fromkeys(plan.summary.bundles, False), plan.summary.inject_lr,
+                         {cls: (fields, False) for cls, (fields, _) in plan.summary.fields.items()},
+                         dict.fromkeys(plan.summary.def_factories, False))

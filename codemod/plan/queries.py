@@ -39,6 +39,7 @@ class Queries:
     self.hp_owner_ids: set = set()  # ids of `opt.optimizer_def` those reads consume
     self.maybe_vars: set = set()   # bindings derived from optimizers, not proven ones
     self.conflicts: list = []      # names the rewrite emits, bound here to something else
+    self.train_state_alias = None  # `train_state` is bound here: the module is imported as this
     self.step_calls: dict = {}     # id(call) -> [(flow.Step, parameter, argument)]
     self.step_calls_enabled = False
     self.wrapped_args: set = set()  # ids of functions given to jax.jit / jax.pmap
@@ -86,7 +87,7 @@ class Queries:
     a parameter, loop variable or rebound name that held one, a container item, or an
     attribute chain :meth:`mixed_chain` names (its ``.target`` is flagged, not converted)."""
     f = self.f
-    if not (f.uses_legacy or f.flow_used):
+    if not (f.uses_legacy or f.flow_used or f.flow_fields):
       return False
     if isinstance(value, cst.Subscript) or self.mixed_chain(value):
       return True
@@ -94,12 +95,17 @@ class Queries:
         self.n.binding(value) in (f.params | f.loop_vars | self.maybe_vars)
         or self.n.binding(value) in (f.rebound & f.opt_vars))
 
+  def is_container(self, expr) -> bool:
+    """``expr`` holds an instance of a class with optimizer fields (``TrainState(optimizer=
+    opt)`` of this module, or of another module the run converts), by name."""
+    return isinstance(expr, cst.Name) and self.n.binding(expr) in self.f.container_vars
+
   def annotated_field(self, expr) -> bool:
     """``x.optimizer`` where this file's class declares ``optimizer: optim.Optimizer``
     (and no chain ending in that attribute is assigned anything but an optimizer)."""
     f = self.f
     if not (isinstance(expr, cst.Attribute) and expr.attr.value in f.annotated_fields
-            and f.uses_legacy):
+            and (f.uses_legacy or expr.attr.value in f.flow_fields)):
       return False
     return not any(c.rsplit('.', 1)[-1] == expr.attr.value for c in f.attr_other)
 
@@ -137,7 +143,7 @@ class Queries:
     to be one (``new, m = step(opt, g)``, ``o = jitted(opt, g)``, ``o = fori_loop(..., opt)``):
     their ``.target`` / ``.state.step`` is flagged, not converted and not left silent."""
     n, f = self.n, self.f
-    if not (f.uses_legacy or f.flow_used):
+    if not (f.uses_legacy or f.flow_used or f.flow_fields):
       return set()
     found: set = set()
     # (also from an attribute that may hold one: `x = make_trainer(p).optimizer`, and from a
@@ -169,7 +175,7 @@ class Queries:
     if isinstance(expr, cst.Name):
       return n.name_factory(expr)
     if (chain := attr_chain(expr)) is not None:
-      return self.f.attr_flow.get(chain)
+      return self.f.attr_flow.get(chain) or self.f.flow_def_chains.get(chain)
     if isinstance(expr, cst.Call):
       found = n.factory_of_call(expr)
       if found is None and m.matches(expr.func, m.Attribute(attr=m.Name('apply_gradient'))):

@@ -30,5 +30,6 @@ def prepare(q) -> None:
 def decide(q) -> None:
   """Set ``q.unproven`` and ``q.blocked``."""
   f = q.f
-  q.unproven = not f.uses_legacy and not any(fac.converted for fac in f.flow_used.values())
+  q.unproven = not f.uses_legacy and not f.flow_fields and not any(
+      fac.converted for fac in f.flow_used.values())
   q.blocked = any(family.blocks(q) for family in BLOCKING_FAMILIES)

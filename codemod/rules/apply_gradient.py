@@ -27,7 +27,26 @@ def prepare(q) -> None:
   overrides = q.apply_overrides()
   q.inject_lr = any('learning_rate' in k for k in overrides)
   q.mixed_lr = q.inject_lr and not all('learning_rate' in k for k in overrides)
+  if not q.inject_lr and q.f.def_calls and _hands_optimizer_to_injecting_module(q):
+    q.inject_lr = True  # one layout with the module it exchanges optimizers with
   _find_group_applies(q)
+
+
+def _hands_optimizer_to_injecting_module(q) -> bool:
+  """This module passes one of its optimizers to a function of another module of the run
+  whose defs are built with ``inject_hyperparams`` (``codemod.flow.Layout``)."""
+  flow = q.f.flow
+  if flow is None:
+    return False
+  for call in q.f.calls_by_func.values():
+    if not any(q.is_optimizer(a.value) for a in call.args):
+      continue
+    for qname in q.n.qnames(call.func):
+      # (a function of this module is named without its module: never its own layout)
+      if '.' in qname and (layout := flow.layout(qname.rsplit('.', 1)[0])) is not None \
+          and layout.inject_lr:
+        return True
+  return False
 
 
 def _find_group_applies(q) -> None:

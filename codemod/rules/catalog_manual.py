@@ -136,18 +136,20 @@ MANUAL = (
     Rule('OM108', 'manual', family='imports', summary=
          'a name the rewrite would import (`optax`, `train_state`, ...) is bound to something '
          'else in the file',
-         why='The emitted code would name the wrong object. ' + _KEPT,
-         before=_IMPORT + 'def init(params):\n  train_state = {"epoch": 0}\n'
-                '  return optim.Adam(learning_rate=0.1).create(params), train_state\n',
+         why='The emitted code would name the wrong object. (`train_state` alone is imported '
+             'as `flax_train_state` instead, unless the file also spells '
+             '`train_state.TrainState`.) ' + _KEPT,
+         before=_IMPORT + 'def init(params):\n  optax = {"epoch": 0}\n'
+                '  return optim.Adam(learning_rate=0.1).create(params), optax\n',
          after='import optim_compat\n'
                'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
-               '# TODO(optim-migrate): OM108: `train_state` is bound to something else in this file, and the rewrite would use that name for the module it imports: rename it, then rerun (this file keeps its legacy optimizer code)\n'
+               '# TODO(optim-migrate): OM108: `optax` is bound to something else in this file, and the rewrite would use that name for the module it imports: rename it, then rerun (this file keeps its legacy optimizer code)\n'
                'from flax import optim\n'
                '\n'
                '\n'
                'def init(params):\n'
-               '  train_state = {"epoch": 0}\n'
-               '  return optim.Adam(learning_rate=0.1).create(params), train_state\n',
+               '  optax = {"epoch": 0}\n'
+               '  return optim.Adam(learning_rate=0.1).create(params), optax\n',
          readme='a name the rewrite imports (`optax`, `train_state`, `optim_compat`, '
                 '`jax_utils`, `traverse_util`) bound to something else in the file: rename it, '
                 'the file keeps its legacy code'),
@@ -211,13 +213,16 @@ MANUAL = (
                 '`torch.optim`, a name held in a variable, or a `"flax.optim" in sys.modules` '
                 'test is not flagged)'),
     Rule('OM113', 'manual', family='imports', summary='a flax.optim import nothing in its module uses',
-         why='It may be a re-export (a package\'s `__init__.py`): kept, not deleted, so that '
-             'its importers still find it until they are migrated.',
-         before='from flax import optim\n\nx = 1\n',
+         why='A `from flax.optim import Adam` nothing uses may be a re-export (a package\'s '
+             '`__init__.py`), as may any flax.optim import in a module with `__all__`: kept, '
+             'not deleted, so that its importers still find it until they are migrated. An '
+             'unused module import (`from flax import optim`, `import flax.optim`) elsewhere '
+             'is dropped (OM005).',
+         before='from flax.optim import Adam\n\nx = 1\n',
          after='import optim_compat\n'
                'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
-               '# TODO(optim-migrate): OM113: flax.optim is imported here (`from flax import optim`) but not used in this module: drop it from the import; if other modules import it from here (a re-export), migrate them first (flax >= 0.6 has no flax.optim; `optim-migrate run` supplies the shim meanwhile)\n'
-               'from flax import optim\n'
+               '# TODO(optim-migrate): OM113: flax.optim is imported here (`from flax.optim import Adam`) but not used in this module: drop it from the import; if other modules import it from here (a re-export), migrate them first (flax >= 0.6 has no flax.optim; `optim-migrate run` supplies the shim meanwhile)\n'
+               'from flax.optim import Adam\n'
                '\n'
                'x = 1\n',
          readme="a `flax.optim` import nothing in its module uses (maybe a re-export from a "

@@ -187,6 +187,9 @@ def blocks(q) -> bool:
   if any(unproven_apply(q, c) and unproven_message(q, c.func.value)[1]
          for c in f.calls_by_func.values()):
     return True
+  if any((found := def_create_message(q, c)) is not None and found[1]
+         for c, _ in f.flow_def_creates):
+    return True
   return any(a.attr.value in ('target', 'state') and q.unconverted(a.value)
              for a in f.member_attrs)
 
@@ -211,6 +214,39 @@ def leave_unproven_apply(p, original) -> bool:
     return False
   # not proven: a file without flax.optim, or another module's optimizer kept legacy there
   text, blocking = unproven_message(q, original.func.value)
+  p.flag(original, 'OM122', text, blocks=blocking)
+  return True
+
+
+def def_create_message(q, call: cst.Call) -> Optional[tuple[str, bool]]:
+  """``d.create(p)`` on another module's legacy def (what a function of the run returns,
+  or a parameter named like a def in a file nothing proves): the flag and whether it
+  keeps the file legacy (it does where this file's own code would be converted around a
+  flax.optim Optimizer)."""
+  f = q.f
+  found = next(((c, made) for c, made in f.flow_def_creates if c is call), None)
+  if found is None or q.is_optimizer(call):
+    return None
+  _, made = found
+  recv = code(call.func.value)
+  after = ('as Optax: `train_state.TrainState.create(apply_fn=..., params=..., tx=tx)`')
+  if made is not None:
+    if made.converted:
+      text = (f'`{recv}` is what {made.where} returns, which this run makes an Optax '
+              f'transformation: {after}; convert this call by hand')
+    else:
+      text = (f'`{recv}` is the flax.optim def {made.where} returns, which keeps its legacy '
+              f'optimizer code: `.create` makes a flax.optim Optimizer here; migrate them '
+              f'together ({after})')
+    return text, f.uses_legacy and not q.unproven
+  return (f'if `{recv}` is a flax.optim optimizer def (made elsewhere), `.create` makes a '
+          f'flax.optim Optimizer: migrate it where the def is made ({after})'), False
+
+
+def leave_def_create(p, original) -> bool:
+  if not p.q.f.flow_def_creates or (found := def_create_message(p.q, original)) is None:
+    return False
+  text, blocking = found
   p.flag(original, 'OM122', text, blocks=blocking)
   return True
 

@@ -39,7 +39,8 @@ def wanted(q) -> bool:
   f = q.f
   if not (q.opts.shim_fallback and q.opts.fixable('OM014')) or q.unproven:
     return False
-  return q.blocked or (f.only_imports and not f.star_imports)
+  from codemod.rules.imports import dead_imports
+  return q.blocked or (f.only_imports and not f.star_imports and not dead_imports(q))
 
 
 def _touches(stmt) -> bool:

@@ -11,6 +11,7 @@ uses: maybe a re-export).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import re
 import tokenize
@@ -28,7 +29,60 @@ from codemod.names import code
 
 def prepare(q) -> None:
   f = q.f
-  q.conflicts = sorted(f.bound_names & api.EMITTED_NAMES) if (f.uses_legacy or f.flow_used) else []
+  q.conflicts = sorted(f.bound_names & api.EMITTED_NAMES) if (f.uses_legacy or f.flow_used or f.flow_fields) else []
+  if ('train_state' in q.conflicts and api.TRAIN_STATE_ALIAS not in q.conflicts
+      and 'TrainState' not in _attributes_of(q.analysis.full, 'train_state')):
+    # `train_state` names something else here: flax's module is imported under another name
+    # (only `train_state.TrainState` is ever emitted, and no code of the file spells it)
+    q.train_state_alias = api.TRAIN_STATE_ALIAS
+    q.conflicts = [c for c in q.conflicts if c != 'train_state']
+
+
+def _attributes_of(module: cst.Module, name: str) -> set:
+  """The attributes read on the name ``name`` anywhere in ``module`` (``name.X``)."""
+  return {node.attr.value for node in _walk_attributes(module)
+          if isinstance(node.value, cst.Name) and node.value.value == name}
+
+
+def _walk_attributes(node):
+  stack = [node]
+  while stack:
+    node = stack.pop()
+    if isinstance(node, cst.Attribute):
+      yield node
+    stack.extend(node.children)
+
+
+class _TrainStateAlias(cst.CSTTransformer):
+  """``train_state.TrainState`` (what the rewrite emitted) -> ``<alias>.TrainState``."""
+
+  def __init__(self, alias: str):
+    super().__init__()
+    self.alias = alias
+
+  def leave_Attribute(self, original, updated):
+    if (isinstance(updated.value, cst.Name) and updated.value.value == 'train_state'
+        and updated.attr.value == 'TrainState'):
+      return updated.with_changes(value=cst.Name(self.alias))
+    return updated
+
+
+#: a module-level ``__all__ = ...`` / ``__all__ += ...`` (the module lists what it exports)
+_ALL = re.compile(r'^__all__[ \t]*(?::[^=\n]*)?\+?=', re.M)
+
+
+def dead_imports(q) -> bool:
+  """flax.optim is imported only as a module (``from flax import optim``, ``import flax.optim``)
+  and nothing in the file uses it, in a file that declares no ``__all__``: the import is
+  dropped (no module re-exports flax.optim's module under its own name in real code; a
+  ``from flax.optim import Adam`` nothing uses may be a re-export of the def: flagged, OM113)."""
+  f = q.f
+  if not f.only_imports or f.star_imports or _ALL.search(q.analysis.text):
+    return False
+  return all(isinstance(i, cst.Import) or (
+      code(i.module) == 'flax' and not isinstance(i.names, cst.ImportStar)
+      and all(isinstance(a.name, cst.Name) and (a.name.value != 'optim' or a.asname is None)
+              for a in i.names)) for i in f.legacy_imports)
 
 
 def blocks(q) -> bool:
@@ -69,7 +123,7 @@ def visit_import(p, node) -> None:
     p.flag(node, 'OM111', '`from flax.optim import *`: the names it brings cannot be told apart '
                           'from others, so nothing here is converted; import them by name, then '
                           'rerun', blocks=True)
-  if f.only_imports and any(node is i for i in f.legacy_imports):
+  if f.only_imports and not dead_imports(p.q) and any(node is i for i in f.legacy_imports):
     excerpt = ' '.join(code(node).replace('(', ' ').replace(')', ' ').split())
     p.flag(node, 'OM113', f'flax.optim is imported here (`{excerpt}`) but not used in this '
                           'module: drop it from the import; if other modules import it from '
@@ -160,7 +214,7 @@ def removals(q, tree: cst.Module) -> list:
   nothing uses may be a re-export: kept, flagged (OM113).
   """
   f = q.f
-  if not f.uses_legacy or f.only_imports or q.blocked:
+  if not f.uses_legacy or (f.only_imports and not dead_imports(q)) or q.blocked:
     return []
   return [('flax', 'optim', None), ('flax.optim', None, None), *legacy_imports(tree)]
 
@@ -241,7 +295,9 @@ def fix_imports(context: CodemodContext, tree: cst.Module, drop) -> cst.Module:
   head, gets ``RemoveImportsVisitor``'s scope analysis, on the head and the
   statements that name it (``import_scope.remove_unused_imports``).
   """
-  adds = context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, [])
+  # (one item once: AddImportsVisitor merging into an existing `from flax.training import x`
+  # writes a name once per request, `dynamic_scale as dynamic_scale_lib` twice)
+  adds = list(dict.fromkeys(context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, [])))
   context.scratch.pop(RemoveImportsVisitor.CONTEXT_KEY, None)
   k = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
            len(tree.body))
@@ -274,6 +330,13 @@ def finish(context: CodemodContext, q, tree: cst.Module, full: cst.Module) -> cs
   """The rewritten module with its imports fixed (``full``: the module as parsed, whose
   top-level flax.optim imports are the candidates to drop)."""
   drop = removals(q, full)
+  if q.train_state_alias is not None:
+    tree = tree.visit(_TrainStateAlias(q.train_state_alias))
+    items = context.scratch.get(AddImportsVisitor.CONTEXT_KEY, [])
+    context.scratch[AddImportsVisitor.CONTEXT_KEY] = [
+        dataclasses.replace(i, alias=q.train_state_alias)
+        if (i.module_name, i.obj_name, i.alias) == ('flax.training', 'train_state', None) else i
+        for i in items]
   tree = fix_imports(context, tree, drop)
   return plain_flax_imports(tree) if drop else tree
 

@@ -9,11 +9,16 @@ readers and their target argument come from ``codemod.legacy_api.RESTORES``.
 from __future__ import annotations
 
 import importlib.util
+import re
+
+import libcst as cst
 
 from codemod import legacy_api as api
 from codemod.names import code, kwargs, template
 
 _KNOWN_KEYWORDS = {'step', 'ckpt_dir', 'state', 'encoded_bytes'}
+#: a parameter named like an optimizer or a train state (`optimizer`, `opt`, `train_state`)
+_OPTIMIZER_LOOKING = re.compile(r'opt|state', re.I)
 
 
 def _reader(q, call):
@@ -36,7 +41,18 @@ def leave_restore(p, original) -> bool:
     return False
   qname, index, keyword = _reader(q, original)
   o_target = _target(original, index, keyword)
-  if o_target is None or not q.mentions_optimizer(o_target):
+  if o_target is None:
+    return True
+  short = qname.rsplit('.', 1)[1]
+  if not q.mentions_optimizer(o_target) and not q.mentions(o_target, q.is_container):
+    if q.converts and q.mentions(o_target, lambda e: q.maybe_optimizer(e) and isinstance(
+        e, cst.Name) and _OPTIMIZER_LOOKING.search(e.value) is not None):
+      p.flag(original, 'OM013', f'{short} restores into `{code(o_target)}`, which nothing here '
+                                'proves to hold an optimizer (a parameter, a container item): '
+                                'if it holds one (a TrainState after this run), a checkpoint the '
+                                'legacy code wrote needs optim_compat.checkpoint.restore_legacy'
+                                '(path_or_state_dict, target[, step=]), which reads legacy and '
+                                'TrainState checkpoints')
     return True
   landed = importlib.util.find_spec('optim_compat.checkpoint') is not None
   short = qname.rsplit('.', 1)[1]
@@ -54,6 +70,45 @@ def leave_restore(p, original) -> bool:
                                             'TrainState ones and fresh runs behave as before')],
         data={'reader': (qname, index, keyword)})
   return True
+
+
+def leave_save(p, original) -> bool:
+  """``checkpoints.save_checkpoint(d, ...)`` in a file that converts (whatever it saves):
+  ``d`` -> ``os.path.abspath(d)`` (Flax >= 0.7 saves with orbax, which rejects a relative
+  directory: 'Checkpoint path should be absolute'). Ends the call's chain."""
+  q = p.q
+  if not any(original is c for c in q.f.saves) or not q.opts.fixable('OM013'):
+    return False
+  qname = sorted(q.n.qnames(original.func) & set(api.SAVES))[0]
+  index, keyword = api.SAVES[qname]
+  directory = _target(original, index, keyword)
+  if directory is None or _absolute_already(q, directory):
+    return False  # (any target: orbax rejects a relative directory for every save)
+  p.fix(original, apply_save, [('OM013', f'{qname.rsplit(".", 1)[1]}(dir, ...): dir -> '
+                                         'os.path.abspath(dir) (orbax, Flax >= 0.7, rejects a '
+                                         'relative checkpoint directory)')],
+        data={'reader': (qname, index, keyword)})
+  return True
+
+
+def _absolute_already(q, expr) -> bool:
+  return isinstance(expr, cst.Call) and bool(
+      q.n.qnames(expr.func) & {'os.path.abspath', 'os.path.realpath'}) or (
+      isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
+      and expr.func.attr.value in ('abspath', 'realpath', 'resolve', 'absolute'))
+
+
+def apply_save(ctx, original, updated, fix):
+  _, index, keyword = fix.data['reader']
+  ctx.add_import('os')
+  kw = kwargs(updated)
+  if keyword in kw:
+    args = [a.with_changes(value=template('os.path.abspath(D)', D=a.value))
+            if a.keyword is not None and a.keyword.value == keyword else a for a in updated.args]
+  else:
+    args = list(updated.args)
+    args[index] = args[index].with_changes(value=template('os.path.abspath(D)', D=args[index].value))
+  return updated.with_changes(args=args)
 
 
 def apply_restore(ctx, original, updated, fix):
