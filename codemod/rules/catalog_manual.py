@@ -150,9 +150,10 @@ MANUAL = (
                'def init(params):\n'
                '  optax = {"epoch": 0}\n'
                '  return optim.Adam(learning_rate=0.1).create(params), optax\n',
-         readme='a name the rewrite imports (`optax`, `train_state`, `optim_compat`, '
-                '`jax_utils`, `traverse_util`) bound to something else in the file: rename it, '
-                'the file keeps its legacy code'),
+         readme='a name the rewrite imports (`optax`, `optim_compat`, `jax_utils`, '
+                '`traverse_util`; `train_state` only when the file also spells '
+                '`train_state.TrainState`, else it is imported as `flax_train_state`) bound to '
+                'something else in the file: rename it, the file keeps its legacy code'),
     Rule('OM109', 'manual', family='references', summary=
          'a flax.optim name with no automatic conversion where it is used',
          why='`optim.Optimizer(...)` built by hand, `isinstance(x, optim.Adam)` and the like '
@@ -402,8 +403,10 @@ MANUAL = (
                '  # TODO(optim-migrate): OM122: this file never imports flax.optim: if this is a flax.optim Optimizer, migrate it where it is created\n'
                '  return opt.apply_gradient(g)\n',
          readme='`.apply_gradient` in a file that never imports `flax.optim` on anything the '
-                'cross-module flow does not prove (below), and an optimizer whose creating '
-                'module keeps its legacy code (the file keeps its legacy code too)'),
+                'cross-module flow does not prove (below); `.create(...)` on a def another '
+                'module\'s function returns, or on a def-like name (`optimizer_def`) nothing '
+                'proves, and `.target` / `.state` on what it creates; an optimizer whose '
+                'creating module keeps its legacy code (the file keeps its legacy code too)'),
     Rule('OM123', 'manual', family='crossmodule', summary=
          'a converted factory\'s TrainState reaching legacy code in a file that keeps it',
          why='In a file kept legacy, `.target`, `.state`, `.apply_gradient`, ... on what another '
