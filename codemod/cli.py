@@ -10,9 +10,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import os
 import pathlib
-import runpy
 import sys
+import types
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 #: The distribution name (``[project] name`` in pyproject.toml) whose metadata gives ``--version``.
@@ -58,8 +60,9 @@ def cmd_rewrite(args) -> int:
 def cmd_run(args) -> int:
   """Run SCRIPT as ``__main__`` with ``flax.optim`` resolving to the shim.
 
-  As ``python SCRIPT`` would: a syntax error in SCRIPT, or an exception it raises, prints
-  the script's error (no frames of this tool) and exits 1. A SCRIPT that is missing, a
+  As ``python SCRIPT`` would (``__file__`` absolute, ``sys.argv[0]`` as given): a syntax
+  error in SCRIPT, or an exception it raises, prints the script's error (no frames of this
+  tool) and exits 1. A SCRIPT that is missing, a
   directory or unreadable exits 2.
   """
   import optim_compat
@@ -76,8 +79,13 @@ def cmd_run(args) -> int:
   except OSError as e:
     print(f'{script}: cannot read: {e.strerror or e}', file=sys.stderr)
     return EXIT_ERROR
-  try:  # compiled here first, so a syntax error shows no frames of runpy or this tool
-    compile(source, str(script), 'exec', dont_inherit=True)
+  # As CPython >= 3.9 runs ``python SCRIPT``: ``__file__`` and the code's filename are the
+  # working directory joined with SCRIPT as given (not normalized: ``./`` and symlinks kept),
+  # sys.argv[0] is SCRIPT as given, sys.path[0] the script's directory (symlinks resolved).
+  # runpy.run_path would set sys.argv[0] to the path, so the module is run here.
+  path = args.script if os.path.isabs(args.script) else os.path.join(os.getcwd(), args.script)
+  try:  # compiled here first, so a syntax error shows no frames of this tool
+    code = compile(source, path, 'exec', dont_inherit=True)
   except SyntaxError as e:
     import traceback
     sys.stderr.write(''.join(traceback.format_exception_only(type(e), e)))
@@ -85,25 +93,33 @@ def cmd_run(args) -> int:
   except ValueError as e:  # null bytes (a SyntaxError from Python 3.12)
     print(f'{script}: SyntaxError: {e}', file=sys.stderr)
     return 1
-  sys.argv = [str(script), *args.args]
+  sys.argv = [args.script, *args.args]
   sys.path.insert(0, str(script.resolve().parent))
+  main = types.ModuleType('__main__')
+  main.__file__, main.__cached__, main.__spec__ = path, None, None
+  main.__loader__ = importlib.machinery.SourceFileLoader('__main__', path)
+  saved_main = sys.modules.get('__main__')
+  sys.modules['__main__'] = main
   try:
-    runpy.run_path(str(script), run_name='__main__')
+    exec(code, main.__dict__)  # noqa: S102 - running the user's script is this command's job
   except Exception as e:  # noqa: BLE001 - reported as python would, from the script's frames
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != str(script):
+    while tb is not None and tb.tb_frame.f_code.co_filename != path:
       tb = tb.tb_next
     tb = tb or e.__traceback__
     sys.excepthook(type(e), e.with_traceback(tb), tb)
     return 1
   except SystemExit as e:
-    code = e.code
-    if code is None:
+    status = e.code
+    if status is None:
       return 0
-    if isinstance(code, int):
-      return code
-    print(code, file=sys.stderr)
+    if isinstance(status, int):
+      return status
+    print(status, file=sys.stderr)
     return 1
+  finally:
+    if saved_main is not None:
+      sys.modules['__main__'] = saved_main
   return 0
 
 
