@@ -7,7 +7,9 @@ Takes google/flax at tag v0.3.0 (commit ``d59410b5…``), ``linen_examples/``: f
 checkout or its ``linen_examples``), else from ``<cache>/flax-v0.3.0``, else by cloning where the network allows.
 The sources are never copied into this repository. It builds two virtualenvs under ``<cache>/examples-venvs``
 (``old``: jax 0.4.13 / flax 0.5.3 with the real flax.optim; ``modern``: today's jax / flax / optax and this
-project; both with TensorFlow, tensorflow-datasets, clu, ml_collections, sentencepiece, ...), then for each
+project's dependencies; both with TensorFlow, tensorflow-datasets, clu, ml_collections, sentencepiece, ...;
+a venv built from another checkout of this project is reused: the modern runs and the rewrite import the
+project from the checkout running this script, on their PYTHONPATH), then for each
 example runs its own tests (pytest, in the example's directory, as upstream CI did, one example at a time, each
 under ``--timeout`` seconds) in four variants:
 
@@ -104,8 +106,9 @@ def run_env(variant: str, patch_log: pathlib.Path, selected: list[str] | None = 
   spec = patches_lib.VARIANTS[variant]
   env = {k: v for k, v in os.environ.items() if not k.startswith(('PYTHON', 'VIRTUAL_ENV', 'EXAMPLES_'))
          or k in PASS_THROUGH}
-  env.update(PYTHONPATH=str(SITE), EXAMPLES_PATCHES=','.join(selected if selected is not None
-                                                            else patches_lib.allowed(variant)),
+  names = selected if selected is not None else patches_lib.allowed(variant)
+  env.update(PYTHONPATH=os.pathsep.join([str(SITE), *stacks.project_path(spec['stack'])]),
+             EXAMPLES_PATCHES=','.join(names),
              EXAMPLES_PATCH_LOG=str(patch_log), JAX_PLATFORMS='cpu', CUDA_VISIBLE_DEVICES='',
              TF_CPP_MIN_LOG_LEVEL='2', PYTHONHASHSEED='0', PYTHONDONTWRITEBYTECODE='1')
   if spec['zero_edit']:
@@ -123,10 +126,12 @@ def prepare_tree(variant: str, src: pathlib.Path, runs: pathlib.Path, pythons: d
   root.mkdir(parents=True)
   shutil.copytree(src, root / 'linen_examples')
   if spec['rewrite']:
-    cli = pythons['modern'].parent / 'optim-migrate'
-    proc = subprocess.run([*stacks.nice(), str(cli), 'rewrite', '--write', '--jobs', '1',
-                           '--report', str(root / 'rewrite-report.json'), 'linen_examples'],
-                          cwd=root, capture_output=True, text=True)
+    # this checkout's codemod (stacks.project_path), whichever checkout the venv was built from
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('PYTHON', 'VIRTUAL_ENV'))}
+    env['PYTHONPATH'] = os.pathsep.join(stacks.project_path('modern'))
+    proc = subprocess.run([*stacks.nice(), str(pythons['modern']), '-m', 'codemod.cli', 'rewrite', '--write',
+                           '--jobs', '1', '--report', str(root / 'rewrite-report.json'), 'linen_examples'],
+                          cwd=root, capture_output=True, text=True, env=env)
     (root / 'rewrite.log').write_text(proc.stdout + proc.stderr)
     if proc.returncode not in (0, 1):
       raise SystemExit(f'optim-migrate rewrite failed (exit {proc.returncode}); see {root / "rewrite.log"}')

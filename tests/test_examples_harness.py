@@ -1,6 +1,7 @@
 """The pure logic of bench/examples.py (no TF, no example sources): patch selection, patch
 logs, pytest JUnit parsing and the summary table."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -145,8 +146,34 @@ def test_run_env_passes_the_split_size_through_and_drops_other_examples_variable
   env = examples.run_env('after', tmp_path / 'log.jsonl')
   assert env['EXAMPLES_TFDS_SPLIT_SIZE'] == '1'
   assert env['EXAMPLES_PATCHES'] == ','.join(patches.allowed('after'))
-  assert env['PYTHONPATH'] == str(examples.SITE) and 'EXAMPLES_ZERO_EDIT' not in env
-  assert examples.run_env('before', tmp_path / 'l', [])['EXAMPLES_PATCHES'] == ''
+  # a modern run imports this checkout's project ahead of what the venv has installed
+  assert env['PYTHONPATH'].split(os.pathsep) == [str(examples.SITE), str(examples.REPO)]
+  assert 'EXAMPLES_ZERO_EDIT' not in env
+  old = examples.run_env('before', tmp_path / 'l', [])
+  assert old['EXAMPLES_PATCHES'] == '' and old['PYTHONPATH'] == str(examples.SITE)
+
+
+def test_a_modern_venv_built_from_another_checkout_is_reused_not_rebuilt(tmp_path, monkeypatch):
+  """The cached modern venv had `-e /work/wt/<other checkout>` in its marker: ensure() compared
+  the whole pin list and would rebuild (pip) it for every other checkout, and its runs measured
+  the codemod of the checkout it was built from. Now the marker is compared without the
+  editable project, and the runs put this checkout on the PYTHONPATH."""
+  from examples_harness import stacks
+  venv = tmp_path / 'modern'
+  (venv / 'bin').mkdir(parents=True)
+  (venv / 'bin' / 'python').write_text('')
+  built_elsewhere = [*stacks.MODERN_EXTRAS, '-e', '/somewhere/else/flax-optim-migrate']
+  (venv / 'examples-pins.json').write_text(json.dumps(built_elsewhere))
+
+  def no_pip(*a, **k):
+    raise AssertionError(f'ensure() ran {a[0]}')
+  monkeypatch.setattr(stacks.subprocess, 'run', no_pip)
+  assert stacks.ensure('modern', venv) == venv / 'bin' / 'python'
+  assert stacks.marker_pins(built_elsewhere) == list(stacks.MODERN_EXTRAS)
+  assert stacks.project_path('modern') == [str(stacks.REPO)] and stacks.project_path('old') == []
+  (venv / 'examples-pins.json').write_text(json.dumps([*stacks.MODERN_EXTRAS[:-1], '-e', '/x']))
+  with pytest.raises(AssertionError, match='ensure\\(\\) ran'):   # a different pin list still rebuilds
+    stacks.ensure('modern', venv, log=lambda m: None)
 
 
 def test_provenance_groups_cells_by_when_they_were_measured():

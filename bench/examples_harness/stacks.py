@@ -3,7 +3,14 @@
 ``old``: the project's LEGACY_PINS (jax 0.4.13, flax 0.5.3 with the real
 flax.optim, numpy<2) plus the examples' test dependencies at versions that
 install on Python 3.11 with numpy<2. ``modern``: today's jax / flax / optax,
-this project (editable) and the same dependencies at current versions.
+this project (editable: its dependencies) and the same dependencies at current
+versions.
+
+The project a modern run measures is the checkout running the harness
+(:data:`REPO`, put on the run's PYTHONPATH by :func:`project_path`), not the
+one the venv was built from: a venv built by another worktree serves as is,
+and its marker matches whatever checkout it was built from
+(:func:`marker_pins`).
 """
 from __future__ import annotations
 
@@ -37,6 +44,26 @@ def pins(stack: str) -> list[str]:
   raise ValueError(f'unknown stack {stack!r} (old or modern)')
 
 
+def marker_pins(pins_: list[str]) -> list[str]:
+  """``pins_`` without the editable project (``-e PATH``): what a built venv is compared on, so
+  that a modern venv built from another checkout of this project is reused."""
+  out, skip = [], False
+  for p in pins_:
+    if skip:
+      skip = False
+    elif p == '-e':
+      skip = True
+    else:
+      out.append(p)
+  return out
+
+
+def project_path(stack: str) -> list[str]:
+  """PYTHONPATH entries a run on ``stack`` needs: the modern stack imports this checkout's
+  codemod / optim_compat / equivalence_tests ahead of whatever the venv has installed."""
+  return [str(REPO)] if stack == 'modern' else []
+
+
 def nice() -> list[str]:
   """A ``nice`` prefix that runs a child at niceness 10 whatever this process's own niceness is
   (nested ``nice -n 10`` calls would push it to 19, where the other jobs of a shared machine starve it)."""
@@ -56,7 +83,7 @@ def ensure(stack: str, venv: pathlib.Path, log=print) -> pathlib.Path:
   """
   want = pins(stack)
   marker = venv / 'examples-pins.json'
-  if marker.exists() and json.loads(marker.read_text()) == want:
+  if marker.exists() and marker_pins(json.loads(marker.read_text())) == marker_pins(want):
     return python(venv)
   log(f'building the {stack} stack in {venv} (pip; several minutes the first time)')
   steps = [] if python(venv).exists() else [[sys.executable, '-m', 'venv', str(venv)]]
