@@ -241,6 +241,8 @@ def main(argv=None) -> int:
   ap.add_argument('--misses-trees', default='misses-after-fixed',
                   help='comma-separated: misses-before (old stack control), misses-after, misses-after-fixed')
   ap.add_argument('--same-numbers', type=int, default=0, metavar='STEPS')
+  ap.add_argument('--same-runs', default='legacy,zero-edit,migrated',
+                  help='with --same-numbers: the runs to (re)do; the others keep their earlier outputs')
   ap.add_argument('--tree-suffix', default='', help='name the run trees <variant><suffix> (parallel invocations)')
   ap.add_argument('--report-only', action='store_true',
                   help='with --misses / --same-numbers: rebuild their sections from the outputs in the cache, run nothing')
@@ -290,7 +292,7 @@ def main(argv=None) -> int:
     from examples_harness import same_numbers
     (runs_dir / 'section-same-numbers.md').write_text(
         '\n'.join(same_numbers.run(args.same_numbers, src, runs_dir, pythons, run_env, prepare_tree, log,
-                         examples=examples)))
+                                    examples=examples, only=[n for n in args.same_runs.split(',') if n])))
   parts = [runs_dir / f'section-{n}.md' for n in ('tests', 'misses', 'same-numbers')]
   text = '\n'.join(p.read_text() for p in parts if p.exists())
   print(text)

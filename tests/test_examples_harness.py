@@ -220,3 +220,40 @@ def test_restored_legacy_checkpoint_comparison_counts_the_state_leaves_it_finds(
   assert drivers._compare_restored(fresh, legacy, params_of, step_of) == {
       'params': '1 of 1 leaves differ', 'step': 'restored 0, checkpoint 7',
       'optimizer_state': '1 of 2 legacy per-parameter state leaves found in the restored state'}
+
+
+def test_same_numbers_reruns_only_the_named_runs_and_keeps_the_others_outputs(tmp_path, monkeypatch):
+  """--same-runs migrated: the legacy tree (its outputs, the initial params) is not rebuilt, the
+  migrated run trains from the legacy initial params, and the table compares it with the kept
+  legacy output; an unknown run name is refused."""
+  import numpy as np
+  from examples_harness import same_numbers
+  runs = tmp_path / 'runs'
+  legacy = {'loss': np.array([2.0, 1.0], np.float32), 'params/w': np.array([1.0, 2.0], np.float32)}
+  (runs / 'same-legacy').mkdir(parents=True)
+  np.savez(runs / 'same-legacy' / 'mnist-3.npz', **legacy)
+  np.savez(runs / 'same-mnist-init.npz', w=np.zeros(2))
+  prepared, trained = [], []
+
+  def prepare_tree(variant, src, runs_dir, pythons, name):
+    prepared.append((name, variant))
+    (runs_dir / name / 'linen_examples' / 'mnist').mkdir(parents=True, exist_ok=True)
+    return runs_dir / name
+
+  def fake_run(cmd, cwd, **kw):
+    ex, steps, params, res = cmd[cmd.index(str(pathlib.Path(same_numbers.__file__).parent / 'trainer.py')) + 1:][:4]
+    trained.append((ex, pathlib.Path(params).name, pathlib.Path(res).parent.name))
+    np.savez(res, loss=legacy['loss'], **{'params/w': legacy['params/w'] + np.float32(1)})
+    return subprocess.CompletedProcess(cmd, 0, '', '')
+  monkeypatch.setattr(same_numbers.subprocess, 'run', fake_run)
+  lines = same_numbers.run(3, None, runs, {'old': 'py-old', 'modern': 'py-new'},
+                           lambda variant, log: {}, prepare_tree, lambda m: None, examples=['mnist'],
+                           only=['migrated'])
+  assert prepared == [('same-migrated', 'after')]
+  assert trained == [('mnist', 'same-mnist-init.npz', 'same-migrated')]
+  assert (runs / 'same-legacy' / 'mnist-3.npz').exists() and (runs / 'same-mnist-init.npz').exists()
+  row = next(ln for ln in lines if ln.startswith('| mnist |'))
+  assert row.startswith('| mnist | 1 (step 1: 2) | loss 0 ulp') and 'params 4.19e+06 ulp' in row
+  assert row.endswith('| not run | not run |'), row
+  with pytest.raises(SystemExit, match="--same-runs: unknown run 'migratd'"):
+    same_numbers.run(3, None, runs, {}, None, prepare_tree, None, examples=['mnist'], only=['migratd'])
