@@ -181,13 +181,8 @@ def run_tests(example: str, variant: str, root: pathlib.Path, pythons: dict,
 
 
 def stamp(root: pathlib.Path) -> str:
-  """'YYYY-MM-DD HH:MM, codemod at <commit>[, tfds splits of N]' for a run in ``root``."""
-  head = _git_head(REPO) or 'unknown commit'
-  dirty = subprocess.run(['git', '-C', str(REPO), 'status', '--porcelain', '--', 'codemod', 'optim_compat'],
-                         capture_output=True, text=True).stdout.strip()
-  size = (root / 'tfds-split-size').read_text() if (root / 'tfds-split-size').exists() else 'published'
-  return (f'{time.strftime("%Y-%m-%d %H:%M")}, codemod at {head[:7]}{" (modified)" if dirty else ""}'
-          + ('' if size == 'published' else f', tfds splits of {size}'))
+  """When, under what load and against which codemod a run in ``root`` was measured (stacks.measured)."""
+  return stacks.measured(root)
 
 
 def merge_runs(path: pathlib.Path, new: list[results_lib.RunResult]) -> list[results_lib.RunResult]:

@@ -240,7 +240,11 @@ def test_same_numbers_reruns_only_the_named_runs_and_keeps_the_others_outputs(tm
     (runs_dir / name / 'linen_examples' / 'mnist').mkdir(parents=True, exist_ok=True)
     return runs_dir / name
 
-  def fake_run(cmd, cwd, **kw):
+  real_run = subprocess.run
+
+  def fake_run(cmd, **kw):
+    if cmd[0] == 'git':
+      return real_run(cmd, **kw)
     ex, steps, params, res = cmd[cmd.index(str(pathlib.Path(same_numbers.__file__).parent / 'trainer.py')) + 1:][:4]
     trained.append((ex, pathlib.Path(params).name, pathlib.Path(res).parent.name))
     np.savez(res, loss=legacy['loss'], **{'params/w': legacy['params/w'] + np.float32(1)})
@@ -255,5 +259,22 @@ def test_same_numbers_reruns_only_the_named_runs_and_keeps_the_others_outputs(tm
   row = next(ln for ln in lines if ln.startswith('| mnist |'))
   assert row.startswith('| mnist | 1 (step 1: 2) | loss 0 ulp') and 'params 4.19e+06 ulp' in row
   assert row.endswith('| not run | not run |'), row
+  stamp = next(ln for ln in lines if ln.startswith('- mnist / migrated: '))
+  assert ' load ' in stamp and '(1 / 15 min), codemod at ' in stamp, stamp
+  assert not any(ln.startswith('- mnist / legacy: ') for ln in lines)   # kept output, no stamp left
   with pytest.raises(SystemExit, match="--same-runs: unknown run 'migratd'"):
     same_numbers.run(3, None, runs, {}, None, prepare_tree, None, examples=['mnist'], only=['migratd'])
+
+
+def test_misses_report_lists_when_each_driver_ran(tmp_path):
+  from examples_harness import misses
+  res = tmp_path / 'misses-after-fixed' / 'results'
+  res.mkdir(parents=True)
+  (res / 'mnist.json').write_text(json.dumps([{'phase': 'train_and_evaluate', 'ok': True}]))
+  (res / 'mnist.measured').write_text('2026-12-02 02:10, load 9.1 / 8.0 (1 / 15 min), codemod at abc1234\n')
+  (res / 'wmt.json').write_text(json.dumps([{'phase': 'p', 'ok': True}]))   # an earlier run: no stamp
+  lines = misses.report(['mnist', 'wmt'], tmp_path)
+  assert '| mnist | train_and_evaluate | ok |' in lines
+  i = lines.index('### When each driver ran')
+  assert lines[i + 2:i + 4] == ['- mnist / misses-after-fixed: 2026-12-02 02:10, load 9.1 / 8.0 (1 / 15 min), '
+                                'codemod at abc1234', '']

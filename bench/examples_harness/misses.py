@@ -93,6 +93,7 @@ def _driver(example, tree, py, env, legacy_workdir=None):
   proc = subprocess.run([*stacks.nice(), 'timeout', str(DRIVER_TIMEOUT), str(py), str(drv), example, str(work),
                          str(out), *extra], cwd=exdir, capture_output=True, text=True, env=env)
   (tree / 'results' / f'{example}.log').write_text(proc.stdout + proc.stderr)
+  (tree / 'results' / f'{example}.measured').write_text(stacks.measured(tree))
   if not out.exists():
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ['']
     why = f'timed out ({DRIVER_TIMEOUT} s)' if proc.returncode in (124, 137) else f'crashed (exit {proc.returncode})'
@@ -133,7 +134,19 @@ def run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
       bad = [r for r in recs if not r['ok']]
       log(f'misses: {ex} / {name}: {len(recs) - len(bad)}/{len(recs)} phases ok')
   (runs_dir / 'misses.json').write_text(json.dumps({f'{k[0]}|{k[1]}': v for k, v in table.items()}, indent=1))
-  return markdown(table, examples, n_fixed, list(trees), split_sizes(runs_dir, list(trees)))
+  return markdown(table, examples, n_fixed, list(trees), split_sizes(runs_dir, list(trees)),
+                  stamps_of(runs_dir, examples, list(trees)))
+
+
+def stamps_of(runs_dir, examples, names) -> dict:
+  """{(example, tree): the stamp its driver run left} for the runs that left one."""
+  out = {}
+  for name in names:
+    for ex in examples:
+      f = runs_dir / name / 'results' / f'{ex}.measured'
+      if f.exists():
+        out[(ex, name)] = f.read_text().strip()
+  return out
 
 
 def split_sizes(runs_dir, names) -> dict:
@@ -157,11 +170,13 @@ def report(examples, runs_dir, names=('misses-after-fixed',)) -> list[str]:
     if name == 'misses-after-fixed' and (tree / 'linen_examples').exists():
       n_fixed = sum(ln.count(TODO) and any(said in ln for said, _, _ in MECHANICAL)
                     for p in (tree / 'linen_examples').rglob('*.py') for ln in p.read_text().splitlines())
-  return markdown(table, examples, n_fixed, list(names), split_sizes(runs_dir, list(names)))
+  return markdown(table, examples, n_fixed, list(names), split_sizes(runs_dir, list(names)),
+                  stamps_of(runs_dir, examples, list(names)))
 
 
-def markdown(table, examples, n_fixed, names, sizes=None) -> list[str]:
-  sizes = sizes or {}
+def markdown(table, examples, n_fixed, names, sizes=None, stamps=None) -> list[str]:
+  """The section; ``stamps``: {(example, tree): when the driver ran (stacks.measured)}."""
+  sizes, stamps = sizes or {}, stamps or {}
   lines = ['## Train / eval steps run once (misses)', '',
            f'`misses-after-fixed` applies the fix each flagged line\'s TODO states ({n_fixed} lines), to reach '
            'what lies behind it. A failure is **unflagged** when no `# TODO(optim-migrate)` is on its line or '
@@ -194,6 +209,9 @@ def markdown(table, examples, n_fixed, names, sizes=None) -> list[str]:
     lines.append(f"- `{r['where']}` `{r['text']}`: {r['error']} ({ex}, {name}, phase: {r['phase']})")
   if not unflagged:
     lines.append('none')
+  if stamps:
+    lines += ['', '### When each driver ran', '']
+    lines += [f'- {ex} / {name}: {when}' for (ex, name), when in stamps.items()]
   extra = [(ex, name, r) for (ex, name), recs in table.items() for r in recs
            if any(k.endswith(('_vs_saved', '_vs_legacy')) for k in r)]  # the restore comparisons
   if extra:

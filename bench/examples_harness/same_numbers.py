@@ -121,13 +121,14 @@ def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAM
                             cwd=tree / 'linen_examples' / ex, capture_output=True, text=True,
                             env=run_env(variant, tree / f'{ex}-patches.jsonl'))
       (tree / f'{ex}-train.log').write_text(proc.stdout + proc.stderr)
+      (tree / f'{ex}-{steps}.measured').write_text(stacks.measured(tree))
       if proc.returncode != 0 or not res.exists():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ['']
         out[(ex, name)] = f'failed (exit {proc.returncode}): {tail[0][:200]}'
       else:
         out[(ex, name)] = dict(np.load(res))
       log(f'same numbers: {ex} / {name}: {"ok" if isinstance(out[(ex, name)], dict) else out[(ex, name)]}')
-  return markdown(out, steps, examples)
+  return markdown(out, steps, examples, stamps_of(runs_dir, steps, examples))
 
 
 def report(steps, runs_dir, examples=EXAMPLES) -> list[str]:
@@ -138,7 +139,19 @@ def report(steps, runs_dir, examples=EXAMPLES) -> list[str]:
       res = runs_dir / f'same-{name}' / f'{ex}-{steps}.npz'
       if res.exists():
         out[(ex, name)] = dict(np.load(res))
-  return markdown(out, steps, [e for e in EXAMPLES if e in examples])
+  examples = [e for e in EXAMPLES if e in examples]
+  return markdown(out, steps, examples, stamps_of(runs_dir, steps, examples))
+
+
+def stamps_of(runs_dir, steps, examples) -> dict:
+  """{(example, run): when it trained (stacks.measured)} for the runs that left a stamp."""
+  out = {}
+  for ex in examples:
+    for name, _, _ in RUNS:
+      f = runs_dir / f'same-{name}' / f'{ex}-{steps}.measured'
+      if f.exists():
+        out[(ex, name)] = f.read_text().strip()
+  return out
 
 
 def _fmt(c) -> str:
@@ -152,7 +165,8 @@ def _fmt(c) -> str:
           f"params {c['params_ulp']:.3g} ulp (worst `{c['worst_leaf']}`; max rel {c['params_max_rel']:.2g})")
 
 
-def markdown(out, steps, examples=EXAMPLES) -> list[str]:
+def markdown(out, steps, examples=EXAMPLES, stamps=None) -> list[str]:
+  """The section; ``stamps``: {(example, run): when it trained}, listed under the table."""
   lines = ['## Same numbers', '',
            f'{steps} train steps from the same initial params on the same batches (dropout off). Ulps of each '
            "leaf's largest magnitude (final params; the loss curve as one leaf, float32).", '',
@@ -171,4 +185,7 @@ def markdown(out, steps, examples=EXAMPLES) -> list[str]:
           cells.append(f'not comparable: {e}')
     first = f"{leg['loss'][-1]:.5g} (step 1: {leg['loss'][0]:.5g})" if isinstance(leg, dict) else '—'
     lines.append(f'| {ex} | {first} | ' + ' | '.join(cells) + ' |')
+  if stamps:
+    lines += ['', 'When each run trained (runs without a date here were measured by an earlier session):', '']
+    lines += [f'- {ex} / {name}: {when}' for (ex, name), when in stamps.items()]
   return lines + ['']
