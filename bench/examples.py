@@ -292,11 +292,33 @@ def main(argv=None) -> int:
   text = '\n'.join(p.read_text() for p in parts if p.exists())
   print(text)
   if args.write_results:
-    (HERE / 'examples_results.md').write_text(_results_header(src) + text + '\n')
+    out = HERE / 'examples_results.md'
+    notes = kept_notes(out.read_text() if out.exists() else '')
+    out.write_text(_results_header(src) + (notes + '\n\n' if notes else '') + text + '\n')
   by = {(r.example, r.variant): r for r in runs}
   same = [ex for ex in examples if (ex, 'before') in by and (ex, 'after') in by
           and [t.outcome for t in by[(ex, 'before')].tests] == [t.outcome for t in by[(ex, 'after')].tests]]
   return 0 if runs and len(same) == len(examples) else 1
+
+
+NOTES_BEGIN = '<!-- notes: written by hand, kept by --write-results -->'
+NOTES_END = '<!-- /notes -->'
+
+
+def kept_notes(text: str) -> str:
+  """The hand-written block of a results file (from NOTES_BEGIN to NOTES_END, markers included),
+  which --write-results carries over; '' when the file has none.
+
+  Raises:
+    ValueError: a NOTES_BEGIN marker without its NOTES_END (nothing would be kept safely).
+  """
+  i = text.find(NOTES_BEGIN)
+  if i < 0:
+    return ''
+  j = text.find(NOTES_END, i)
+  if j < 0:
+    raise ValueError(f'bench/examples_results.md: {NOTES_BEGIN!r} has no {NOTES_END!r} after it')
+  return text[i:j + len(NOTES_END)]
 
 
 def _results_header(src: pathlib.Path) -> str:
@@ -307,7 +329,8 @@ def _results_header(src: pathlib.Path) -> str:
           f'this project (editable).\n\n'
           'Variants: **before** = old stack, sources unmodified; **after** = modern stack after one '
           '`optim-migrate rewrite --write`, only the harness patches no OM2xx rule could remove; '
-          '**after+om2xx-patches** = the same with every harness patch (until the OM2xx rules land); '
+          '**after+om2xx-patches** = the same with every harness patch (measured before the OM2xx rules '
+          'landed; what they hid); '
           '**zero-edit** = modern stack, sources unmodified, `optim_compat.install()` first, every harness patch. '
           'Each example\'s own tests run with pytest in its directory, one example at a time, '
           '`--continue-on-collection-errors` (so one module that fails to import does not hide the others\' tests; '

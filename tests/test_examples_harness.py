@@ -278,3 +278,13 @@ def test_misses_report_lists_when_each_driver_ran(tmp_path):
   i = lines.index('### When each driver ran')
   assert lines[i + 2:i + 4] == ['- mnist / misses-after-fixed: 2026-12-02 02:10, load 9.1 / 8.0 (1 / 15 min), '
                                 'codemod at abc1234', '']
+
+
+def test_write_results_keeps_the_hand_written_notes_block():
+  import examples
+  text = ('# title\n\nheader\n\n' + examples.NOTES_BEGIN + '\n## Why each AFTER failure\n- a\n'
+          + examples.NOTES_END + '\n\n## Tests per example\n')
+  assert examples.kept_notes(text) == examples.NOTES_BEGIN + '\n## Why each AFTER failure\n- a\n' + examples.NOTES_END
+  assert examples.kept_notes('# no notes\n') == ''
+  with pytest.raises(ValueError, match='has no'):
+    examples.kept_notes(examples.NOTES_BEGIN + '\nunfinished')
