@@ -235,6 +235,8 @@ def main(argv=None) -> int:
   ap.add_argument('--misses', action='store_true', help='run each migrated train / eval step once')
   ap.add_argument('--misses-trees', default='misses-after-fixed',
                   help='comma-separated: misses-before (old stack control), misses-after, misses-after-fixed')
+  ap.add_argument('--misses-reuse', action='store_true',
+                  help='with --misses: keep a misses tree that exists (its sources and other examples\' results)')
   ap.add_argument('--same-numbers', type=int, default=0, metavar='STEPS')
   ap.add_argument('--same-runs', default='legacy,zero-edit,migrated',
                   help='with --same-numbers: the runs to (re)do; the others keep their earlier outputs')
@@ -278,7 +280,7 @@ def main(argv=None) -> int:
     from examples_harness import misses
     (runs_dir / 'section-misses.md').write_text(
         '\n'.join(misses.run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
-                   trees=args.misses_trees.split(','))))
+                              trees=args.misses_trees.split(','), reuse=args.misses_reuse)))
   if args.same_numbers and args.report_only:
     from examples_harness import same_numbers
     (runs_dir / 'section-same-numbers.md').write_text(

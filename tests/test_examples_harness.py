@@ -288,3 +288,24 @@ def test_write_results_keeps_the_hand_written_notes_block():
   assert examples.kept_notes('# no notes\n') == ''
   with pytest.raises(ValueError, match='has no'):
     examples.kept_notes(examples.NOTES_BEGIN + '\nunfinished')
+
+
+def test_misses_reuse_keeps_an_existing_tree_and_the_other_examples_results(tmp_path, monkeypatch):
+  from examples_harness import misses
+  tree = tmp_path / 'misses-after-fixed'
+  (tree / 'linen_examples' / 'mnist').mkdir(parents=True)
+  (tree / 'results').mkdir()
+  (tree / 'results' / 'seq2seq.json').write_text(json.dumps([{'phase': 'p', 'ok': True}]))
+  ran = []
+  monkeypatch.setattr(misses, '_driver', lambda ex, tree, py, env, legacy=None: ran.append(ex) or
+                      [{'phase': 'train', 'ok': True}])
+
+  def no_prepare(*a, **k):
+    raise AssertionError('prepare_tree called')
+  misses.run(['mnist'], None, tmp_path, {'modern': 'py'}, lambda v, log: {}, no_prepare, lambda m: None,
+             trees=['misses-after-fixed'], reuse=True)
+  assert ran == ['mnist'] and (tree / 'results' / 'seq2seq.json').exists()
+  assert '| seq2seq | p | ok |' in misses.report(['mnist', 'seq2seq'], tmp_path)
+  with pytest.raises(AssertionError, match='prepare_tree called'):
+    misses.run(['mnist'], None, tmp_path, {'modern': 'py'}, lambda v, log: {}, no_prepare, lambda m: None,
+               trees=['misses-after-fixed'], reuse=False)

@@ -102,8 +102,12 @@ def _driver(example, tree, py, env, legacy_workdir=None):
 
 
 def run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
-        trees=('misses-before', 'misses-after', 'misses-after-fixed')) -> list[str]:
-  """Run the drivers on the named trees; return the markdown section."""
+        trees=('misses-before', 'misses-after', 'misses-after-fixed'), reuse=False) -> list[str]:
+  """Run the drivers on the named trees; return the markdown section.
+
+  ``reuse``: a tree that exists is not rebuilt (its rewritten sources and the other examples'
+  results stay; rebuild the section of every example with ``report``).
+  """
   variant_of = {'misses-before': 'before', 'misses-after': 'after', 'misses-after-fixed': 'after'}
   bad = [t for t in trees if t not in variant_of]
   if bad:
@@ -111,6 +115,10 @@ def run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
   made = {}
   n_fixed = 0
   for name in trees:
+    if reuse and (runs_dir / name / 'linen_examples').is_dir():
+      made[name] = (runs_dir / name, variant_of[name])
+      log(f'misses: reusing the tree {runs_dir / name} (rewritten {stacks.tree_age(runs_dir / name)})')
+      continue
     root = prepare_tree(variant_of[name], src, runs_dir, pythons, name=name)
     if name == 'misses-after-fixed':
       for path in sorted((root / 'linen_examples').rglob('*.py')):

@@ -113,3 +113,9 @@ def measured(root: pathlib.Path) -> str:
   return (f'{time.strftime("%Y-%m-%d %H:%M")}, load {one:.1f} / {fifteen:.1f} (1 / 15 min), '
           f'codemod at {head[:7]}{" (modified)" if dirty else ""}'
           + ('' if size == 'published' else f', tfds splits of {size}'))
+
+
+def tree_age(root: pathlib.Path) -> str:
+  """When a run tree's sources were prepared ('YYYY-MM-DD HH:MM', from its linen_examples mtime)."""
+  import time
+  return time.strftime('%Y-%m-%d %H:%M', time.localtime((pathlib.Path(root) / 'linen_examples').stat().st_mtime))
