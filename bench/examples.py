@@ -133,6 +133,7 @@ def prepare_tree(variant: str, src: pathlib.Path, runs: pathlib.Path, pythons: d
                            '--jobs', '1', '--report', str(root / 'rewrite-report.json'), 'linen_examples'],
                           cwd=root, capture_output=True, text=True, env=env)
     (root / 'rewrite.log').write_text(proc.stdout + proc.stderr)
+    (root / 'codemod-at').write_text(stacks.codemod_at())   # the codemod this tree was rewritten with
     if proc.returncode not in (0, 1):
       raise SystemExit(f'optim-migrate rewrite failed (exit {proc.returncode}); see {root / "rewrite.log"}')
   py = pythons[spec['stack']]

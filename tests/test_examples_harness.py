@@ -309,3 +309,12 @@ def test_misses_reuse_keeps_an_existing_tree_and_the_other_examples_results(tmp_
   with pytest.raises(AssertionError, match='prepare_tree called'):
     misses.run(['mnist'], None, tmp_path, {'modern': 'py'}, lambda v, log: {}, no_prepare, lambda m: None,
                trees=['misses-after-fixed'], reuse=False)
+
+
+def test_a_stamp_names_the_codemod_the_tree_was_rewritten_with(tmp_path):
+  from examples_harness import stacks
+  assert 'codemod at ' + stacks.codemod_at() in stacks.measured(tmp_path)
+  (tmp_path / 'codemod-at').write_text('abc1234 (modified)\n')
+  (tmp_path / 'tfds-split-size').write_text('1')
+  got = stacks.measured(tmp_path)
+  assert got.endswith(', codemod at abc1234 (modified), tfds splits of 1') and ' load ' in got, got

@@ -100,19 +100,27 @@ def ensure(stack: str, venv: pathlib.Path, log=print) -> pathlib.Path:
 def measured(root: pathlib.Path) -> str:
   """When, under what load and against which codemod a run in ``root`` (a run tree) was measured:
   'YYYY-MM-DD HH:MM, load 9.8 / 8.1 (1 / 15 min), codemod at <commit>[ (modified)][, tfds splits
-  of N]'. '(modified)': codemod/ or optim_compat/ had uncommitted changes."""
+  of N]'. The codemod is the one the tree was rewritten with (its ``codemod-at`` file), else this
+  checkout's now; '(modified)': codemod/ or optim_compat/ had uncommitted changes."""
   import os
   import time
-  proc = subprocess.run(['git', '-C', str(REPO), 'rev-parse', 'HEAD'], capture_output=True, text=True)
-  head = proc.stdout.strip() if proc.returncode == 0 else 'unknown commit'
-  dirty = subprocess.run(['git', '-C', str(REPO), 'status', '--porcelain', '--', 'codemod', 'optim_compat'],
-                         capture_output=True, text=True).stdout.strip()
+  at = pathlib.Path(root) / 'codemod-at'   # written when the tree was rewritten; else now
+  codemod = at.read_text().strip() if at.exists() else codemod_at()
   size_file = pathlib.Path(root) / 'tfds-split-size'
   size = size_file.read_text().strip() if size_file.exists() else 'published'
   one, _, fifteen = os.getloadavg()
   return (f'{time.strftime("%Y-%m-%d %H:%M")}, load {one:.1f} / {fifteen:.1f} (1 / 15 min), '
-          f'codemod at {head[:7]}{" (modified)" if dirty else ""}'
-          + ('' if size == 'published' else f', tfds splits of {size}'))
+          f'codemod at {codemod}' + ('' if size == 'published' else f', tfds splits of {size}'))
+
+
+def codemod_at() -> str:
+  """'<commit>' of this checkout, with ' (modified)' when codemod/ or optim_compat/ have
+  uncommitted changes."""
+  proc = subprocess.run(['git', '-C', str(REPO), 'rev-parse', 'HEAD'], capture_output=True, text=True)
+  head = proc.stdout.strip() if proc.returncode == 0 else 'unknown commit'
+  dirty = subprocess.run(['git', '-C', str(REPO), 'status', '--porcelain', '--', 'codemod', 'optim_compat'],
+                         capture_output=True, text=True).stdout.strip()
+  return f'{head[:7]}{" (modified)" if dirty else ""}'
 
 
 def tree_age(root: pathlib.Path) -> str:
