@@ -124,6 +124,9 @@ def codemod_at() -> str:
 
 
 def tree_age(root: pathlib.Path) -> str:
-  """When a run tree's sources were prepared ('YYYY-MM-DD HH:MM', from its linen_examples mtime)."""
+  """When a run tree was prepared ('YYYY-MM-DD HH:MM', from its tfds-split-size file, written last;
+  copytree keeps the sources' own 2020 mtimes); 'unknown' for a tree without it."""
   import time
-  return time.strftime('%Y-%m-%d %H:%M', time.localtime((pathlib.Path(root) / 'linen_examples').stat().st_mtime))
+  marker = pathlib.Path(root) / 'tfds-split-size'
+  return time.strftime('%Y-%m-%d %H:%M', time.localtime(marker.stat().st_mtime)) if marker.exists() else 'unknown'
+
