@@ -237,7 +237,9 @@ def test_same_numbers_reruns_only_the_named_runs_and_keeps_the_others_outputs(tm
 
   def prepare_tree(variant, src, runs_dir, pythons, name):
     prepared.append((name, variant))
-    (runs_dir / name / 'linen_examples' / 'mnist').mkdir(parents=True, exist_ok=True)
+    import shutil
+    shutil.rmtree(runs_dir / name, ignore_errors=True)     # as examples.prepare_tree does
+    (runs_dir / name / 'linen_examples' / 'mnist').mkdir(parents=True)
     return runs_dir / name
 
   real_run = subprocess.run
@@ -254,6 +256,13 @@ def test_same_numbers_reruns_only_the_named_runs_and_keeps_the_others_outputs(tm
                            lambda variant, log: {}, prepare_tree, lambda m: None, examples=['mnist'],
                            only=['migrated'])
   assert prepared == [('same-migrated', 'after')]
+  # a rebuilt tree keeps the outputs of the examples not trained in this invocation
+  np.savez(runs / 'same-migrated' / 'seq2seq-3.npz', **legacy)
+  same_numbers.run(3, None, runs, {'old': 'py-old', 'modern': 'py-new'}, lambda variant, log: {},
+                   prepare_tree, lambda m: None, examples=['mnist'], only=['migrated'])
+  assert (runs / 'same-migrated' / 'seq2seq-3.npz').exists()
+  assert (runs / 'same-migrated' / 'mnist-3.npz').exists()
+  trained[:] = trained[:1]
   assert trained == [('mnist', 'same-mnist-init.npz', 'same-migrated')]
   assert (runs / 'same-legacy' / 'mnist-3.npz').exists() and (runs / 'same-mnist-init.npz').exists()
   row = next(ln for ln in lines if ln.startswith('| mnist |'))

@@ -85,7 +85,12 @@ def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAM
   for name, variant, fix in RUNS:
     if name not in names:
       continue
+    # the outputs of the examples not trained now survive the tree's rebuild
+    kept = {f.name: f.read_bytes() for f in sorted((runs_dir / f'same-{name}').glob('*-*.*'))
+            if f.suffix in ('.npz', '.measured') and f.name.split('-', 1)[0] not in examples}
     dest = prepare_tree(variant, src, runs_dir, pythons, name=f'same-{name}')
+    for fname, data in kept.items():
+      (dest / fname).write_bytes(data)
     if fix:
       for path in sorted((dest / 'linen_examples').rglob('*.py')):
         text, n = misses.fix_flagged(path.read_text())
