@@ -7,7 +7,9 @@ Takes google/flax at tag v0.3.0 (commit ``d59410b5…``), ``linen_examples/``: f
 checkout or its ``linen_examples``), else from ``<cache>/flax-v0.3.0``, else by cloning where the network allows.
 The sources are never copied into this repository. It builds two virtualenvs under ``<cache>/examples-venvs``
 (``old``: jax 0.4.13 / flax 0.5.3 with the real flax.optim; ``modern``: today's jax / flax / optax and this
-project; both with TensorFlow, tensorflow-datasets, clu, ml_collections, sentencepiece, ...), then for each
+project's dependencies; both with TensorFlow, tensorflow-datasets, clu, ml_collections, sentencepiece, ...;
+a venv built from another checkout of this project is reused: the modern runs and the rewrite import the
+project from the checkout running this script, on their PYTHONPATH), then for each
 example runs its own tests (pytest, in the example's directory, as upstream CI did, one example at a time, each
 under ``--timeout`` seconds) in four variants:
 
@@ -104,8 +106,9 @@ def run_env(variant: str, patch_log: pathlib.Path, selected: list[str] | None = 
   spec = patches_lib.VARIANTS[variant]
   env = {k: v for k, v in os.environ.items() if not k.startswith(('PYTHON', 'VIRTUAL_ENV', 'EXAMPLES_'))
          or k in PASS_THROUGH}
-  env.update(PYTHONPATH=str(SITE), EXAMPLES_PATCHES=','.join(selected if selected is not None
-                                                            else patches_lib.allowed(variant)),
+  names = selected if selected is not None else patches_lib.allowed(variant)
+  env.update(PYTHONPATH=os.pathsep.join([str(SITE), *stacks.project_path(spec['stack'])]),
+             EXAMPLES_PATCHES=','.join(names),
              EXAMPLES_PATCH_LOG=str(patch_log), JAX_PLATFORMS='cpu', CUDA_VISIBLE_DEVICES='',
              TF_CPP_MIN_LOG_LEVEL='2', PYTHONHASHSEED='0', PYTHONDONTWRITEBYTECODE='1')
   if spec['zero_edit']:
@@ -123,11 +126,14 @@ def prepare_tree(variant: str, src: pathlib.Path, runs: pathlib.Path, pythons: d
   root.mkdir(parents=True)
   shutil.copytree(src, root / 'linen_examples')
   if spec['rewrite']:
-    cli = pythons['modern'].parent / 'optim-migrate'
-    proc = subprocess.run([*stacks.nice(), str(cli), 'rewrite', '--write', '--jobs', '1',
-                           '--report', str(root / 'rewrite-report.json'), 'linen_examples'],
-                          cwd=root, capture_output=True, text=True)
+    # this checkout's codemod (stacks.project_path), whichever checkout the venv was built from
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('PYTHON', 'VIRTUAL_ENV'))}
+    env['PYTHONPATH'] = os.pathsep.join(stacks.project_path('modern'))
+    proc = subprocess.run([*stacks.nice(), str(pythons['modern']), '-m', 'codemod.cli', 'rewrite', '--write',
+                           '--jobs', '1', '--report', str(root / 'rewrite-report.json'), 'linen_examples'],
+                          cwd=root, capture_output=True, text=True, env=env)
     (root / 'rewrite.log').write_text(proc.stdout + proc.stderr)
+    (root / 'codemod-at').write_text(stacks.codemod_at())   # the codemod this tree was rewritten with
     if proc.returncode not in (0, 1):
       raise SystemExit(f'optim-migrate rewrite failed (exit {proc.returncode}); see {root / "rewrite.log"}')
   py = pythons[spec['stack']]
@@ -176,13 +182,8 @@ def run_tests(example: str, variant: str, root: pathlib.Path, pythons: dict,
 
 
 def stamp(root: pathlib.Path) -> str:
-  """'YYYY-MM-DD HH:MM, codemod at <commit>[, tfds splits of N]' for a run in ``root``."""
-  head = _git_head(REPO) or 'unknown commit'
-  dirty = subprocess.run(['git', '-C', str(REPO), 'status', '--porcelain', '--', 'codemod', 'optim_compat'],
-                         capture_output=True, text=True).stdout.strip()
-  size = (root / 'tfds-split-size').read_text() if (root / 'tfds-split-size').exists() else 'published'
-  return (f'{time.strftime("%Y-%m-%d %H:%M")}, codemod at {head[:7]}{" (modified)" if dirty else ""}'
-          + ('' if size == 'published' else f', tfds splits of {size}'))
+  """When, under what load and against which codemod a run in ``root`` was measured (stacks.measured)."""
+  return stacks.measured(root)
 
 
 def merge_runs(path: pathlib.Path, new: list[results_lib.RunResult]) -> list[results_lib.RunResult]:
@@ -235,7 +236,11 @@ def main(argv=None) -> int:
   ap.add_argument('--misses', action='store_true', help='run each migrated train / eval step once')
   ap.add_argument('--misses-trees', default='misses-after-fixed',
                   help='comma-separated: misses-before (old stack control), misses-after, misses-after-fixed')
+  ap.add_argument('--misses-reuse', action='store_true',
+                  help='with --misses: keep a misses tree that exists (its sources and other examples\' results)')
   ap.add_argument('--same-numbers', type=int, default=0, metavar='STEPS')
+  ap.add_argument('--same-runs', default='legacy,zero-edit,migrated',
+                  help='with --same-numbers: the runs to (re)do; the others keep their earlier outputs')
   ap.add_argument('--tree-suffix', default='', help='name the run trees <variant><suffix> (parallel invocations)')
   ap.add_argument('--report-only', action='store_true',
                   help='with --misses / --same-numbers: rebuild their sections from the outputs in the cache, run nothing')
@@ -276,7 +281,7 @@ def main(argv=None) -> int:
     from examples_harness import misses
     (runs_dir / 'section-misses.md').write_text(
         '\n'.join(misses.run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
-                   trees=args.misses_trees.split(','))))
+                              trees=args.misses_trees.split(','), reuse=args.misses_reuse)))
   if args.same_numbers and args.report_only:
     from examples_harness import same_numbers
     (runs_dir / 'section-same-numbers.md').write_text(
@@ -285,16 +290,38 @@ def main(argv=None) -> int:
     from examples_harness import same_numbers
     (runs_dir / 'section-same-numbers.md').write_text(
         '\n'.join(same_numbers.run(args.same_numbers, src, runs_dir, pythons, run_env, prepare_tree, log,
-                         examples=examples)))
+                                    examples=examples, only=[n for n in args.same_runs.split(',') if n])))
   parts = [runs_dir / f'section-{n}.md' for n in ('tests', 'misses', 'same-numbers')]
   text = '\n'.join(p.read_text() for p in parts if p.exists())
   print(text)
   if args.write_results:
-    (HERE / 'examples_results.md').write_text(_results_header(src) + text + '\n')
+    out = HERE / 'examples_results.md'
+    notes = kept_notes(out.read_text() if out.exists() else '')
+    out.write_text(_results_header(src) + (notes + '\n\n' if notes else '') + text + '\n')
   by = {(r.example, r.variant): r for r in runs}
   same = [ex for ex in examples if (ex, 'before') in by and (ex, 'after') in by
           and [t.outcome for t in by[(ex, 'before')].tests] == [t.outcome for t in by[(ex, 'after')].tests]]
   return 0 if runs and len(same) == len(examples) else 1
+
+
+NOTES_BEGIN = '<!-- notes: written by hand, kept by --write-results -->'
+NOTES_END = '<!-- /notes -->'
+
+
+def kept_notes(text: str) -> str:
+  """The hand-written block of a results file (from NOTES_BEGIN to NOTES_END, markers included),
+  which --write-results carries over; '' when the file has none.
+
+  Raises:
+    ValueError: a NOTES_BEGIN marker without its NOTES_END (nothing would be kept safely).
+  """
+  i = text.find(NOTES_BEGIN)
+  if i < 0:
+    return ''
+  j = text.find(NOTES_END, i)
+  if j < 0:
+    raise ValueError(f'bench/examples_results.md: {NOTES_BEGIN!r} has no {NOTES_END!r} after it')
+  return text[i:j + len(NOTES_END)]
 
 
 def _results_header(src: pathlib.Path) -> str:
@@ -305,7 +332,8 @@ def _results_header(src: pathlib.Path) -> str:
           f'this project (editable).\n\n'
           'Variants: **before** = old stack, sources unmodified; **after** = modern stack after one '
           '`optim-migrate rewrite --write`, only the harness patches no OM2xx rule could remove; '
-          '**after+om2xx-patches** = the same with every harness patch (until the OM2xx rules land); '
+          '**after+om2xx-patches** = the same with every harness patch (measured before the OM2xx rules '
+          'landed; what they hid); '
           '**zero-edit** = modern stack, sources unmodified, `optim_compat.install()` first, every harness patch. '
           'Each example\'s own tests run with pytest in its directory, one example at a time, '
           '`--continue-on-collection-errors` (so one module that fails to import does not hide the others\' tests; '

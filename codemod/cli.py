@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import os
 import pathlib
 import sys
+import types
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 #: The distribution name (``[project] name`` in pyproject.toml) whose metadata gives ``--version``.
@@ -56,26 +58,12 @@ def cmd_rewrite(args) -> int:
   return runner.cmd_rewrite(args)
 
 
-def _run_as_main(source: bytes, absolute: str) -> None:
-  """Execute ``source`` as ``__main__`` as ``python SCRIPT`` does: ``__file__`` and the code's
-  file name absolute, ``sys.argv`` untouched (``runpy.run_path`` would set ``argv[0]`` to
-  the path it is given)."""
-  import builtins
-  import importlib.machinery
-  import types
-  code = compile(source, absolute, 'exec', dont_inherit=True)
-  main = types.ModuleType('__main__')
-  main.__dict__.update(__file__=absolute, __cached__=None, __builtins__=builtins, __spec__=None,
-                       __loader__=importlib.machinery.SourceFileLoader('__main__', absolute))
-  sys.modules['__main__'] = main  # for good, as python leaves it (pickle, atexit handlers)
-  exec(code, main.__dict__)  # noqa: S102 - the user's script, as python runs it
-
-
 def cmd_run(args) -> int:
   """Run SCRIPT as ``__main__`` with ``flax.optim`` resolving to the shim.
 
-  As ``python SCRIPT`` would: a syntax error in SCRIPT, or an exception it raises, prints
-  the script's error (no frames of this tool) and exits 1. A SCRIPT that is missing, a
+  As ``python SCRIPT`` would (``__file__`` absolute, ``sys.argv[0]`` as given): a syntax
+  error in SCRIPT, or an exception it raises, prints the script's error (no frames of this
+  tool) and exits 1. A SCRIPT that is missing, a
   directory or unreadable exits 2.
   """
   import optim_compat
@@ -92,8 +80,13 @@ def cmd_run(args) -> int:
   except OSError as e:
     print(f'{script}: cannot read: {e.strerror or e}', file=sys.stderr)
     return EXIT_ERROR
+  # As CPython >= 3.9 runs ``python SCRIPT``: ``__file__`` and the code's filename are the
+  # working directory joined with SCRIPT as given (not normalized: ``./`` and symlinks kept),
+  # sys.argv[0] is SCRIPT as given, sys.path[0] the script's directory (symlinks resolved).
+  # runpy.run_path would set sys.argv[0] to the path, so the module is run here.
+  path = args.script if os.path.isabs(args.script) else os.path.join(os.getcwd(), args.script)
   try:  # compiled here first, so a syntax error shows no frames of this tool
-    compile(source, str(script), 'exec', dont_inherit=True)
+    code = compile(source, path, 'exec', dont_inherit=True)
   except SyntaxError as e:
     import traceback
     sys.stderr.write(''.join(traceback.format_exception_only(type(e), e)))
@@ -101,26 +94,33 @@ def cmd_run(args) -> int:
   except ValueError as e:  # null bytes (a SyntaxError from Python 3.12)
     print(f'{script}: SyntaxError: {e}', file=sys.stderr)
     return 1
-  sys.argv = [str(script), *args.args]  # argv[0] as given, __file__ absolute: as `python SCRIPT`
-  absolute = os.path.abspath(script)
-  sys.path.insert(0, os.path.dirname(absolute))
+  sys.argv = [args.script, *args.args]
+  sys.path.insert(0, str(script.resolve().parent))
+  main = types.ModuleType('__main__')
+  main.__file__, main.__cached__, main.__spec__ = path, None, None
+  main.__loader__ = importlib.machinery.SourceFileLoader('__main__', path)
+  saved_main = sys.modules.get('__main__')
+  sys.modules['__main__'] = main
   try:
-    _run_as_main(source, absolute)
+    exec(code, main.__dict__)  # noqa: S102 - running the user's script is this command's job
   except Exception as e:  # noqa: BLE001 - reported as python would, from the script's frames
     tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != absolute:
+    while tb is not None and tb.tb_frame.f_code.co_filename != path:
       tb = tb.tb_next
     tb = tb or e.__traceback__
     sys.excepthook(type(e), e.with_traceback(tb), tb)
     return 1
   except SystemExit as e:
-    code = e.code
-    if code is None:
+    status = e.code
+    if status is None:
       return 0
-    if isinstance(code, int):
-      return code
-    print(code, file=sys.stderr)
+    if isinstance(status, int):
+      return status
+    print(status, file=sys.stderr)
     return 1
+  finally:
+    if saved_main is not None:
+      sys.modules['__main__'] = saved_main
   return 0
 
 

@@ -1,6 +1,7 @@
 """The pure logic of bench/examples.py (no TF, no example sources): patch selection, patch
 logs, pytest JUnit parsing and the summary table."""
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -145,8 +146,34 @@ def test_run_env_passes_the_split_size_through_and_drops_other_examples_variable
   env = examples.run_env('after', tmp_path / 'log.jsonl')
   assert env['EXAMPLES_TFDS_SPLIT_SIZE'] == '1'
   assert env['EXAMPLES_PATCHES'] == ','.join(patches.allowed('after'))
-  assert env['PYTHONPATH'] == str(examples.SITE) and 'EXAMPLES_ZERO_EDIT' not in env
-  assert examples.run_env('before', tmp_path / 'l', [])['EXAMPLES_PATCHES'] == ''
+  # a modern run imports this checkout's project ahead of what the venv has installed
+  assert env['PYTHONPATH'].split(os.pathsep) == [str(examples.SITE), str(examples.REPO)]
+  assert 'EXAMPLES_ZERO_EDIT' not in env
+  old = examples.run_env('before', tmp_path / 'l', [])
+  assert old['EXAMPLES_PATCHES'] == '' and old['PYTHONPATH'] == str(examples.SITE)
+
+
+def test_a_modern_venv_built_from_another_checkout_is_reused_not_rebuilt(tmp_path, monkeypatch):
+  """The cached modern venv had `-e /work/wt/<other checkout>` in its marker: ensure() compared
+  the whole pin list and would rebuild (pip) it for every other checkout, and its runs measured
+  the codemod of the checkout it was built from. Now the marker is compared without the
+  editable project, and the runs put this checkout on the PYTHONPATH."""
+  from examples_harness import stacks
+  venv = tmp_path / 'modern'
+  (venv / 'bin').mkdir(parents=True)
+  (venv / 'bin' / 'python').write_text('')
+  built_elsewhere = [*stacks.MODERN_EXTRAS, '-e', '/somewhere/else/flax-optim-migrate']
+  (venv / 'examples-pins.json').write_text(json.dumps(built_elsewhere))
+
+  def no_pip(*a, **k):
+    raise AssertionError(f'ensure() ran {a[0]}')
+  monkeypatch.setattr(stacks.subprocess, 'run', no_pip)
+  assert stacks.ensure('modern', venv) == venv / 'bin' / 'python'
+  assert stacks.marker_pins(built_elsewhere) == list(stacks.MODERN_EXTRAS)
+  assert stacks.project_path('modern') == [str(stacks.REPO)] and stacks.project_path('old') == []
+  (venv / 'examples-pins.json').write_text(json.dumps([*stacks.MODERN_EXTRAS[:-1], '-e', '/x']))
+  with pytest.raises(AssertionError, match='ensure\\(\\) ran'):   # a different pin list still rebuilds
+    stacks.ensure('modern', venv, log=lambda m: None)
 
 
 def test_provenance_groups_cells_by_when_they_were_measured():
@@ -193,3 +220,110 @@ def test_restored_legacy_checkpoint_comparison_counts_the_state_leaves_it_finds(
   assert drivers._compare_restored(fresh, legacy, params_of, step_of) == {
       'params': '1 of 1 leaves differ', 'step': 'restored 0, checkpoint 7',
       'optimizer_state': '1 of 2 legacy per-parameter state leaves found in the restored state'}
+
+
+def test_same_numbers_reruns_only_the_named_runs_and_keeps_the_others_outputs(tmp_path, monkeypatch):
+  """--same-runs migrated: the legacy tree (its outputs, the initial params) is not rebuilt, the
+  migrated run trains from the legacy initial params, and the table compares it with the kept
+  legacy output; an unknown run name is refused."""
+  import numpy as np
+  from examples_harness import same_numbers
+  runs = tmp_path / 'runs'
+  legacy = {'loss': np.array([2.0, 1.0], np.float32), 'params/w': np.array([1.0, 2.0], np.float32)}
+  (runs / 'same-legacy').mkdir(parents=True)
+  np.savez(runs / 'same-legacy' / 'mnist-3.npz', **legacy)
+  np.savez(runs / 'same-mnist-init.npz', w=np.zeros(2))
+  prepared, trained = [], []
+
+  def prepare_tree(variant, src, runs_dir, pythons, name):
+    prepared.append((name, variant))
+    import shutil
+    shutil.rmtree(runs_dir / name, ignore_errors=True)     # as examples.prepare_tree does
+    (runs_dir / name / 'linen_examples' / 'mnist').mkdir(parents=True)
+    return runs_dir / name
+
+  real_run = subprocess.run
+
+  def fake_run(cmd, **kw):
+    if cmd[0] == 'git':
+      return real_run(cmd, **kw)
+    ex, steps, params, res = cmd[cmd.index(str(pathlib.Path(same_numbers.__file__).parent / 'trainer.py')) + 1:][:4]
+    trained.append((ex, pathlib.Path(params).name, pathlib.Path(res).parent.name))
+    np.savez(res, loss=legacy['loss'], **{'params/w': legacy['params/w'] + np.float32(1)})
+    return subprocess.CompletedProcess(cmd, 0, '', '')
+  monkeypatch.setattr(same_numbers.subprocess, 'run', fake_run)
+  lines = same_numbers.run(3, None, runs, {'old': 'py-old', 'modern': 'py-new'},
+                           lambda variant, log: {}, prepare_tree, lambda m: None, examples=['mnist'],
+                           only=['migrated'])
+  assert prepared == [('same-migrated', 'after')]
+  # a rebuilt tree keeps the outputs of the examples not trained in this invocation
+  np.savez(runs / 'same-migrated' / 'seq2seq-3.npz', **legacy)
+  same_numbers.run(3, None, runs, {'old': 'py-old', 'modern': 'py-new'}, lambda variant, log: {},
+                   prepare_tree, lambda m: None, examples=['mnist'], only=['migrated'])
+  assert (runs / 'same-migrated' / 'seq2seq-3.npz').exists()
+  assert (runs / 'same-migrated' / 'mnist-3.npz').exists()
+  trained[:] = trained[:1]
+  assert trained == [('mnist', 'same-mnist-init.npz', 'same-migrated')]
+  assert (runs / 'same-legacy' / 'mnist-3.npz').exists() and (runs / 'same-mnist-init.npz').exists()
+  row = next(ln for ln in lines if ln.startswith('| mnist |'))
+  assert row.startswith('| mnist | 1 (step 1: 2) | loss 0 ulp') and 'params 4.19e+06 ulp' in row
+  assert row.endswith('| not run | not run |'), row
+  stamp = next(ln for ln in lines if ln.startswith('- mnist / migrated: '))
+  assert ' load ' in stamp and '(1 / 15 min), codemod at ' in stamp, stamp
+  assert not any(ln.startswith('- mnist / legacy: ') for ln in lines)   # kept output, no stamp left
+  with pytest.raises(SystemExit, match="--same-runs: unknown run 'migratd'"):
+    same_numbers.run(3, None, runs, {}, None, prepare_tree, None, examples=['mnist'], only=['migratd'])
+
+
+def test_misses_report_lists_when_each_driver_ran(tmp_path):
+  from examples_harness import misses
+  res = tmp_path / 'misses-after-fixed' / 'results'
+  res.mkdir(parents=True)
+  (res / 'mnist.json').write_text(json.dumps([{'phase': 'train_and_evaluate', 'ok': True}]))
+  (res / 'mnist.measured').write_text('2026-12-02 02:10, load 9.1 / 8.0 (1 / 15 min), codemod at abc1234\n')
+  (res / 'wmt.json').write_text(json.dumps([{'phase': 'p', 'ok': True}]))   # an earlier run: no stamp
+  lines = misses.report(['mnist', 'wmt'], tmp_path)
+  assert '| mnist | train_and_evaluate | ok |' in lines
+  i = lines.index('### When each driver ran')
+  assert lines[i + 2:i + 4] == ['- mnist / misses-after-fixed: 2026-12-02 02:10, load 9.1 / 8.0 (1 / 15 min), '
+                                'codemod at abc1234', '']
+
+
+def test_write_results_keeps_the_hand_written_notes_block():
+  import examples
+  text = ('# title\n\nheader\n\n' + examples.NOTES_BEGIN + '\n## Why each AFTER failure\n- a\n'
+          + examples.NOTES_END + '\n\n## Tests per example\n')
+  assert examples.kept_notes(text) == examples.NOTES_BEGIN + '\n## Why each AFTER failure\n- a\n' + examples.NOTES_END
+  assert examples.kept_notes('# no notes\n') == ''
+  with pytest.raises(ValueError, match='has no'):
+    examples.kept_notes(examples.NOTES_BEGIN + '\nunfinished')
+
+
+def test_misses_reuse_keeps_an_existing_tree_and_the_other_examples_results(tmp_path, monkeypatch):
+  from examples_harness import misses
+  tree = tmp_path / 'misses-after-fixed'
+  (tree / 'linen_examples' / 'mnist').mkdir(parents=True)
+  (tree / 'results').mkdir()
+  (tree / 'results' / 'seq2seq.json').write_text(json.dumps([{'phase': 'p', 'ok': True}]))
+  ran = []
+  monkeypatch.setattr(misses, '_driver', lambda ex, tree, py, env, legacy=None: ran.append(ex) or
+                      [{'phase': 'train', 'ok': True}])
+
+  def no_prepare(*a, **k):
+    raise AssertionError('prepare_tree called')
+  misses.run(['mnist'], None, tmp_path, {'modern': 'py'}, lambda v, log: {}, no_prepare, lambda m: None,
+             trees=['misses-after-fixed'], reuse=True)
+  assert ran == ['mnist'] and (tree / 'results' / 'seq2seq.json').exists()
+  assert '| seq2seq | p | ok |' in misses.report(['mnist', 'seq2seq'], tmp_path)
+  with pytest.raises(AssertionError, match='prepare_tree called'):
+    misses.run(['mnist'], None, tmp_path, {'modern': 'py'}, lambda v, log: {}, no_prepare, lambda m: None,
+               trees=['misses-after-fixed'], reuse=False)
+
+
+def test_a_stamp_names_the_codemod_the_tree_was_rewritten_with(tmp_path):
+  from examples_harness import stacks
+  assert 'codemod at ' + stacks.codemod_at() in stacks.measured(tmp_path)
+  (tmp_path / 'codemod-at').write_text('abc1234 (modified)\n')
+  (tmp_path / 'tfds-split-size').write_text('1')
+  got = stacks.measured(tmp_path)
+  assert got.endswith(', codemod at abc1234 (modified), tfds splits of 1') and ' load ' in got, got

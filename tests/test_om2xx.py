@@ -159,6 +159,30 @@ def test_a_relocated_import_keeps_its_comments():
                                   'y = tree_map(abs, 1)\n')
 
 
+def test_a_removed_omnistaging_call_takes_its_own_comment_and_keeps_the_layout():
+  """Found on the flax 0.3.0 examples (14 of 16 calls have a comment naming omnistaging on the
+  line above): the comment stayed, describing a call that is gone, and the blank lines before
+  it were lost (the comment moved up under the imports). Now the comment block directly above
+  the removed call goes with it when it mentions omnistaging; other comments stay."""
+  module = ('import jax\nimport numpy as np\n\n\n# Needs the omnistaging mode of jax.\n'
+            'jax.config.enable_omnistaging()\n\n\nclass Net:\n  pass\n')
+  assert _rewrite(module).new == 'import jax\nimport numpy as np\n\n\nclass Net:\n  pass\n'
+  after_call = ('import jax\n# Read the flags.\njax.config.parse_flags_with_absl()\n'
+                '# Omnistaging on,\n# as every test needs.\njax.config.enable_omnistaging()\n\n\n'
+                'def test():\n  pass\n')
+  assert _rewrite(after_call).new == ('import jax\n# Read the flags.\njax.config.parse_flags_with_absl()\n'
+                                      '\n\ndef test():\n  pass\n')
+  block = ('import jax\n\ndef main():\n  setup()\n  # turn omnistaging on\n'
+           '  jax.config.enable_omnistaging()\n\n  run()\n')
+  assert _rewrite(block).new == 'import jax\n\ndef main():\n  setup()\n\n  run()\n'
+  # a comment about something else, or one a blank line away, is kept (on the next statement)
+  other = ('import jax\n\n# Section: set-up.\n\n# Make sure TF sees no GPU.\n'
+           'jax.config.enable_omnistaging()\nx = 1\n')
+  assert _rewrite(other).new == 'import jax\n\n# Section: set-up.\n\n# Make sure TF sees no GPU.\nx = 1\n'
+  far = 'import jax\n# omnistaging notes, for the file\n\njax.config.enable_omnistaging()\nx = 1\n'
+  assert _rewrite(far).new == 'import jax\n# omnistaging notes, for the file\n\nx = 1\n'
+
+
 def test_a_name_conflict_keeps_the_old_local_name():
   source = 'from jax import tree_multimap\ntree_map = None\ny = tree_multimap(f, a, b)\n'
   assert _rewrite(source).new == ('from jax.tree_util import tree_map as tree_multimap\n'

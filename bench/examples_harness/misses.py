@@ -5,8 +5,9 @@ Trees (under ``<cache>/examples-runs``): ``misses-before`` (old stack, sources u
 control), ``misses-after`` (modern stack, after ``rewrite --write``) and ``misses-after-fixed``
 (the same, with each flagged line fixed the way its TODO says: ``.target`` -> ``.params`` and
 ``.state.step`` -> ``.step`` on the line under an OM100 TODO), so that what lies behind a
-flagged line is reached too. Every harness patch is on, so jax API changes do not hide
-optimizer misses. A failure is *flagged* when a ``# TODO(optim-migrate)`` sits on one of the
+flagged line is reached too. The two after trees run as the AFTER variant does: only the harness
+patches no OM2xx rule could remove (the OM2xx rules rewrite the other jax / flax API changes, so a
+gap in them shows here too). A failure is *flagged* when a ``# TODO(optim-migrate)`` sits on one of the
 :data:`NEAR` lines above the failing line of the example's code, else *unflagged*.
 """
 from __future__ import annotations
@@ -92,6 +93,7 @@ def _driver(example, tree, py, env, legacy_workdir=None):
   proc = subprocess.run([*stacks.nice(), 'timeout', str(DRIVER_TIMEOUT), str(py), str(drv), example, str(work),
                          str(out), *extra], cwd=exdir, capture_output=True, text=True, env=env)
   (tree / 'results' / f'{example}.log').write_text(proc.stdout + proc.stderr)
+  (tree / 'results' / f'{example}.measured').write_text(stacks.measured(tree))
   if not out.exists():
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ['']
     why = f'timed out ({DRIVER_TIMEOUT} s)' if proc.returncode in (124, 137) else f'crashed (exit {proc.returncode})'
@@ -100,16 +102,23 @@ def _driver(example, tree, py, env, legacy_workdir=None):
 
 
 def run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
-        trees=('misses-before', 'misses-after', 'misses-after-fixed')) -> list[str]:
-  """Run the drivers on the named trees; return the markdown section."""
-  variant_of = {'misses-before': 'before', 'misses-after': 'after+om2xx-patches',
-                'misses-after-fixed': 'after+om2xx-patches'}
+        trees=('misses-before', 'misses-after', 'misses-after-fixed'), reuse=False) -> list[str]:
+  """Run the drivers on the named trees; return the markdown section.
+
+  ``reuse``: a tree that exists is not rebuilt (its rewritten sources and the other examples'
+  results stay; rebuild the section of every example with ``report``).
+  """
+  variant_of = {'misses-before': 'before', 'misses-after': 'after', 'misses-after-fixed': 'after'}
   bad = [t for t in trees if t not in variant_of]
   if bad:
     raise SystemExit(f'--misses-trees: unknown tree {bad[0]!r} (known: {", ".join(variant_of)})')
   made = {}
   n_fixed = 0
   for name in trees:
+    if reuse and (runs_dir / name / 'linen_examples').is_dir():
+      made[name] = (runs_dir / name, variant_of[name])
+      log(f'misses: reusing the tree {runs_dir / name} (rewritten {stacks.tree_age(runs_dir / name)})')
+      continue
     root = prepare_tree(variant_of[name], src, runs_dir, pythons, name=name)
     if name == 'misses-after-fixed':
       for path in sorted((root / 'linen_examples').rglob('*.py')):
@@ -133,7 +142,19 @@ def run(examples, src, runs_dir, pythons, run_env, prepare_tree, log,
       bad = [r for r in recs if not r['ok']]
       log(f'misses: {ex} / {name}: {len(recs) - len(bad)}/{len(recs)} phases ok')
   (runs_dir / 'misses.json').write_text(json.dumps({f'{k[0]}|{k[1]}': v for k, v in table.items()}, indent=1))
-  return markdown(table, examples, n_fixed, list(trees), split_sizes(runs_dir, list(trees)))
+  return markdown(table, examples, n_fixed, list(trees), split_sizes(runs_dir, list(trees)),
+                  stamps_of(runs_dir, examples, list(trees)))
+
+
+def stamps_of(runs_dir, examples, names) -> dict:
+  """{(example, tree): the stamp its driver run left} for the runs that left one."""
+  out = {}
+  for name in names:
+    for ex in examples:
+      f = runs_dir / name / 'results' / f'{ex}.measured'
+      if f.exists():
+        out[(ex, name)] = f.read_text().strip()
+  return out
 
 
 def split_sizes(runs_dir, names) -> dict:
@@ -157,11 +178,13 @@ def report(examples, runs_dir, names=('misses-after-fixed',)) -> list[str]:
     if name == 'misses-after-fixed' and (tree / 'linen_examples').exists():
       n_fixed = sum(ln.count(TODO) and any(said in ln for said, _, _ in MECHANICAL)
                     for p in (tree / 'linen_examples').rglob('*.py') for ln in p.read_text().splitlines())
-  return markdown(table, examples, n_fixed, list(names), split_sizes(runs_dir, list(names)))
+  return markdown(table, examples, n_fixed, list(names), split_sizes(runs_dir, list(names)),
+                  stamps_of(runs_dir, examples, list(names)))
 
 
-def markdown(table, examples, n_fixed, names, sizes=None) -> list[str]:
-  sizes = sizes or {}
+def markdown(table, examples, n_fixed, names, sizes=None, stamps=None) -> list[str]:
+  """The section; ``stamps``: {(example, tree): when the driver ran (stacks.measured)}."""
+  sizes, stamps = sizes or {}, stamps or {}
   lines = ['## Train / eval steps run once (misses)', '',
            f'`misses-after-fixed` applies the fix each flagged line\'s TODO states ({n_fixed} lines), to reach '
            'what lies behind it. A failure is **unflagged** when no `# TODO(optim-migrate)` is on its line or '
@@ -194,6 +217,9 @@ def markdown(table, examples, n_fixed, names, sizes=None) -> list[str]:
     lines.append(f"- `{r['where']}` `{r['text']}`: {r['error']} ({ex}, {name}, phase: {r['phase']})")
   if not unflagged:
     lines.append('none')
+  if stamps:
+    lines += ['', '### When each driver ran', '']
+    lines += [f'- {ex} / {name}: {when}' for (ex, name), when in stamps.items()]
   extra = [(ex, name, r) for (ex, name), recs in table.items() for r in recs
            if any(k.endswith(('_vs_saved', '_vs_legacy')) for k in r)]  # the restore comparisons
   if extra:

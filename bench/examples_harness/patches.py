@@ -28,7 +28,7 @@ class Patch:
 
 PATCHES: dict[str, Patch] = {p.name: p for p in [
     Patch('old_stack_checkpoints', 'flax 0.5.3 `flax.training.checkpoints` on jax 0.4.13 (the old stack itself, not the examples)',
-          'jax.experimental.gda_serialization.serialization -> array_serialization.serialization, and a GlobalDeviceArray class nothing is an instance of', False),
+          'jax.experimental.gda_serialization.serialization -> array_serialization.serialization, a GlobalDeviceArray class nothing is an instance of, and jax.interpreters.xla.DeviceArray = jax.Array (flax 0.5.3 serialization; jax < 0.5 only)', False),
     Patch('optim_dynamic_scale', 'flax.optim.DynamicScale (flax 0.3; gone from flax.optim by 0.5.3: the old stack itself)',
           'flax.optim.dynamic_scale.DynamicScale, where flax 0.5.3 keeps it (OM006 rewrites the name for AFTER)', False),
     Patch('omnistaging', 'jax.config.enable_omnistaging()', 'a no-op (omnistaging is always on)', True),

@@ -3,8 +3,8 @@
 Three runs per example, each ``trainer.py`` in its own tree: ``legacy`` (sources unmodified, old
 stack: it writes the initial params), ``zero-edit`` (sources unmodified, modern stack through
 ``optim_compat.install()``) and ``migrated`` (after ``rewrite --write`` and the fixes each flagged
-line's TODO states, modern stack). All three start from the legacy run's initial params and see
-the same batches. Loss curves and final params are compared in ulps of each leaf's largest
+line's TODO states, modern stack, only the harness patches no OM2xx rule could remove). All three
+start from the legacy run's initial params and see the same batches. Loss curves and final params are compared in ulps of each leaf's largest
 magnitude (``equivalence_tests.core.ulp_distance``; a loss curve as one leaf).
 """
 from __future__ import annotations
@@ -19,7 +19,9 @@ import sys
 import numpy as np
 
 EXAMPLES = ('mnist', 'seq2seq', 'wmt', 'pixelcnn')
-RUNS = (('legacy', 'before', False), ('zero-edit', 'zero-edit', False), ('migrated', 'after+om2xx-patches', True))
+#: (name, variant, apply the flagged lines' fixes): ``migrated`` is the AFTER variant (only the harness
+#: patches no OM2xx rule could remove: the OM2xx rules migrate the rest)
+RUNS = (('legacy', 'before', False), ('zero-edit', 'zero-edit', False), ('migrated', 'after', True))
 
 
 def compare(actual: dict, expected: dict) -> dict:
@@ -62,12 +64,33 @@ def compare(actual: dict, expected: dict) -> dict:
               first_diff_step=first, loss_ulp_first10=first10)
 
 
-def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAMPLES) -> list[str]:
+def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAMPLES,
+        only=None) -> list[str]:
+  """Train the examples on the RUNS named in ``only`` (default: all three) and return the section.
+
+  A run not in ``only`` keeps the output an earlier invocation left (its tree is not rebuilt);
+  without ``legacy`` the initial params the last legacy run wrote are reused, and an example
+  that has none reads 'not run'.
+
+  Raises:
+    SystemExit: ``only`` names an unknown run.
+  """
   examples = [e for e in EXAMPLES if e in examples]
+  names = [n for n, _, _ in RUNS] if only is None else list(only)
+  bad = [n for n in names if n not in {r[0] for r in RUNS}]
+  if bad:
+    raise SystemExit(f'--same-runs: unknown run {bad[0]!r} (known: {", ".join(r[0] for r in RUNS)})')
   from examples_harness import misses
   trees = {}
   for name, variant, fix in RUNS:
+    if name not in names:
+      continue
+    # the outputs of the examples not trained now survive the tree's rebuild
+    kept = {f.name: f.read_bytes() for f in sorted((runs_dir / f'same-{name}').glob('*-*.*'))
+            if f.suffix in ('.npz', '.measured') and f.name.split('-', 1)[0] not in examples}
     dest = prepare_tree(variant, src, runs_dir, pythons, name=f'same-{name}')
+    for fname, data in kept.items():
+      (dest / fname).write_bytes(data)
     if fix:
       for path in sorted((dest / 'linen_examples').rglob('*.py')):
         text, n = misses.fix_flagged(path.read_text())
@@ -78,8 +101,19 @@ def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAM
   out: dict = {}
   for ex in examples:
     params_file = runs_dir / f'same-{ex}-init.npz'
-    params_file.unlink(missing_ok=True)
+    for name, _, _ in RUNS:   # the earlier outputs of the runs not rerun
+      res = runs_dir / f'same-{name}' / f'{ex}-{steps}.npz'
+      if name not in names and res.exists():
+        out[(ex, name)] = dict(np.load(res))
+    if 'legacy' in names:
+      params_file.unlink(missing_ok=True)
+    elif not params_file.exists():
+      for name in names:
+        out[(ex, name)] = f'not run: no initial params ({params_file.name}; run legacy first)'
+      continue
     for name, variant, _ in RUNS:
+      if name not in names:
+        continue
       tree = trees[name][0]
       work = tree / 'work' / ex
       shutil.rmtree(work, ignore_errors=True)
@@ -92,13 +126,14 @@ def run(steps, src, runs_dir, pythons, run_env, prepare_tree, log, examples=EXAM
                             cwd=tree / 'linen_examples' / ex, capture_output=True, text=True,
                             env=run_env(variant, tree / f'{ex}-patches.jsonl'))
       (tree / f'{ex}-train.log').write_text(proc.stdout + proc.stderr)
+      (tree / f'{ex}-{steps}.measured').write_text(stacks.measured(tree))
       if proc.returncode != 0 or not res.exists():
         tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ['']
         out[(ex, name)] = f'failed (exit {proc.returncode}): {tail[0][:200]}'
       else:
         out[(ex, name)] = dict(np.load(res))
       log(f'same numbers: {ex} / {name}: {"ok" if isinstance(out[(ex, name)], dict) else out[(ex, name)]}')
-  return markdown(out, steps, examples)
+  return markdown(out, steps, examples, stamps_of(runs_dir, steps, examples))
 
 
 def report(steps, runs_dir, examples=EXAMPLES) -> list[str]:
@@ -109,7 +144,19 @@ def report(steps, runs_dir, examples=EXAMPLES) -> list[str]:
       res = runs_dir / f'same-{name}' / f'{ex}-{steps}.npz'
       if res.exists():
         out[(ex, name)] = dict(np.load(res))
-  return markdown(out, steps, [e for e in EXAMPLES if e in examples])
+  examples = [e for e in EXAMPLES if e in examples]
+  return markdown(out, steps, examples, stamps_of(runs_dir, steps, examples))
+
+
+def stamps_of(runs_dir, steps, examples) -> dict:
+  """{(example, run): when it trained (stacks.measured)} for the runs that left a stamp."""
+  out = {}
+  for ex in examples:
+    for name, _, _ in RUNS:
+      f = runs_dir / f'same-{name}' / f'{ex}-{steps}.measured'
+      if f.exists():
+        out[(ex, name)] = f.read_text().strip()
+  return out
 
 
 def _fmt(c) -> str:
@@ -123,7 +170,8 @@ def _fmt(c) -> str:
           f"params {c['params_ulp']:.3g} ulp (worst `{c['worst_leaf']}`; max rel {c['params_max_rel']:.2g})")
 
 
-def markdown(out, steps, examples=EXAMPLES) -> list[str]:
+def markdown(out, steps, examples=EXAMPLES, stamps=None) -> list[str]:
+  """The section; ``stamps``: {(example, run): when it trained}, listed under the table."""
   lines = ['## Same numbers', '',
            f'{steps} train steps from the same initial params on the same batches (dropout off). Ulps of each '
            "leaf's largest magnitude (final params; the loss curve as one leaf, float32).", '',
@@ -142,4 +190,7 @@ def markdown(out, steps, examples=EXAMPLES) -> list[str]:
           cells.append(f'not comparable: {e}')
     first = f"{leg['loss'][-1]:.5g} (step 1: {leg['loss'][0]:.5g})" if isinstance(leg, dict) else '—'
     lines.append(f'| {ex} | {first} | ' + ' | '.join(cells) + ' |')
+  if stamps:
+    lines += ['', 'When each run trained (runs without a date here were measured by an earlier session):', '']
+    lines += [f'- {ex} / {name}: {when}' for (ex, name), when in stamps.items()]
   return lines + ['']

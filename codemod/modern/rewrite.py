@@ -670,13 +670,15 @@ class _Rewriter(cst.CSTTransformer):
 
   def _without_dropped(self, statements: Sequence[cst.BaseStatement]):
     """``statements`` without the removed ones (their comment lines go to the next statement,
-    or to the block's footer); a block left empty keeps one ``pass``."""
+    or to the block's footer, except the removed call's own comment: see :func:`_own_comment`);
+    a block left empty keeps one ``pass``."""
     if not any(id(s) in self._dropped for s in statements):
       return list(statements), []
     out, carried = [], []
     for s in statements:
       if id(s) in self._dropped:
-        carried.extend(s.leading_lines)
+        lines = list(s.leading_lines)
+        carried.extend(lines[:len(lines) - _own_comment(lines)])
         continue
       if carried:
         # the removed lines' blank lines stand in for this one's; comments are all kept
@@ -1274,3 +1276,16 @@ def _is_dict(expr, rewriter: _Rewriter) -> bool:
   return isinstance(expr, cst.Call) and bool(
       rewriter.qname_in(expr.func, {'builtins.dict', 'collections.defaultdict',
                                     'collections.OrderedDict', 'collections.Counter'}))
+
+
+def _own_comment(leading_lines: Sequence[cst.EmptyLine]) -> int:
+  """How many of a removed omnistaging call's leading lines are its own comment and go with it:
+  the block of comment lines directly above the call (no blank line between), when one of them
+  names omnistaging ('# Require JAX omnistaging mode.'); else 0 (other comments are kept)."""
+  n = 0
+  for ln in reversed(leading_lines):
+    if ln.comment is None:
+      break
+    n += 1
+  block = leading_lines[len(leading_lines) - n:]
+  return n if any('omnistaging' in ln.comment.value.lower() for ln in block) else 0

@@ -1,0 +1,47 @@
+"""``optim-migrate run SCRIPT`` sets up ``__main__`` as ``python SCRIPT`` does (CPython >= 3.9)."""
+import ast
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+PROBE = ('import os, sys\n'
+         'print(repr(__file__))\n'
+         'print(repr(sys.argv[0]))\n'
+         'print(repr(sys.path[0]))\n'
+         'print(os.path.dirname(__file__) == sys.path[0])\n')
+
+
+def _both(tmp_path, script_arg, cwd):
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))}
+  tool = subprocess.run([sys.executable, '-m', 'codemod.cli', 'run', script_arg], capture_output=True,
+                        text=True, cwd=cwd, env=env)
+  python = subprocess.run([sys.executable, script_arg], capture_output=True, text=True, cwd=cwd)
+  return tool, python
+
+
+def test_run_with_a_relative_path_gives_the_script_an_absolute_file(tmp_path):
+  """Found on the flax examples: ``optim-migrate run train_test.py`` left ``__file__`` relative
+  (``'train_test.py'``), so code taking ``os.path.dirname(__file__)`` got '' and an
+  IndexError followed; ``python train_test.py`` makes it absolute."""
+  sub = tmp_path / 'example'
+  sub.mkdir()
+  (sub / 'train_test.py').write_text(PROBE)
+  for cwd, arg in ((sub, 'train_test.py'), (tmp_path, 'example/train_test.py'),
+                   (sub, './train_test.py'), (sub, str(sub / 'train_test.py'))):
+    tool, python = _both(tmp_path, arg, cwd)
+    assert tool.returncode == python.returncode == 0, tool.stderr
+    assert tool.stdout == python.stdout, (arg, tool.stdout, python.stdout)
+    assert os.path.normpath(ast.literal_eval(tool.stdout.splitlines()[0])) == str(sub / 'train_test.py'), tool.stdout
+    assert tool.stdout.splitlines()[1] == repr(arg)
+
+
+def test_a_relative_script_that_raises_shows_its_absolute_path_as_python_does(tmp_path):
+  (tmp_path / 'boom.py').write_text('def f():\n  raise ValueError("boom")\nf()\n')
+  tool, python = _both(tmp_path, 'boom.py', tmp_path)
+  assert tool.returncode == python.returncode == 1
+  assert tool.stderr == python.stderr, tool.stderr
+  assert f'File "{tmp_path / "boom.py"}", line 3' in tool.stderr
+  assert 'runpy' not in tool.stderr and 'codemod' not in tool.stderr
