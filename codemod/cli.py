@@ -15,6 +15,8 @@ import runpy
 import sys
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+#: Exit status after Ctrl-C (SIGINT), as a shell reports a program that SIGINT ended.
+EXIT_INTERRUPTED = 130
 #: The distribution name (``[project] name`` in pyproject.toml) whose metadata gives ``--version``.
 DIST_NAME = 'flax-optim-migrate'
 
@@ -148,7 +150,11 @@ def main(argv=None) -> int:
     # everything after SCRIPT belongs to the script, `--` included
     return cmd_run(argparse.Namespace(script=argv[1], args=argv[2:]))
   args = parser.parse_args(argv)
-  return args.func(args)
+  try:
+    return args.func(args)
+  except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (a pool's workers are ended)
+    print(f'optim-migrate {args.command}: interrupted', file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == '__main__':
