@@ -3,7 +3,7 @@
     optim-migrate rewrite PATH... [--write|--check] [--diff] [--select/--ignore RULES]
         [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
-    optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
+    optim-migrate demo [--steps N] [--devices N] [--examples DIR]  # the bundled example, end to end
     optim-migrate rule [OM0xx | --all]        # a rule's documentation (as docs/rules/<id>.md)
     optim-migrate --version                   # the installed package's version
 """
@@ -134,8 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=cmd_run)
   p = sub.add_parser('demo', help='migrate the bundled example and train both versions')
   p.add_argument('--steps', type=int, default=200)
-  p.add_argument('--devices', type=int, default=2, help='CPU devices for pmap')
-  p.add_argument('--examples', default=None, help='examples directory (default: found)')
+  p.add_argument('--devices', type=int, default=2,
+                 help='CPU devices for pmap (must divide the example\'s batch of 64)')
+  p.add_argument('--examples', default=None, metavar='DIR',
+                 help='a directory holding legacy/ and migrated/train_digits.py (default: '
+                      './examples, else the copy installed with this package)')
   p.set_defaults(func=cmd_demo)
   import importlib
   for module in EXTRA_COMMANDS:
