@@ -585,3 +585,30 @@ def test_a_step_function_defined_twice_is_no_step_for_the_flow():
   assert result.error is None
   assert result.steps == {'other': (((0, 'opt'),), True)}
 
+
+
+@pytest.mark.parametrize('source', [
+    'from flax import optim\n', 'import flax.optim\n', 'import flax.optim as fo\n',
+    'from flax.optim import Adam\n', 'from flax.optim.adam import Adam\n',
+    'from flax import linen as nn, optim\n', 'from flax import (\n  linen,\n  optim,\n)\n',
+    'from flax import linen, \\\n  optim\n', 'import flax\nopt = flax.optim.Adam(0.1)\n',
+    'import flax as fx\nopt = fx.optim.Adam(0.1)\n', 'import flax\nm = getattr(flax, "optim")\n',
+    'import importlib\nm = importlib.import_module("flax.optim")\n',
+    'from flax import *\nopt = optim.Adam(0.1)\n', 'state = state.apply_gradient(grads)\n',
+    'step = jax.jit(opt.apply_gradient)\n',
+    '{"cells": [{"source": ["from flax import optim\\n", "x = 1\\n"]}]}',  # notebook JSON
+])
+def test_prefilter_passes_every_spelling_of_a_flax_optim_reference(source):
+  assert engine.may_need_rewrite(source)
+
+
+@pytest.mark.parametrize('source', [
+    # the word optim beside the word flax, no flax.optim (the words test parsed these)
+    'import flax\nfrom torch import optim\n', 'import flax.linen as nn\nimport torch.optim as optim\n',
+    'import flax\n# optim: see the notes\n', 'from flax import linen\noptim = optax.adam(1e-3)\n',
+    'import flax\nimport optax\noptimizer = optax.adam(1e-3)\nprint(state.target)\n',
+    'def apply_gradients(state, g):\n  return state.apply_gradients(grads=g)\n',
+])
+def test_prefilter_skips_files_without_a_flax_optim_reference(source):
+  """Before: the first four passed (the words ``flax`` and ``optim`` anywhere)."""
+  assert not engine.may_need_rewrite(source)
