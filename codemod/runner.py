@@ -2,7 +2,7 @@
 
     optim-migrate rewrite PATH... [--write | --check] [--diff] [--select/--ignore RULES]
         [--unsafe-fixes] [--prefer-stock-optax] [--no-shim-fallback] [--jobs N]
-        [--report FILE.json] [-]
+        [--no-cache] [--report FILE.json] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``--diff`` with ``--write``
@@ -17,6 +17,9 @@ either written whole or left as it was).
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
 ``prefer-stock-optax``, ``unsafe-fixes``, ``shim-fallback``); command-line flags win.
+
+Results are cached per file (:mod:`codemod.cache`: keyed by the file's bytes, its path,
+the options, the flow facts it can use and the tool's own files); ``--no-cache`` bypasses it.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import threading
 import time
 from typing import Iterable, Optional
 
-from codemod import engine, flow as flow_lib
+from codemod import cache as cache_lib, engine, flow as flow_lib
 from codemod.config import ConfigError, read_table
 from codemod.legacy_api import has_legacy_use
 from codemod.sources import SourceFile
@@ -435,7 +438,7 @@ def _progress(total: int):
 
 
 def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None,
-              sources: Optional[dict] = None):
+              sources: Optional[dict] = None, cache=None):
   """A :class:`engine.FileResult` per file (input order), ``jobs`` processes; writes nothing.
 
   Each file is read once (``sources``: the :class:`codemod.sources.SourceFile` of each
@@ -448,6 +451,9 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
 
   A worker process that dies (killed, out of memory) fails the file it had (an error
   result naming it) and is replaced; the other files are still rewritten.
+
+  ``cache``: a :class:`codemod.cache.Cache`; a file whose entry is there is not rewritten
+  (the entry is its result), the others' results are stored in it.
 
   Raises:
     KeyboardInterrupt: Ctrl-C; the workers are killed before it propagates (it does not
@@ -466,6 +472,20 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
       sizes[i] = size
     else:
       results[i] = engine.FileResult(str(f), '', new='')
+  keys = {}
+  if cache is not None:
+    for i in list(todo):
+      source = sources[files[i]]
+      try:
+        keys[i] = cache.key(source.data, str(files[i]), flows[i])
+        hit = cache.get(keys[i], source.data.decode('utf-8') if files[i].suffix == '.ipynb'
+                        else source.text)  # the text rewrite_file starts from
+      except (OSError, UnicodeDecodeError, SyntaxError):
+        continue  # unreadable or undecodable: the rewrite reports it
+      if hit is not None:
+        hit.path = str(files[i])
+        results[i] = hit
+        todo.remove(i)
   progress, task = _progress(len(files)), None
   parsed = [i for i in todo if sources[files[i]].cache]  # planned by the pre-pass
   todo = [i for i in todo if not sources[files[i]].cache]
@@ -474,6 +494,8 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   def done(i, result, error=None):
     results[i] = result if error is None else engine.FileResult(
         str(files[i]), '', error=f'{files[i]}: {error}')
+    if cache is not None and i in keys:
+      cache.put(keys[i], results[i])
     if progress is not None:
       progress.advance(task)
 
@@ -706,7 +728,8 @@ def cmd_rewrite(args) -> int:
   paths = [p for p in args.paths if p != '-']
   first = pathlib.Path(paths[0]) if paths else pathlib.Path.cwd()
   try:
-    config = load_config(find_config(first if first.exists() else pathlib.Path.cwd()))
+    config_path = find_config(first if first.exists() else pathlib.Path.cwd())
+    config = load_config(config_path)
     options = build_options(args, config)
   except ConfigError as e:
     print(f'rewrite: {e}', file=sys.stderr)
@@ -740,9 +763,12 @@ def cmd_rewrite(args) -> int:
           'file', file=sys.stderr)
     return EXIT_ERROR
   sources: dict = {}  # each file read once, parsed at most once (codemod.sources)
+  store = None if getattr(args, 'no_cache', False) else cache_lib.Cache(
+      cache_lib.default_directory(first if first.exists() else pathlib.Path.cwd(), config_path),
+      options)
   try:
     results = run_files(files, options, jobs, tree_flows(files, paths, options, sources),
-                        sources)
+                        sources, store)
     outside = outside_importers(results, files, paths, config.get('exclude', ()))
   except KeyboardInterrupt:  # Ctrl-C before any write: the pool is already stopped
     print('optim-migrate rewrite: interrupted; no file was written', file=sys.stderr)
@@ -909,4 +935,7 @@ def add_arguments(p) -> None:
                  help='emit stock Optax where the faithful optim_compat transform would be '
                       'emitted (the report gives the measured difference)')
   p.add_argument('--jobs', '-j', type=int, default=None, help='worker processes (default: CPUs)')
+  p.add_argument('--no-cache', action='store_true',
+                 help='neither read nor write the result cache (.optim-migrate-cache/ in the '
+                      'project root)')
   p.add_argument('--report', metavar='FILE.json', help='write one JSON entry per site')
