@@ -266,7 +266,7 @@ def run_large(quick: bool, sizes_mb=None) -> list[tuple[str, float, str]]:
   against LibCST's parse alone and parse + metadata of the same file, each a fresh
   subprocess, run one after the other (interleaved per size)."""
   sizes_mb = sizes_mb or ((0.02, 0.04) if quick else (0.5, 1, 2, 5))
-  names = ('ours', 'parse', 'metadata')
+  names = ('ours',) if quick else ('ours', 'parse', 'metadata')  # --quick: no floors
   usage = {n: [] for n in names}  # (wall, cpu, rss) per size
   out = []
   with tempfile.TemporaryDirectory(prefix='bench-codemod-large-') as tmp:
@@ -281,32 +281,34 @@ def run_large(quick: bool, sizes_mb=None) -> list[tuple[str, float, str]]:
       path = pathlib.Path(tmp) / f'legacy_{mb}mb.py'
       text = large_legacy_module(int(mb * 2**20))
       path.write_text(text)
-      order = names[k % 3:] + names[:k % 3]  # no contender always first
+      order = names[k % len(names):] + names[:k % len(names)]  # no contender always first
       got = {n: _run_usage([*commands[n], str(path), *extra[n]], tmp) for n in order}
       path.unlink()
       for n in names:
         usage[n].append(got[n][:3])
-      (w, c, r, status), (pw, pc, pr, _), (mw, mc, mr, _) = (got[n] for n in names)
+      nan = (float('nan'),) * 4
+      (w, c, r, status), (pw, pc, pr, _), (mw, mc, mr, _) = (got.get(n, nan) for n in
+                                                               ('ours', 'parse', 'metadata'))
+      floors = ('LibCST floors: not run with --quick' if quick else
+                f'LibCST floors on the same file: parse alone {pw:.1f} s wall / {pc:.1f} CPU s / '
+                f'{pr:.0f} MiB; parse + scope, qualified-name and position metadata {mw:.1f} s / '
+                f'{mc:.1f} CPU s / {mr:.0f} MiB; ours / (parse + metadata) CPU '
+                f'{c / max(mc, 1e-9):.2f}')
       out.append((f'codemod_large_file_s[{mb}MB]', w,
-                  f'seconds (wall), `optim-migrate rewrite --check` on one generated legacy '
-                  f'module of {len(text) / 2**20:.2f} MiB, {text.count(chr(10))} lines, fresh '
-                  f'subprocess; {c:.1f} CPU s, peak RSS {r:.0f} MiB, exit status {status}. '
-                  f'LibCST floors on the same file: parse alone {pw:.1f} s wall / {pc:.1f} CPU s / '
-                  f'{pr:.0f} MiB; parse + scope, qualified-name and position metadata {mw:.1f} s / '
-                  f'{mc:.1f} CPU s / {mr:.0f} MiB; ours / (parse + metadata) CPU '
-                  f'{c / max(mc, 1e-9):.2f}; load average {os.getloadavg()[0]:.1f}'))
+                  f'seconds (wall), `optim-migrate rewrite --check --no-cache` on one generated '
+                  f'legacy module of {len(text) / 2**20:.2f} MiB, {text.count(chr(10))} lines, '
+                  f'fresh subprocess; {c:.1f} CPU s, peak RSS {r:.0f} MiB, exit status {status}. '
+                  f'{floors}; load average {os.getloadavg()[0]:.1f}'))
       out.append((f'codemod_large_file_peak_rss_mib[{mb}MB]', r,
-                  f'MiB, peak RSS of that run; LibCST parse alone {pr:.0f} MiB, parse + metadata '
-                  f'{mr:.0f} MiB (a fresh interpreter on a tiny file: ours '
-                  f'{base["ours"][2]:.0f}, parse {base["parse"][2]:.0f} MiB)'))
+                  f'MiB, peak RSS of that run' + ('' if quick else
+                  f'; LibCST parse alone {pr:.0f} MiB, parse + metadata {mr:.0f} MiB') +
+                  f' (a fresh interpreter on a tiny file: ours {base["ours"][2]:.0f} MiB)'))
   sizes = ', '.join(map(str, sizes_mb))
   for n, label in (('ours', 'rewrite --check'), ('parse', 'LibCST parse alone'),
-                   ('metadata', 'LibCST parse + metadata')):
+                   ('metadata', 'LibCST parse + metadata'))[:len(names)]:
     cpu = [max(c - base[n][1], 1e-3) for _, c, _ in usage[n]]
     rss = [max(r - base[n][2], 1.0) for _, _, r in usage[n]]
     suffix = '' if n == 'ours' else f'_{n}'
-    if quick and suffix:
-      continue  # the floors' CPU above a tiny file's is noise at --quick sizes
     out.append((f'codemod_large_file_time_growth{suffix}', _growth(sizes_mb, cpu),
                 f'exponent b of {label} (CPU seconds - a tiny file\'s) ~ size**b over {sizes} MB '
                 f'(1.0 = linear; CPU time, not wall, so that other load skews it less); CPU s per '
