@@ -4,7 +4,7 @@
         [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
         [--output-format full|concise|json|github|sarif] [--statistics] [--show-fixes]  # docs/ci.md
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
-    optim-migrate demo [--steps N] [--devices N]  # the bundled example, end to end
+    optim-migrate demo [--steps N] [--devices N] [--examples DIR]  # the bundled example, end to end
     optim-migrate rule [OM0xx | --all]        # a rule's documentation (as docs/rules/<id>.md)
     optim-migrate --version                   # the installed package's version
 """
@@ -18,6 +18,8 @@ import sys
 import types
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
+#: Exit status after Ctrl-C (SIGINT), as a shell reports a program that SIGINT ended.
+EXIT_INTERRUPTED = 130
 #: The distribution name (``[project] name`` in pyproject.toml) whose metadata gives ``--version``.
 DIST_NAME = 'flax-optim-migrate'
 
@@ -149,8 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
   p.set_defaults(func=cmd_run)
   p = sub.add_parser('demo', help='migrate the bundled example and train both versions')
   p.add_argument('--steps', type=int, default=200)
-  p.add_argument('--devices', type=int, default=2, help='CPU devices for pmap')
-  p.add_argument('--examples', default=None, help='examples directory (default: found)')
+  p.add_argument('--devices', type=int, default=2,
+                 help='CPU devices for pmap (must divide the example\'s batch of 64)')
+  p.add_argument('--examples', default=None, metavar='DIR',
+                 help='a directory holding legacy/ and migrated/train_digits.py (default: '
+                      './examples, else the copy installed with this package)')
   p.set_defaults(func=cmd_demo)
   import importlib
   for module in EXTRA_COMMANDS:
@@ -165,7 +170,11 @@ def main(argv=None) -> int:
     # everything after SCRIPT belongs to the script, `--` included
     return cmd_run(argparse.Namespace(script=argv[1], args=argv[2:]))
   args = parser.parse_args(argv)
-  return args.func(args)
+  try:
+    return args.func(args)
+  except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (a pool's workers are ended)
+    print(f'optim-migrate {args.command}: interrupted', file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 if __name__ == '__main__':

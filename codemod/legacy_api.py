@@ -157,8 +157,19 @@ WORDS = frozenset({
     *DEF_ONLY_ATTRS, *ANNOTATIONS, *DYNAMIC_SCALE, TRAVERSAL, 'OptimizerState',
     *(qname.rsplit('.', 1)[1] for qname in RESTORES)})
 WORDS_RE = re.compile(r'\b(' + '|'.join(sorted(WORDS)) + r')\b')
-_WORD_FLAX = re.compile(r'\bflax\b')
-_WORD_OPTIM = re.compile(r'\boptim\b')
+#: Spellings that reference flax.optim (the file prefilter, :func:`may_need_rewrite`):
+#: ``flax.optim`` (``import flax.optim``, ``from flax.optim[.adam] import``, ``flax.optim.X``,
+#: a ``"flax.optim"`` string of a dynamic import), ``from flax import ... optim`` (also in
+#: parentheses or over a backslash), ``getattr(flax, "optim")``, ``from flax import *``.
+_REFERENCE = re.compile(
+    r'\bflax\s*\.\s*optim\b'
+    r'|\bfrom\s+flax\s+import\s+(?:\([^)]*?|(?:[^\n\\]|\\\r?\n|\\)*?)\boptim\b'
+    r'|\bflax\s*,\s*[\'"]optim[\'"]'
+    r'|\bfrom\s+flax\s+import\s+\*')
+#: ``import flax as fx`` (then ``fx.optim``).
+_FLAX_ALIAS = re.compile(r'\bimport\s+flax\s+as\s+(\w+)')
+#: The one rule that needs no flax.optim reference: the flag on ``.apply_gradient`` uses.
+_APPLY_GRADIENT = re.compile(r'\.\s*apply_gradient\b')
 _LEGACY_USE = re.compile(r'\boptim\b|' + '|'.join(
     re.escape(t) + ('' if t.endswith('(') else r'\b') for t in TELLTALES))
 
@@ -166,16 +177,20 @@ _LEGACY_USE = re.compile(r'\boptim\b|' + '|'.join(
 def may_need_rewrite(text: str) -> bool:
   """Cheap text prefilter, before any parse: False only for files the codemod leaves alone.
 
-  Every rule needs ``flax.optim`` referenced in the file (which takes the words
-  ``flax`` and ``optim``, in every import form) except the flag on
-  ``.apply_gradient`` calls in files that never import it. So ``torch.optim``,
-  ``optimizer = optax.adam(...)`` or another library's ``.target`` alone do not
-  cost a parse.
+  Every rule needs ``flax.optim`` referenced in the file (:data:`_REFERENCE`: each import
+  form, ``flax.optim.X``, the module name in a string, ``getattr(flax, 'optim')``, an alias
+  of ``flax`` followed by ``.optim``) except the flag on ``.apply_gradient`` in files that
+  never import it. So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
+  "optim" beside ``import flax``, or another library's ``.target`` alone do not cost a parse.
   """
-  if 'apply_gradient' in text:
+  if 'apply_gradient' in text and _APPLY_GRADIENT.search(text) is not None:
     return True
-  return ('optim' in text and 'flax' in text and _WORD_OPTIM.search(text) is not None
-          and _WORD_FLAX.search(text) is not None)
+  if 'optim' not in text or 'flax' not in text:
+    return False
+  if _REFERENCE.search(text) is not None:
+    return True
+  return any(re.search(r'\b' + re.escape(alias) + r'\s*\.\s*optim\b', text)
+             for alias in _FLAX_ALIAS.findall(text))
 
 
 def mentions_legacy(text: str) -> bool:

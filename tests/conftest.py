@@ -17,3 +17,10 @@ def legacy_python():
   """
   from equivalence_tests import legacy_env
   return str(legacy_env.ensure())
+
+
+@pytest.fixture(autouse=True)
+def _own_rewrite_cache(tmp_path_factory, monkeypatch):
+  """Each test's ``rewrite`` runs (in process and in subprocesses) use a cache directory of
+  their own (codemod.cache): none in the home directory, none shared between tests."""
+  monkeypatch.setenv('OPTIM_MIGRATE_CACHE_DIR', str(tmp_path_factory.mktemp('rewrite-cache')))

@@ -11,7 +11,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LINE = re.compile(r'^(?P<name>[\w\[\]/.\-]+): (?P<value>\S+) \((?P<details>.*)\)$')
 EXPECTED = ('shim_vs_optax_step[', 'shim_vs_legacy_step[', 'codemod_vs_libcst_noop',
-            'codemod_parse_floor_vs_libcst_noop',
+            'codemod_parse_floor_vs_libcst_noop', 'codemod_large_file_time_growth',
+            'codemod_large_file_s[',
             'equivalence_grid_seconds', 'faithful_vs_optax_step[lamb]',
             'faithful_vs_optax_step[adafactor_momentum]', 'faithful_vs_optax_compile',
             'check_1m_adam_devices_1248_seconds', 'check_1m_adam_floor_seconds',

@@ -437,3 +437,183 @@ def test_reduced_removal_of_late_import_lines_equals_the_whole_module_pass():
           whole, (source, removal)
       changed += whole != source
   assert changed >= 20
+
+
+def test_a_file_is_rewritten_with_the_cyclic_collector_paused_and_it_is_resumed(monkeypatch):
+  """``rewrite``'s per-file work pauses ``gc`` (it re-traversed the file's syntax tree and
+  metadata again and again: 35% of the CPU time of a 0.25 MB module) and resumes it after,
+  also when the rewrite raises; a collector the caller had paused stays paused."""
+  import gc
+  from codemod import runner
+  seen = []
+
+  def record(path, options=None, flow=None, source=None):
+    seen.append(gc.isenabled())
+    if path.name == 'boom.py':
+      raise RuntimeError('boom')
+    return engine.FileResult(str(path), '', new='')
+
+  monkeypatch.setattr(engine, 'rewrite_file', record)
+  assert gc.isenabled()
+  runner._work(('a.py', None, None, b''))
+  with pytest.raises(RuntimeError):
+    runner._work(('boom.py', None, None, b''))
+  assert seen == [False, False] and gc.isenabled()
+  gc.disable()
+  try:
+    runner._work(('a.py', None, None, b''))
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+
+
+def _calls_in_reduce(n_chain: int) -> int:
+  """Python and C function calls made by ``codemod.facts.setaside.reduce`` on a module where
+  each of ``n_chain`` statements is kept only because it names what the one before binds,
+  among as many unrelated statements."""
+  import sys
+  from codemod.facts import setaside
+  lines = ['from flax import optim', 'v0 = optim.Adam(learning_rate=0.1)']
+  lines += [f'v{k} = v{k - 1}' for k in range(1, n_chain)]
+  lines += [f'w{k} = {k}' for k in range(n_chain)]
+  tree = cst.parse_module('\n'.join(reversed(lines[2:])) + '\n' + '\n'.join(lines[:2]) + '\n')
+  calls = [0]
+
+  def count(frame, event, arg):
+    if event in ('call', 'c_call'):
+      calls[0] += 1
+
+  sys.setprofile(count)
+  try:
+    reduced, originals = setaside.reduce(tree)
+  finally:
+    sys.setprofile(None)
+  kept = [st for st in reduced.body if not isinstance(st.body[0], cst.Pass)]
+  assert len(kept) == n_chain + 1 and len(originals) == n_chain  # the chain, the import
+  return calls[0]
+
+
+def test_reduce_does_work_linear_in_the_module():
+  """``reduce``'s fixpoint (statements naming what kept statements bind) re-scanned every
+  statement with a regex of all bound names once per round: a chain of n statements cost
+  n rounds over n statements. Doubling the module must about double the calls (was x3.4)."""
+  small, large = _calls_in_reduce(150), _calls_in_reduce(300)
+  assert large / small < 2.6, (small, large)
+
+
+def test_reduce_keeps_what_the_whole_word_scan_keeps():
+  """The word index keeps the statements a ``\\bname\\b`` search over each statement keeps:
+  names as whole words only (not inside longer names, attributes count, strings count)."""
+  from codemod.facts import setaside
+  source = ('import jax\nfrom flax import optim\n'
+            'opt = optim.Adam(0.1)\n'
+            'helper = opt\n'            # names opt: kept, binds helper
+            'x = helper_two\n'          # helper only inside a longer name: set aside
+            'y = obj.helper\n'          # an attribute spelled helper: a whole word, kept
+            'z = "helper"\n'            # in a string: kept (a text scan)
+            'def f():\n  return 1\n'
+            'class K:\n  pass\n'
+            'w = 1\n')
+  reduced, originals = setaside.reduce(cst.parse_module(source))
+  kept = [reduced.code_for_node(st).strip() for st in reduced.body
+          if not (isinstance(st, cst.SimpleStatementLine) and isinstance(st.body[0], cst.Pass))]
+  assert kept == ['import jax', 'from flax import optim', 'opt = optim.Adam(0.1)',
+                  'helper = opt', 'y = obj.helper', 'z = "helper"']
+  assert len(originals) == 4
+  assert setaside.restore(reduced, originals).code == source
+
+
+def test_todo_index_answers_what_a_search_of_the_text_answers():
+  """``engine._todo_index`` (one pass, then a bisect per TODO; a substring search of the
+  whole rewritten text per TODO was quadratic in a file with thousands of them) says
+  ``TODO_PREFIX + rest in text`` exactly: a message that is the start of a longer one, two
+  TODOs on a line, CRLF and a last line without a newline, other rules, no TODO at all."""
+  from codemod.findings import TODO_PREFIX as P
+  texts = [
+      '', 'x = 1\n', f'{P}OM100: a\n', f'{P}OM100: ab\r\nx = 1\r\n',
+      f'  {P}OM100: fix this\n  {P}OM102: fix this too  \ny = 2\n',
+      f'{P}OM100: one {P}OM100: two\n', f'z = 3\n{P}OM100: last line', f'x  {P}',
+      f'{P}OM100: a\n{P}OM100: a\n{P}OM101: b\n',
+  ]
+  rests = ['', 'OM100: a', 'OM100: ab', 'OM100: abc', 'OM100: fix this', 'OM100: fix this too',
+           'OM102: fix this', 'OM102: fix this too  ', 'OM100: two', 'OM100: one ',
+           'OM100: last line', 'OM100: last', 'OM101: b', 'OM101: a', 'OM100:', 'x']
+  hits = 0
+  for text in texts:
+    found = engine._todo_index(text)
+    for rest in rests:
+      assert found(rest) == (P + rest in text), (text, rest)
+      hits += found(rest)
+  assert hits >= 20
+
+
+def _open_todos_text_scans(n_todos: int) -> int:
+  """Characters of the rewritten text that ``engine.open_todos`` scans (``str.find`` and
+  ``in``: counted through a str subclass) for a module with ``n_todos`` earlier TODOs."""
+  from codemod.findings import TODO_PREFIX as P
+  scanned = [0]
+
+  class Counted(str):
+    def __contains__(self, sub):
+      scanned[0] += len(self)
+      return str.__contains__(self, sub)
+
+    def find(self, sub, *args):
+      at = str.find(self, sub, *args)
+      start = args[0] if args else 0
+      scanned[0] += (len(self) if at < 0 else at + len(sub)) - start
+      return at
+
+  source = ''.join(f'{P}OM100: message {i}\nx{i} = {i}\n' for i in range(n_todos))
+  result = engine.FileResult('t.py', source, new=Counted(source))
+  engine.open_todos(result, None)
+  assert len(result.findings) == n_todos
+  return scanned[0]
+
+
+def test_open_todos_scans_the_text_once_not_once_per_todo():
+  """Before: a substring search of the whole rewritten text per earlier TODO (quadratic:
+  x4 work for x2 TODOs); now the scanned characters double when the TODOs double."""
+  small, large = _open_todos_text_scans(200), _open_todos_text_scans(400)
+  assert large / small < 2.6, (small, large)
+
+
+def test_a_step_function_defined_twice_is_no_step_for_the_flow():
+  """Steps reported to ``codemod.flow``: a module-level function defined twice is left out
+  (a caller's target cannot be told); the names are counted once, not once per function
+  (a list count per function was quadratic in the number of functions)."""
+  source = ('from flax import optim\n\n\ndef step(opt, g):\n  return opt.apply_gradient(g)\n\n\n'
+            'def step(opt, g):\n  return opt.apply_gradient(g)\n\n\n'
+            'def other(opt, g):\n  return opt.apply_gradient(g)\n\n\n'
+            'def make(p):\n  o = optim.Adam(0.1).create(p)\n  o = step(o, 1)\n  return other(o, 2)\n')
+  result = engine.rewrite_source(source, 'twice.py')
+  assert result.error is None
+  assert result.steps == {'other': (((0, 'opt'),), True)}
+
+
+
+@pytest.mark.parametrize('source', [
+    'from flax import optim\n', 'import flax.optim\n', 'import flax.optim as fo\n',
+    'from flax.optim import Adam\n', 'from flax.optim.adam import Adam\n',
+    'from flax import linen as nn, optim\n', 'from flax import (\n  linen,\n  optim,\n)\n',
+    'from flax import linen, \\\n  optim\n', 'import flax\nopt = flax.optim.Adam(0.1)\n',
+    'import flax as fx\nopt = fx.optim.Adam(0.1)\n', 'import flax\nm = getattr(flax, "optim")\n',
+    'import importlib\nm = importlib.import_module("flax.optim")\n',
+    'from flax import *\nopt = optim.Adam(0.1)\n', 'state = state.apply_gradient(grads)\n',
+    'step = jax.jit(opt.apply_gradient)\n',
+    '{"cells": [{"source": ["from flax import optim\\n", "x = 1\\n"]}]}',  # notebook JSON
+])
+def test_prefilter_passes_every_spelling_of_a_flax_optim_reference(source):
+  assert engine.may_need_rewrite(source)
+
+
+@pytest.mark.parametrize('source', [
+    # the word optim beside the word flax, no flax.optim (the words test parsed these)
+    'import flax\nfrom torch import optim\n', 'import flax.linen as nn\nimport torch.optim as optim\n',
+    'import flax\n# optim: see the notes\n', 'from flax import linen\noptim = optax.adam(1e-3)\n',
+    'import flax\nimport optax\noptimizer = optax.adam(1e-3)\nprint(state.target)\n',
+    'def apply_gradients(state, g):\n  return state.apply_gradients(grads=g)\n',
+])
+def test_prefilter_skips_files_without_a_flax_optim_reference(source):
+  """Before: the first four passed (the words ``flax`` and ``optim`` anywhere)."""
+  assert not engine.may_need_rewrite(source)

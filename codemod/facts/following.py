@@ -2,6 +2,7 @@
 receive optimizers, and the module's step functions."""
 from __future__ import annotations
 
+import collections
 from typing import Optional
 
 import libcst as cst
@@ -196,10 +197,10 @@ def _step_params(n: Names) -> dict[str, tuple[tuple[Optional[int], str], ...]]:
   train_step(opt, batch)`` that calls ``opt.apply_gradient``): ``{function: ((position
   among the positional parameters or None, name), ...)}``, for :mod:`codemod.flow`."""
   f = n.facts
-  names = [fn.name.value for fn in f.top_functions]
+  names = collections.Counter(fn.name.value for fn in f.top_functions)  # once, not per function
   out = {}
   for fn in f.top_functions:
-    if names.count(fn.name.value) > 1:
+    if names[fn.name.value] > 1:
       continue  # defined twice: which one a caller reaches cannot be told
     positional = [*fn.params.posonly_params, *fn.params.params]
     found = []

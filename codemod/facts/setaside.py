@@ -13,6 +13,7 @@ from codemod import legacy_api as api
 from codemod.names import target_names
 
 _KEEP = '__optim_migrate_kept_{}__'
+_WORD = re.compile(r'\w+')
 #: Top-level statements below which the whole module is analysed as is.
 MIN_STATEMENTS = 8
 
@@ -48,14 +49,26 @@ def reduce(tree: cst.Module) -> tuple[cst.Module, dict]:
       isinstance(st, cst.SimpleStatementLine)
       and any(isinstance(x, (cst.Import, cst.ImportFrom)) for x in st.body))
       for st, c in zip(body, codes)]
+  # the fixpoint as a worklist over an index of each statement's words (a name in
+  # \b...\b is a whole \w+ run): one regex of all bound names per round, over every
+  # statement, was quadratic in a chain of statements each naming what the one before binds
+  where: dict[str, list[int]] = {}
+  for i, c in enumerate(codes):
+    for word in set(_WORD.findall(c)):
+      where.setdefault(word, []).append(i)
   bound: set[str] = set()
-  while True:
-    new = set().union(*(_top_level_names(st) for st, k in zip(body, keep) if k)) - bound
-    if not new:
-      break
+  frontier = [i for i, k in enumerate(keep) if k]
+  while frontier:
+    new = set().union(*(_top_level_names(body[i]) for i in frontier)) - bound
     bound |= new
-    pattern = re.compile(r'\b(' + '|'.join(map(re.escape, sorted(new))) + r')\b')
-    keep = [k or bool(pattern.search(c)) for k, c in zip(keep, codes)]
+    frontier = []
+    for name in new:
+      hits = where.get(name, ()) if _WORD.fullmatch(name) else [
+          i for i, c in enumerate(codes) if re.search(r'\b' + re.escape(name) + r'\b', c)]
+      for i in hits:
+        if not keep[i]:
+          keep[i] = True
+          frontier.append(i)
   if all(keep):
     return tree, {}
   originals, reduced = {}, []
