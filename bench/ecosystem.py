@@ -23,7 +23,9 @@ imports or names ``flax.optim``, or uses the Optimizer API: ``.apply_gradient(``
 
 - ``converted``: no flax.optim reference left, no TODO, no unflagged legacy reference;
 - ``converted_todo``: converted, with ``# TODO(optim-migrate)`` lines left;
-- ``kept``: still imports flax.optim, with TODOs (does not run on flax >= 0.6);
+- ``fallback``: kept on legacy code with TODOs, and ``optim_compat.install()`` runs before its
+  first flax.optim use (the codemod's shim fallback, OM014): it runs on flax >= 0.6;
+- ``kept``: still imports flax.optim, with TODOs, and no fallback (does not run on flax >= 0.6);
 - ``kept_silent``: still imports flax.optim and carries no TODO at all;
 - ``shim``: no flax.optim left, pointed at ``optim_compat``'s legacy API (runs);
 - ``residual``: converted, yet a legacy reference (``.apply_gradient(``, ``.target`` on
@@ -77,14 +79,16 @@ BEGIN, END = '<!-- ecosystem:begin -->', '<!-- ecosystem:end -->'
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))  # this checkout's codemod (its file walker)
 
-OUTCOMES = ('converted', 'converted_todo', 'residual', 'shim', 'kept', 'kept_silent', 'crash')
+OUTCOMES = ('converted', 'converted_todo', 'residual', 'shim', 'fallback', 'kept', 'kept_silent',
+            'crash')
 #: Outcomes that run on the modern stack (no flax.optim import left).
-RUNNABLE = ('converted', 'converted_todo', 'residual', 'shim')
+RUNNABLE = ('converted', 'converted_todo', 'residual', 'shim', 'fallback')
 LABELS = {'converted': 'converted, no legacy reference left',
           'converted_todo': 'converted, TODOs on lines left',
           'residual': 'converted, unflagged legacy reference left',
           'shim': 'pointed at the shim (optim_compat)',
-          'kept': 'kept on legacy code (TODOs), still imports flax.optim',
+          'fallback': 'kept on legacy code (TODOs), runs on the shim (optim_compat.install(), OM014)',
+          'kept': 'kept on legacy code (TODOs), still imports flax.optim, no shim',
           'kept_silent': 'still imports flax.optim, no TODO',
           'crash': 'internal crash, file untouched'}
 #: Public names of flax.optim 0.5.3 (a ``from optim_compat import <these>`` is the shim).
@@ -345,6 +349,13 @@ def flax_optim_bindings(tree: ast.Module) -> dict[str, int]:
   return out
 
 
+def installs_shim(tree: ast.Module) -> bool:
+  """Whether the module calls ``optim_compat.install()`` at its top level (the codemod's
+  shim fallback, OM014: flax.optim then resolves to the shim on flax >= 0.6)."""
+  return any(isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+             and ast.unparse(st.value.func) == 'optim_compat.install' for st in tree.body)
+
+
 def uses_shim(tree: ast.Module) -> bool:
   """Whether the module takes flax.optim's API from ``optim_compat`` (the shim): an
   ``import optim_compat as <alias>``, ``from optim_compat import <legacy name>``,
@@ -591,7 +602,10 @@ def classify(path: pathlib.Path, original: str, output: Optional[str], error: Op
   out = FileOutcome(rel, '', todos=todos, manual=manual, blocking=blocking)
   still = any(flax_optim_bindings(t) for _, _, t in after)
   if still:
-    out.outcome = 'kept' if todos else 'kept_silent'
+    if any(installs_shim(t) for _, _, t in after):
+      out.outcome = 'fallback'
+    else:
+      out.outcome = 'kept' if todos else 'kept_silent'
     return out
   if any(uses_shim(t) for _, _, t in after):
     out.outcome = 'shim'
@@ -792,15 +806,15 @@ def targets(t: dict) -> list[tuple[str, bool, str]]:
 def render(results: dict, meta: dict) -> str:
   """Markdown: per-repository table, totals, targets, and the files that are not clean."""
   head = ('| repository | legacy files | converted | converted + TODOs | unflagged residual | '
-          'shim | kept legacy (TODOs) | kept, no TODO | crash | runs on modern stack | '
-          'files changed | idempotent | outputs parse | wall s |')
-  rows = [head, '|' + '---|' * 14]
+          'shim | kept legacy, on the shim (OM014) | kept legacy (TODOs) | kept, no TODO | '
+          'crash | runs on modern stack | files changed | idempotent | outputs parse | wall s |')
+  rows = [head, '|' + '---|' * 15]
 
   def row(name, t):
     return (f'| {name} | {t["legacy"]}' + (f' ({t["unparsed_input"]} unparsed)'
                                            if t['unparsed_input'] else '') +
             f' | {t["converted"]} | {t["converted_todo"]} | {t["residual"]} | {t["shim"]} | '
-            f'{t["kept"]} | {t["kept_silent"]} | {t["crashes"]} | '
+            f'{t["fallback"]} | {t["kept"]} | {t["kept_silent"]} | {t["crashes"]} | '
             f'{share(t["runnable"], t["parsed"])} | {t["files_changed"]} | '
             f'{share(t["idempotent"], t["idempotent_of"])} | '
             f'{share(t["parses"], t["parses_of"])} | {t["seconds"]:.1f} |')
@@ -815,7 +829,7 @@ def render(results: dict, meta: dict) -> str:
          '| outcome per legacy file | files | share |', '|---|---|---|']
   for o in OUTCOMES:
     out.append(f'| {LABELS[o]} | {total[o]} | {share(total[o], total["parsed"])} |')
-  out += [f'| runs on the modern stack (converted or shim) | {total["runnable"]} | '
+  out += [f'| runs on the modern stack (converted, or on the shim) | {total["runnable"]} | '
           f'{share(total["runnable"], total["parsed"])} |',
           f'| (input does not parse, not counted) | {total["unparsed_input"]} | |', '',
           '| done-when target | met | measured |', '|---|---|---|']
@@ -836,7 +850,7 @@ def details(results: dict) -> str:
         why = f['error']
       elif o == 'residual':
         why = '; '.join(f'{w} {k}: `{t}`' for w, k, t in f['residual'][:3])
-      elif o in ('kept', 'kept_silent'):
+      elif o in ('fallback', 'kept', 'kept_silent'):
         why = '; '.join(f'{r}: {m}' for r, m in (f['blocking'] or f['manual'])[:2]) or 'no TODO'
       else:
         why = ''

@@ -2,11 +2,8 @@
 
     optim-migrate rewrite PATH... [--write | --check] [--diff] [--select/--ignore RULES]
         [--unsafe-fixes] [--prefer-stock-optax] [--no-shim-fallback] [--jobs N]
-options too), 130 interrupted (Ctrl-C: workers are stopped at once, and each file is
-either written whole or left as it was).
-``--output-format`` (``codemod.output_formats``: ``concise``, ``json``, ``github``,
-``sarif``), ``--statistics`` and ``--show-fixes`` change what is printed, never the exit
-status (docs/ci.md).
+        [--no-cache] [--report FILE.json] [--output-format FORMAT] [--statistics]
+        [--show-fixes] [-]
 
 Shows a unified diff by default; ``--write`` applies it, ``--check`` writes
 nothing and prints the files and items that remain. ``--diff`` with ``--write``
@@ -15,7 +12,11 @@ also prints the diff of what was written, with ``--check`` the diff after each
 source; notebook JSON is refused) and writes the rewritten module to stdout
 (the diff with ``--diff``). Exit status: 0 nothing to do, 1 changes or manual items remain (or
 were just written), 2 a file could not be read, parsed or processed (bad
-from codemod import cache as cache_lib, engine, flow as flow_lib, output_formats
+options too), 130 interrupted (Ctrl-C: workers are stopped at once, and each file is
+either written whole or left as it was).
+``--output-format`` (``codemod.output_formats``: ``concise``, ``json``, ``github``,
+``sarif``), ``--statistics`` and ``--show-fixes`` change what is printed, never the exit
+status (docs/ci.md).
 
 Options may also come from ``[tool.optim-migrate]`` in the nearest
 ``pyproject.toml`` (``select``, ``ignore``, ``exclude``, ``jobs``,
@@ -42,7 +43,7 @@ import threading
 import time
 from typing import Iterable, Optional
 
-from codemod import cache as cache_lib, engine, flow as flow_lib
+from codemod import cache as cache_lib, engine, flow as flow_lib, output_formats
 from codemod.config import ConfigError, read_table
 from codemod.legacy_api import has_legacy_use
 from codemod.sources import SourceFile

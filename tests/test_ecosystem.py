@@ -111,6 +111,22 @@ def test_file_still_importing_flax_optim_is_kept():
   assert outcome(BEFORE).outcome == 'kept_silent'  # untouched, no TODO at all
 
 
+def test_file_kept_legacy_behind_the_shim_fallback_runs():
+  """A kept file with the codemod's OM014 lines runs on flax >= 0.6 (counted runnable);
+  the same file without them does not."""
+  kept = BEFORE.replace('  opt = opt.apply', '  # TODO(optim-migrate): OM103: state surgery '
+                        '(this file keeps its legacy optimizer code)\n  opt = opt.apply')
+  first = next(i for i, line in enumerate(kept.splitlines(keepends=True))
+               if 'flax' in line and 'import' in line)
+  lines = kept.splitlines(keepends=True)
+  fallback = ''.join(lines[:first] + ['import optim_compat\n', 'optim_compat.install()  # '
+                     'optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n']
+                     + lines[first:])
+  assert outcome(fallback).outcome == 'fallback'
+  assert outcome(kept).outcome == 'kept'
+  assert 'fallback' in eco.RUNNABLE and 'kept' not in eco.RUNNABLE
+
+
 def test_shim_and_to_optax():
   shim = 'import optim_compat\n\n\nclass D(optim_compat.OptimizerDef):\n  pass\n'
   assert outcome(shim, before='from flax.optim import OptimizerDef\n\n\n'
