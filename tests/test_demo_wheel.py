@@ -8,7 +8,7 @@ the source tree. The dependencies (jax, flax, scikit-learn, ...) are this interp
 (the ``.pth`` files there, such as an editable install's finder, are not run), so the project
 itself can only come from the wheel, which the test asserts. About 45 s wall (15 s CPU) on
 a loaded 2-core machine, most of it the wheel build; the whole demo from the wheel (two
-training subprocesses, about 60 s more) runs with ``OPTIM_MIGRATE_WHEEL_DEMO=1``.
+training subprocesses of 5 steps) takes about 60 s more.
 """
 import os
 import pathlib
@@ -109,8 +109,6 @@ def test_demo_from_the_wheel_finds_its_examples_and_they_are_current(wheel_env):
   assert proc.stdout == f'{installed.resolve()}\nNone True\n'
 
 
-@pytest.mark.skipif(not os.environ.get('OPTIM_MIGRATE_WHEEL_DEMO'),
-                    reason='the whole demo from the wheel (about 60 s): OPTIM_MIGRATE_WHEEL_DEMO=1')
 def test_demo_from_the_wheel_runs_end_to_end(wheel_env):
   """Before: a traceback (FileNotFoundError: no legacy/train_digits.py), the examples were
   not in the wheel."""
