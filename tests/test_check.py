@@ -828,7 +828,8 @@ def test_command_line_run_options_apply_to_entries_without_their_own(tmp_path, m
                    (('2', 'single', 5, 7, 2.0), {'label': '[b] ', 'grads': 'mixed'})]
   calls.clear()
   assert cli.main(['check', '--config', str(config)]) == 0  # no options: the defaults
-  assert [c[0] for c in calls] == [('1', 'pmap', 20, 0, 4.0), ('1', 'single', 5, 0, 2.0)]
+  # no --max-ulp: None, check() takes the def's default bound (Adam: 24)
+  assert [c[0] for c in calls] == [('1', 'pmap', 20, 0, None), ('1', 'single', 5, 0, 2.0)]
   # a command-line seed too large for an entry's own steps names the entry
   config.write_text('[[tool.optim-migrate.check]]\nname = "long"\nlegacy = "Adam(1e-3)"\n'
                     'tx = "optax.adam(1e-3)"\nsteps = 100000\n')
