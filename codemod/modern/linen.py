@@ -1,6 +1,6 @@
-"""OM2xx fixes of Flax calls: ``FrozenDict`` methods on ``init`` results (OM207; unproven: OM208), recurrent
-cells (OM222), ``MultiHeadDotProductAttention`` (OM209) / ``Dropout`` (OM210) constructions
-and their calls."""
+"""OM2xx fixes of Flax calls: ``FrozenDict`` methods on ``init`` results (OM207; unproven:
+OM208), recurrent cells (OM222), ``MultiHeadDotProductAttention`` (OM209) / ``Dropout``
+(OM210) constructions and their calls."""
 from __future__ import annotations
 
 import libcst as cst
