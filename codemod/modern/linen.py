@@ -1,0 +1,234 @@
+"""OM2xx fixes of Flax calls: ``FrozenDict`` methods on ``init`` results (OM207; unproven:
+OM208), recurrent cells (OM222), ``MultiHeadDotProductAttention`` (OM209) / ``Dropout``
+(OM210) constructions and their calls."""
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import ImportAssignment, ScopeProvider
+
+from codemod.modern.base import _CELLS, _DROPOUT, _FLAGS, _FROZEN, _MHA
+from codemod.modern.helpers import _EQ, _code, _dotted, _names, _returns, _unsafe_why
+
+
+class _Linen:
+  """Flax calls: constructions, cells, frozen dicts, MHA and Dropout."""
+
+  def _construction(self, func):
+    """``('mha' | 'dropout', constructor call)`` when ``func`` is proven to be a
+    ``MultiHeadDotProductAttention`` / ``Dropout`` instance: built inline, held by a name whose
+    reaching value built it, or ``self.<attr>`` assigned only that in its class."""
+    values = []
+    if isinstance(func, cst.Call):
+      values = [func]
+    elif isinstance(func, cst.Name):
+      found = self.value_of(func)
+      values = [found[0]] if found is not None and found[1] is None else []
+    elif (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+          and func.value.value == 'self' and self._classes):
+      values = self.facts.self_attrs.get((id(self._classes[-1]), func.attr.value), [])
+    kinds = set()
+    for v in values:
+      if not isinstance(v, cst.Call):
+        return None
+      if self.qname_in(v.func, _MHA):
+        kinds.add('mha')
+      elif self.qname_in(v.func, _DROPOUT):
+        kinds.add('dropout')
+      else:
+        return None
+    if len(kinds) != 1 or (len(values) != 1 and kinds == {'dropout'}):
+      return None
+    return kinds.pop(), values[0]
+
+  def visit_ClassDef(self, node):
+    self._classes.append(node)
+
+  def leave_ClassDef(self, original, updated):
+    self._classes.pop()
+    return updated
+
+  def _cells(self, call: cst.Call) -> None:
+    """OM222: a recurrent cell built without ``features``, or its static ``initialize_carry``."""
+    func = call.func
+    name = self.qname_in(func, _CELLS)
+    if name is not None:
+      if not any(a.keyword is None or (a.keyword.value == 'features') or a.star
+                 for a in call.args):
+        cell = _code(func)
+        self.flag(call, 'OM222', _FLAGS[name].extra.format(
+            name=f'`{cell}()` has no `features` (required since flax 0.7.0)', cell=cell))
+      return
+    if isinstance(func, cst.Attribute) and func.attr.value == 'initialize_carry':
+      name = self.qname_in(func.value, _CELLS)
+      if name is not None:
+        cell = _code(func.value)
+        self.flag(call, 'OM222', _FLAGS[name].extra.format(
+            name=f'static `{cell}.initialize_carry(rng, batch_dims, size)` is gone (flax 0.7.0)',
+            cell=cell))
+
+  def _frozen(self, original: cst.Call, updated: cst.Call):
+    attr = original.func.attr.value
+    receiver = original.func.value
+    if attr == 'pop':
+      if not (len(original.args) == 1 and original.args[0].keyword is None
+              and not original.args[0].star and self._unpacked_in_two(original)):
+        return updated
+      key = original.args[0].value
+      if not isinstance(key, (cst.SimpleString, cst.ConcatenatedString, cst.Name)):
+        return updated
+      proven = self.from_init(receiver)
+      if not proven and not (self.facts.imports_flax and isinstance(key, cst.SimpleString)):
+        return updated
+    else:
+      if original.args:
+        return updated
+      proven = self.from_init(receiver)
+      if not proven and not self.facts.imports_flax:
+        return updated
+    api = _FROZEN[attr]
+    rule = 'OM207' if proven else 'OM208'
+    shown = (f'`{_code(receiver)}.pop(...)` -> `flax.core.pop({_code(receiver)}, ...)`'
+             if attr == 'pop' else
+             f'`{_code(receiver)}.unfreeze()` -> `flax.core.unfreeze({_code(receiver)})`')
+    why = ('what Flax `init` returns is a dict since flax 0.7.1' if proven else
+           f'if `{_code(receiver)}` is what a Flax `init` returns (a dict since flax 0.7.1); '
+           f'`flax.core.{attr}` takes a FrozenDict too ({_unsafe_why("OM208")})')
+    if not self.opts.fixable(rule):
+      self.decide(original, rule, '', f'{shown}: {why}')
+      return updated
+    core = self.module_expr(original, 'flax.core')
+    if core is None:
+      self.flag(original, 'OM224', f'{shown}: no name for flax here: rewrite by hand')
+      return updated
+    self.decide(original, rule, f'{shown}: {why}', '')
+    args = [cst.Arg(updated.func.value)] + [cst.Arg(a.value) for a in updated.args]
+    return cst.Call(func=_dotted([*_names(core), api.extra]), args=args,
+                    lpar=updated.lpar, rpar=updated.rpar)
+
+  def _unpacked_in_two(self, call: cst.Call) -> bool:
+    parent = self.facts.assign_of.get(id(call))
+    if parent is None:
+      return False
+    targets = [t.target for t in parent.targets]
+    return len(targets) == 1 and isinstance(targets[0], (cst.Tuple, cst.List)) and \
+        len(targets[0].elements) == 2
+
+  def from_init(self, expr, depth: int = 0) -> bool:
+    """``expr`` is proven to hold what a Flax ``init`` returned (its variables), or one part
+    of it popped off: ``model.init(...)``, ``init_with_output(...)[1]`` (as the second target),
+    a call of a local def or ``jax.jit(m.init)`` that returns one, or a name whose reaching
+    value is one of those."""
+    if depth > 8 or not self.facts.imports_flax:
+      return False
+    if isinstance(expr, cst.Call):
+      f = expr.func
+      if isinstance(f, cst.Attribute) and f.attr.value == 'init':
+        return self._flax_receiver(f.value)
+      if isinstance(f, cst.Attribute) and f.attr.value == 'pop' and len(expr.args) == 1:
+        return self.from_init(f.value, depth + 1)
+      if isinstance(f, cst.Name):
+        return self._init_function(f, depth)
+      return False
+    if isinstance(expr, cst.Name):
+      found = self.value_of(expr)
+      if found is None:
+        return False
+      value, index = found
+      if index is None:
+        return self.from_init(value, depth + 1)
+      if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+        attr = value.func.attr.value
+        if attr == 'init_with_output' and index == 1:
+          return self._flax_receiver(value.func.value)
+        if attr == 'pop' and len(value.args) == 1:  # variables, params = variables.pop(...)
+          return self.from_init(value.func.value, depth + 1)
+        if attr == 'pop' and self.qname_in(value.func, {'flax.core.pop'}):
+          return self.from_init(value.args[0].value, depth + 1)
+      return False
+    return False
+
+  def _flax_receiver(self, expr, depth: int = 0) -> bool:
+    """``expr`` (what ``.init`` is called on) is not another library's object: its root name is
+    a flax import, or a local whose reaching value is not a call into another imported
+    library (``tx = optax.adam(...)``)."""
+    root = expr
+    while isinstance(root, (cst.Attribute, cst.Call, cst.Subscript)):
+      root = root.func if isinstance(root, cst.Call) else root.value
+    if not isinstance(root, cst.Name):
+      return False
+    scope = self.get_metadata(ScopeProvider, root, None)
+    assignments = list(scope[root.value]) if scope is not None else []
+    if any(isinstance(a, ImportAssignment) for a in assignments):
+      return all(q.name.startswith('flax') for a in assignments if isinstance(a, ImportAssignment)
+                 for q in a.get_qualified_names_for(root.value))
+    if depth < 4 and root is expr:
+      found = self.value_of(root)
+      if found is not None and isinstance(found[0], cst.Call):
+        return self._flax_receiver(found[0].func, depth + 1)
+    return True
+
+  def _init_function(self, name: cst.Name, depth: int) -> bool:
+    scope = self.get_metadata(ScopeProvider, name, None)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if len(assignments) != 1:
+      return False
+    node = getattr(assignments[0], 'node', None)
+    fn = self.facts.functions.get(id(node)) if isinstance(node, cst.Name) else None
+    if fn is None and isinstance(node, cst.FunctionDef):
+      fn = node
+    if fn is not None:
+      returns = _returns(fn)
+      return bool(returns) and all(r is not None and self.from_init(r, depth + 1) for r in returns)
+    entry = self.facts.values.get(id(node))
+    if entry is not None and entry[1] is None and isinstance(entry[0], cst.Call):
+      wrapped = entry[0]  # init = jax.jit(model.init)
+      if self.qname_in(wrapped.func, {'jax.jit', 'jax.pmap'}) and wrapped.args:
+        inner = wrapped.args[0].value
+        return isinstance(inner, cst.Attribute) and inner.attr.value == 'init' and \
+            self._flax_receiver(inner.value)
+    return False
+
+  def _mha(self, original: cst.Call, updated: cst.Call):
+    api = _MHA['flax.linen.MultiHeadDotProductAttention']
+    positional = [a for a in original.args if a.keyword is None]
+    if any(a.star for a in original.args) or len(positional) < 3:
+      return updated
+    if any(a.keyword is None for a in original.args[len(positional):]):
+      return updated
+    if len(positional) > 4 or any(a.keyword is not None and a.keyword.value in
+                                  ('mask', 'deterministic') for a in original.args):
+      self.flag(original, 'OM224', 'MultiHeadDotProductAttention called with these positional '
+                'arguments: pass mask= and deterministic= by keyword')
+      return updated
+    names = ['mask', 'deterministic'][:len(positional) - 2]
+    if not self.decide(original, api.rule, f'positional {" and ".join(names)} of '
+                       f'MultiHeadDotProductAttention -> keyword: {api.why}', ''):
+      return updated
+    args = list(updated.args)
+    for offset, kw in enumerate(names):
+      i = 2 + offset
+      args[i] = args[i].with_changes(keyword=cst.Name(kw), equal=_EQ)
+    return updated.with_changes(args=args)
+
+  def _dropout(self, original: cst.Call, updated: cst.Call, ctor: cst.Call):
+    api = _DROPOUT['flax.linen.Dropout']
+    if any(a.star for a in ctor.args) or \
+        any(a.keyword is not None and a.keyword.value == 'deterministic' for a in ctor.args) or \
+        len([a for a in ctor.args if a.keyword is None]) >= 3:
+      return updated
+    if any(a.star for a in original.args):
+      return updated
+    if any(a.keyword is not None and a.keyword.value == 'deterministic' for a in original.args) or \
+        len([a for a in original.args if a.keyword is None]) >= 2:
+      return updated
+    if any(a.keyword is not None and a.keyword.value == 'broadcast_dims' for a in original.args):
+      self.flag(original, 'OM224', 'Dropout(...)(x, broadcast_dims=...): flax 0.3.0\'s call '
+                'argument is a module attribute since 0.3.1: move it to `nn.Dropout(..., '
+                'broadcast_dims=...)` and pass `deterministic=False` (0.3.0\'s default)')
+      return updated
+    if not self.decide(original, api.rule, '`deterministic=False` made explicit on a Dropout '
+                       f'call that gives none: {api.why}', ''):
+      return updated
+    args = list(updated.args)
+    args.append(cst.Arg(cst.Name('False'), keyword=cst.Name('deterministic'), equal=_EQ))
+    return updated.with_changes(args=args)

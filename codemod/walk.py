@@ -1,0 +1,78 @@
+"""The files a ``rewrite`` run takes: the walk of the directories it is given."""
+from __future__ import annotations
+
+import fnmatch
+import os
+import pathlib
+from typing import Iterable
+
+#: Directory names never descended into (plus hidden ones and virtualenvs).
+SKIP_DIRS = {'__pycache__', 'build', 'dist', 'site-packages', 'node_modules', 'venv', 'env'}
+
+
+def _is_venv(d: pathlib.Path) -> bool:
+  return (d / 'pyvenv.cfg').exists()
+
+
+def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[pathlib.Path]:
+  """``.py`` files under ``paths``, sorted per path.
+
+  A file named on the command line is taken as given. In directories: hidden
+  directories, ``.git``, virtualenvs (a ``pyvenv.cfg``), ``build``/``dist``/
+  ``__pycache__``/``site-packages`` and ``exclude`` globs (matched against the
+  path relative to the directory, and against each name) are skipped; symlinks
+  are not followed out of the directory, and dangling ones are skipped (a path
+  that does not exist, a dangling link named on the command line included, is
+  left out: ``cmd_rewrite`` reports it). A file reached twice (named twice,
+  under two given directories, or through a hard link) is listed once, where
+  it is first reached.
+  """
+  exclude = list(exclude)
+
+  def excluded(rel: pathlib.PurePath) -> bool:
+    text = rel.as_posix()
+    return any(fnmatch.fnmatch(text, g) or any(fnmatch.fnmatch(p, g) for p in rel.parts)
+               for g in exclude)
+
+  out = []
+  for p in map(pathlib.Path, paths):
+    if not p.exists() or str(p) == '-':
+      continue
+    if not p.is_dir():
+      if p.is_file():
+        out.append(p)
+      continue
+    root = p.resolve()
+    found = []
+    for dirpath, dirnames, filenames in os.walk(p, followlinks=False):
+      d = pathlib.Path(dirpath)
+      dirnames[:] = sorted(n for n in dirnames
+                           if not n.startswith('.') and n not in SKIP_DIRS
+                           and not _is_venv(d / n) and not excluded((d / n).relative_to(p)))
+      for name in filenames:
+        f = d / name
+        if not name.endswith(('.py', '.ipynb')) or name.startswith('.') \
+            or excluded(f.relative_to(p)):
+          continue
+        if f.exists() and not f.is_file():
+          continue  # a FIFO, socket or device named *.py: reading it could block forever
+        if f.is_symlink():
+          if not f.exists():
+            continue  # dangling: nothing to rewrite (named on the command line: an error)
+          try:
+            f.resolve().relative_to(root)
+          except ValueError:
+            continue  # a link out of the tree
+        found.append(f)
+    out.extend(sorted(found))
+  seen, unique = set(), []
+  for f in out:  # a file named twice, inside two given folders or hard-linked: rewritten once
+    try:
+      st = os.stat(f)
+      key = (st.st_dev, st.st_ino)
+    except OSError:
+      key = os.path.realpath(f)
+    if key not in seen:
+      seen.add(key)
+      unique.append(f)
+  return unique
