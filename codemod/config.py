@@ -1,6 +1,6 @@
 """``[tool.optim-migrate]`` in ``pyproject.toml``: the one reader of the project's config.
 
-``rewrite`` reads its keys (``codemod.runner.load_config``) and ``check`` its
+``rewrite`` reads its keys (``codemod.run_options.load_config``) and ``check`` its
 ``[[tool.optim-migrate.check]]`` entries (``equivalence_tests.cli``), both through
 :func:`read_table`, so a malformed file gets the same message from either.
 """
