@@ -167,14 +167,29 @@ def main(argv=None) -> int:
   parser = build_parser()
   argv = sys.argv[1:] if argv is None else list(argv)
   if argv[:1] == ['run'] and len(argv) > 1 and not argv[1].startswith('-'):
-    # everything after SCRIPT belongs to the script, `--` included
-    return cmd_run(argparse.Namespace(script=argv[1], args=argv[2:]))
+    # everything after SCRIPT belongs to the script, `--` included (an error the script
+    # itself raises is reported by cmd_run as python would, never here)
+    try:
+      return cmd_run(argparse.Namespace(script=argv[1], args=argv[2:]))
+    except OSError as e:
+      return _os_error('run', e)
   args = parser.parse_args(argv)
   try:
     return args.func(args)
   except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (a pool's workers are ended)
     print(f'optim-migrate {args.command}: interrupted', file=sys.stderr)
     return EXIT_INTERRUPTED
+  except OSError as e:  # e.g. a path inside a directory this user cannot enter
+    return _os_error(args.command, e)
+
+
+def _os_error(command: str, e: OSError) -> int:
+  """One line naming the path and the reason, exit 2, for an OS error no command caught
+  (a ``PermissionError`` from ``Path.exists()`` on a path under a directory without the
+  execute bit, say); nothing was written."""
+  where = f'{e.filename}: ' if getattr(e, 'filename', None) else ''
+  print(f'optim-migrate {command}: {where}{e.strerror or e}', file=sys.stderr)
+  return EXIT_ERROR
 
 
 if __name__ == '__main__':

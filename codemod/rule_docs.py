@@ -262,7 +262,8 @@ def rule_text(rule_id: str, fixtures: pathlib.Path = FIXTURES) -> str:
   example = _table_example(rule) or fixture_example(key, fixtures)
   if example is not None:
     out += ['## Example', '']
-    where = f'From `{example.source}`'
+    where = ('From the rule catalog' if example.source == 'the rule table'
+             else f'From `{example.source}`')
     if example.options:
       where += f', rewritten with `{example.options}`'
     out += [where + ':', '']

@@ -141,7 +141,7 @@ def test_rule_text_uses_the_table_fields_when_present(monkeypatch, tmp_path):
   text = rule_docs.rule_text('om177', fixtures=tmp_path)
   assert text.startswith('# OM177\n\n**manual** · flax.optim uses flagged for a human (OM1xx)')
   assert '## Why\n\nBecause legacy did X.' in text
-  assert 'From `the rule table`' in text
+  assert 'From the rule catalog:' in text
   assert '```python\nold_call(x)\n```' in text and '```python\nnew_call(x)\n```' in text
   assert '## How to fix by hand\n\nCall new_call.' in text
   # and the generator gives the new id a page, as it does every id of the table

@@ -1,0 +1,32 @@
+"""OS errors no subcommand catches end in one line and exit 2, never a traceback."""
+import pytest
+
+from codemod import cli, runner
+
+
+def _denied(*_args, **_kwargs):
+  # what Path.exists() raises on Python 3.11 for a path under a directory without the x bit
+  raise PermissionError(13, 'Permission denied', 'perm/locked/pyvenv.cfg')
+
+
+def test_a_permission_error_in_rewrite_is_one_line_and_exit_2(monkeypatch, capsys):
+  """Before: exit 1 with a PermissionError traceback from the directory walk (found by a
+  new user running as an unprivileged uid)."""
+  monkeypatch.setattr(runner, 'cmd_rewrite', _denied)
+  assert cli.main(['rewrite', 'perm']) == cli.EXIT_ERROR
+  err = capsys.readouterr().err
+  assert err == 'optim-migrate rewrite: perm/locked/pyvenv.cfg: Permission denied\n'
+
+
+def test_a_permission_error_reading_the_script_of_run_is_exit_2(monkeypatch, capsys):
+  monkeypatch.setattr(cli, 'cmd_run', _denied)
+  assert cli.main(['run', 'perm/locked/x.py', '--its-own']) == cli.EXIT_ERROR
+  assert capsys.readouterr().err.startswith('optim-migrate run: perm/locked/pyvenv.cfg: ')
+
+
+def test_other_errors_still_raise(monkeypatch):
+  def boom(*_a, **_k):
+    raise RuntimeError('a bug of ours stays visible')
+  monkeypatch.setattr(runner, 'cmd_rewrite', boom)
+  with pytest.raises(RuntimeError):
+    cli.main(['rewrite', 'x'])
