@@ -168,8 +168,12 @@ _REFERENCE = re.compile(
     r'|\bfrom\s+flax\s+import\s+\*')
 #: ``import flax as fx`` (then ``fx.optim``).
 _FLAX_ALIAS = re.compile(r'\bimport\s+flax\s+as\s+(\w+)')
-#: The one rule that needs no flax.optim reference: the flag on ``.apply_gradient`` uses.
+#: The rules that need no flax.optim reference: the flag on ``.apply_gradient`` uses, and
+#: OM122's on ``.create(...)`` of a name that looks like an optimizer def (``optimizer_def``,
+#: ``optim_def``, ``opt_def``: :data:`DEF_LOOKING`, also read by the analyzer).
 _APPLY_GRADIENT = re.compile(r'\.\s*apply_gradient\b')
+DEF_LOOKING = re.compile(r'\w*opt\w*_def')
+_DEF_LOOKING_CREATE = re.compile(r'\b\w*opt\w*_def\s*\.\s*create\s*\(')
 _LEGACY_USE = re.compile(r'\boptim\b|' + '|'.join(
     re.escape(t) + ('' if t.endswith('(') else r'\b') for t in TELLTALES))
 
@@ -184,6 +188,8 @@ def may_need_rewrite(text: str) -> bool:
   "optim" beside ``import flax``, or another library's ``.target`` alone do not cost a parse.
   """
   if 'apply_gradient' in text and _APPLY_GRADIENT.search(text) is not None:
+    return True
+  if '_def' in text and _DEF_LOOKING_CREATE.search(text) is not None:
     return True
   if 'optim' not in text or 'flax' not in text:
     return False

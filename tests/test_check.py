@@ -475,7 +475,12 @@ def test_record_on_the_new_stack_says_it_records_the_shim(tmp_path, capsys, monk
   since such a trajectory proves nothing about the code the user ran before."""
   import flax
   from equivalence_tests import cli as eq_cli
-  assert getattr(flax, 'optim', None) is None  # the modern stack
+  # the modern stack, as a fresh process has it: an earlier test of this worker process
+  # may have run optim_compat.install(), which aliases flax.optim to the shim
+  monkeypatch.delattr(flax, 'optim', raising=False)
+  for name in [m for m in sys.modules if m == 'flax.optim' or m.startswith('flax.optim.')]:
+    monkeypatch.delitem(sys.modules, name)
+  assert getattr(flax, 'optim', None) is None
   monkeypatch.chdir(tmp_path)
   shapes = str(_shapes_file(tmp_path))
   assert cli.main(['record', '--legacy', 'Adam(1e-3)', '--params', shapes, '--steps', '1',

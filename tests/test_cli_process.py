@@ -17,6 +17,16 @@ import pytest
 
 from codemod import cli, engine
 
+
+@pytest.fixture(autouse=True)
+def _sigint_as_in_a_shell():
+  """Ctrl-C as a shell gives it: Python's KeyboardInterrupt handler here and, in the runs
+  started from here, SIGINT not ignored (a pytest-xdist worker ignores SIGINT, and an
+  ignored signal stays ignored across exec: the child's Ctrl-C would do nothing)."""
+  old = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, old)
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / 'tests' / 'fixtures' / 'codemod'
 #: Generous for a loaded 2-core machine: measured 0.2-0.3 s after the fix.

@@ -925,7 +925,7 @@ def test_notebook_rewritten_cell_by_cell_and_runs(tmp_path):
                              '[{"cell_type": "code", "source": ["from flax import optim\\n", 7]}]',
                              '["from flax import optim"]')):
     odd = tmp_path / f'odd{i}.ipynb'
-    odd.write_text('{"cells": ' + cells + ', "x": "flax optim"}')
+    odd.write_text('{"cells": ' + cells + ', "x": "from flax import optim"}')  # passes the prefilter
     proc = _cli('rewrite', '--check', str(odd), str(legacy_py))
     assert proc.returncode == 2 and f'{odd}:cell0: not a notebook' in proc.stderr, proc.stderr
     assert 'Traceback' not in proc.stderr and proc.stdout == f'would rewrite {legacy_py}\n'

@@ -13,6 +13,20 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / 'bench'))
 from examples_harness import patches, results  # noqa: E402
 
 
+def _bench_examples():
+  """bench/examples.py, loaded by path: the name ``examples`` is also the project's own
+  ``examples/`` package (the demo's programs), which a test process may import first."""
+  import importlib.util
+  name = 'bench_examples_under_test'
+  if name not in sys.modules:
+    path = pathlib.Path(__file__).resolve().parents[1] / 'bench' / 'examples.py'
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[name]
+
+
 def test_after_allows_only_patches_no_om2xx_rule_can_remove():
   assert patches.allowed('after') == ['old_stack_checkpoints', 'optim_dynamic_scale', 'lstmcell', 'mask', 'hashable_arrays', 'tf_options_threading']
   assert patches.allowed('before-unpatched') == []
@@ -139,7 +153,7 @@ def test_same_numbers_compare_in_ulps_of_each_leafs_largest_magnitude():
 
 
 def test_run_env_passes_the_split_size_through_and_drops_other_examples_variables(monkeypatch, tmp_path):
-  import examples
+  examples = _bench_examples()
   monkeypatch.setenv('EXAMPLES_TFDS_SPLIT_SIZE', '1')
   monkeypatch.setenv('EXAMPLES_PATCHES', 'mask')          # the caller's own: must not leak into a run
   monkeypatch.setenv('PYTHONPATH', '/elsewhere')
@@ -290,7 +304,7 @@ def test_misses_report_lists_when_each_driver_ran(tmp_path):
 
 
 def test_write_results_keeps_the_hand_written_notes_block():
-  import examples
+  examples = _bench_examples()
   text = ('# title\n\nheader\n\n' + examples.NOTES_BEGIN + '\n## Why each AFTER failure\n- a\n'
           + examples.NOTES_END + '\n\n## Tests per example\n')
   assert examples.kept_notes(text) == examples.NOTES_BEGIN + '\n## Why each AFTER failure\n- a\n' + examples.NOTES_END

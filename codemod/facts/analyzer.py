@@ -8,7 +8,6 @@ and returns. Parameters and rebinds are settled after the visit
 """
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import libcst as cst
@@ -27,7 +26,7 @@ _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Nam
 #: attributes the late checks of the plan look at (a method used as a value, a member of
 #: another module's optimizer)
 #: a parameter named like an optimizer def (`optimizer_def`, `optim_def`, `opt_def`)
-_DEF_LOOKING = re.compile(r'\w*opt\w*_def')
+_DEF_LOOKING = api.DEF_LOOKING
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
 
 
