@@ -628,7 +628,8 @@ def snapshot(tree: pathlib.Path) -> dict[str, str]:
   """``relative path -> sha256`` of every regular file under ``tree``."""
   out = {}
   for dirpath, dirnames, filenames in os.walk(tree):
-    dirnames.sort()
+    # the codemod's result cache (it carries its own .gitignore): not the repository's files
+    dirnames[:] = sorted(d for d in dirnames if d != '.optim-migrate-cache')
     for name in filenames:
       p = pathlib.Path(dirpath) / name
       if p.is_file() and not p.is_symlink():
