@@ -25,6 +25,15 @@ def code(node) -> str:
   return _EMPTY.code_for_node(node)
 
 
+def dotted_name(node) -> str:
+  """``'a.b.c'`` for a ``Name`` / ``Attribute`` chain (an import's module or name), else ''."""
+  if isinstance(node, cst.Name):
+    return node.value
+  if isinstance(node, cst.Attribute):
+    return f'{dotted_name(node.value)}.{node.attr.value}'
+  return ''
+
+
 class Names:
   """What a module's names refer to (``facts``: the module's :class:`codemod.facts.Facts`)."""
 

@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 
 from codemod.legacy_api import EMITTED_MODULES
-from codemod.names import target_names
+from codemod.names import dotted_name as _dotted, target_names
 
 
 class Bindings(cst.CSTVisitor):
@@ -76,12 +76,6 @@ class Bindings(cst.CSTVisitor):
     return False
 
 
-def _dotted(node) -> str:
-  if isinstance(node, cst.Name):
-    return node.value
-  if isinstance(node, cst.Attribute):
-    return f'{_dotted(node.value)}.{node.attr.value}'
-  return ''
 
 
 def bound_names(tree: cst.Module, among: frozenset, code: Optional[str] = None) -> set[str]:

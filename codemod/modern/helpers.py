@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import libcst as cst
 from libcst.metadata import ImportAssignment
 
+from codemod.names import dotted_name as _dotted_name
+
 if TYPE_CHECKING:  # annotations only: base imports this module
   from codemod.modern.base import _Base
 
@@ -47,12 +49,6 @@ def _scope_chain_imports(scope):
     scope = parent if parent is not scope else None
 
 
-def _dotted_name(node) -> str:
-  if isinstance(node, cst.Name):
-    return node.value
-  if isinstance(node, cst.Attribute):
-    return f'{_dotted_name(node.value)}.{node.attr.value}'
-  return ''
 
 
 def _dotted(parts: Sequence[str]) -> cst.BaseExpression:
