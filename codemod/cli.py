@@ -179,8 +179,22 @@ def main(argv=None) -> int:
   except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (a pool's workers are ended)
     print(f'optim-migrate {args.command}: interrupted', file=sys.stderr)
     return EXIT_INTERRUPTED
+  except BrokenPipeError:  # `... | head`: the reader left; not an error to report
+    return _reader_left()
   except OSError as e:  # e.g. a path inside a directory this user cannot enter
     return _os_error(args.command, e)
+
+
+def _reader_left() -> int:
+  """Exit status 1, silently, when stdout's reader closed the pipe: stdout is pointed at
+  ``os.devnull`` so that the interpreter's final flush raises nothing either (what the
+  Python docs advise for SIGPIPE)."""
+  try:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+  except (OSError, ValueError):
+    pass
+  return 1
 
 
 def _os_error(command: str, e: OSError) -> int:

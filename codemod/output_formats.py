@@ -109,12 +109,15 @@ class Entry:
             'blocks': self.blocks}
 
   def concise(self) -> str:
-    """``path:line:col: OMxxx [kind] message`` (the error message alone for an error)."""
+    """``path:line:col: OMxxx [kind] message`` (the error message alone for an error), the
+    message shortened by :func:`short_message` (one line to read; the report and the
+    ``full`` / ``json`` formats keep the whole note)."""
     if self.is_error:
       return self.message
+    message = short_message(self.message)
     if self.line is None:
-      return f'{self.where}: {self.rule} [{self.kind}] {self.message}'
-    return f'{self.where}:{self.line}:{self.col}: {self.rule} [{self.kind}] {self.message}'
+      return f'{self.where}: {self.rule} [{self.kind}] {message}'
+    return f'{self.where}:{self.line}:{self.col}: {self.rule} [{self.kind}] {message}'
 
   @property
   def kind(self) -> str:
@@ -129,6 +132,35 @@ class Entry:
     if self.applied and self.safety == 'safe':
       return 'notice'
     return 'warning'
+
+
+CONCISE_WIDTH = 200  # characters of a message ``concise`` prints before it shortens it
+
+
+def short_message(message: str, width: int = CONCISE_WIDTH) -> str:
+  """``message`` for one ``concise`` line: unchanged up to ``width`` characters; longer,
+  its closing parenthetical note (the numerics note OM001 carries, say) becomes ``(...)``,
+  and what is still too long is cut at a word with ``...``."""
+  if len(message) <= width:
+    return message
+  if message.endswith(')'):
+    depth = 0
+    for i in range(len(message) - 1, -1, -1):
+      depth += {')': 1, '(': -1}.get(message[i], 0)
+      if depth == 0:
+        if i > 0 and message[i - 1] == ' ':
+          message = message[:i] + '(...)'
+        break
+  if len(message) <= width:
+    return message
+  return message[:width].rsplit(' ', 1)[0] + ' ...'
+
+
+def sort_key(entry: 'Entry') -> tuple:
+  """Entries in file order: path, notebook cell, line, column (an error, or an entry of
+  the whole file, first)."""
+  return (entry.path, entry.cell if entry.cell is not None else -1, entry.line or 0,
+          entry.col or 0)
 
 
 def entries_of(result) -> list[Entry]:
@@ -163,8 +195,8 @@ def render(fmt: str, entries: Sequence[Entry], root: Optional[pathlib.Path] = No
   Raises:
     ValueError: ``fmt`` is not one of ``concise``, ``json``, ``github``, ``sarif``.
   """
-  if fmt == 'concise':
-    return ''.join(e.concise() + '\n' for e in entries)
+  if fmt == 'concise':  # line formats, read by people: in file order
+    return ''.join(e.concise() + '\n' for e in sorted(entries, key=sort_key))
   if fmt == 'json':
     return report_json(entries)
   if fmt == 'github':

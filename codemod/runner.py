@@ -179,7 +179,8 @@ def cmd_rewrite(args) -> int:
   if outside:
     summary += (f'; {len({row["file"] for row in outside})} file(s) outside this run import '
                 'what it converted (flagged above)')
-  print(summary, file=sys.stderr)
+  if results or not missing:  # not "0 file(s) scanned" after missing paths alone
+    print(summary, file=sys.stderr)
   if missing or any(r.error for r in results):
     return EXIT_ERROR
   if outside or any(r.changed or r.manual for r in results):
@@ -247,11 +248,11 @@ def _report_and_write(args, results, interrupted: list, fmt: str = 'full',
           if args.diff:  # what was written
             sys.stdout.write(result.diff())
       elif args.check:
-        if fmt == 'full':
+        if full:
           print(f'would rewrite {result.path}', file=sys.stdout)
         if args.diff:
           sys.stdout.write(result.diff())
-      elif fmt == 'full' or args.diff:  # another format: the diff only when asked for
+      elif full or args.diff:  # another format or --statistics: the diff only when asked for
         sys.stdout.write(result.diff())
   if interrupted:
     n_changed = sum(r.changed and not r.error for r in results)

@@ -8,8 +8,12 @@ whole checkpoint API live here (the lowest layer) and are exported by
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import re
+import sys
+import time
+import warnings
 from typing import Mapping
 
 import jax
@@ -172,29 +176,67 @@ def _read_orbax(file: pathlib.Path) -> dict:
   Raises:
     CheckpointError: not a readable orbax checkpoint (names the directory).
   """
-  import orbax.checkpoint as ocp
   path = file.absolute()
   try:
-    checkpointer = ocp.PyTreeCheckpointer()
-    meta = checkpointer.metadata(path)
-    meta = getattr(meta, 'item_metadata', meta)  # orbax >= 0.11: StepMetadata
-    meta = getattr(meta, 'tree', meta)
-    array_meta = getattr(getattr(ocp, 'metadata', None), 'ArrayMetadata', ())
-    args = jax.tree_util.tree_map(
-        lambda m: ocp.RestoreArgs(restore_type=np.ndarray) if isinstance(m, array_meta)
-        else ocp.RestoreArgs(), meta)
-    state = checkpointer.restore(path, restore_args=args)
-  except Exception:  # noqa: BLE001 - another orbax version: its own reader, device arrays
+    with _orbax_quiet():
+      import orbax.checkpoint as ocp
+      checkpointer = ocp.PyTreeCheckpointer()
+      meta = checkpointer.metadata(path)
+      meta = getattr(meta, 'item_metadata', meta)  # orbax >= 0.11: StepMetadata
+      meta = getattr(meta, 'tree', meta)
+      array_meta = getattr(getattr(ocp, 'metadata', None), 'ArrayMetadata', ())
+      args = jax.tree_util.tree_map(
+          lambda m: ocp.RestoreArgs(restore_type=np.ndarray) if isinstance(m, array_meta)
+          else ocp.RestoreArgs(), meta)
+      state = checkpointer.restore(path, restore_args=args)
+  except Exception as first:  # noqa: BLE001 - another orbax version: its reader, device arrays
     from flax.training import checkpoints
     try:
-      state = checkpoints.restore_checkpoint(str(path), target=None)
-    except Exception as e:  # noqa: BLE001
-      raise CheckpointError(f'{file}: not a readable orbax checkpoint ({type(e).__name__}: '
-                            f'{e})') from None
+      with _orbax_quiet():
+        state = checkpoints.restore_checkpoint(str(path), target=None)
+    except Exception:  # noqa: BLE001 - the first reader's reason names the damage best
+      raise CheckpointError(f'{file}: not a readable orbax checkpoint '
+                            f'({type(first).__name__}: {_first_line(first)})') from None
   state = _as_state_dict(state)
   if not isinstance(state, dict):
     raise CheckpointError(f'{file}: holds a {type(state).__name__}, not a state dict')
   return state
+
+
+def _first_line(error: BaseException) -> str:
+  """An orbax / tensorstore error's first line, without the tensorstore spec it appends
+  (a kilobyte of JSON that names nothing the user can act on)."""
+  text = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+  return text.split(' [tensorstore_spec=', 1)[0]
+
+
+@contextlib.contextmanager
+def _orbax_quiet():
+  """Within: orbax's reader without its noise on a damaged checkpoint. Its Python
+  warnings (sharding info populated from file) are silenced, and what it writes to
+  ``sys.stderr`` meanwhile (absl's warnings, and the ``RuntimeError: Event loop is
+  closed`` tracebacks its I/O threads print after a failed read, for which it waits a
+  quarter second) is held and written back afterwards less those tracebacks and absl
+  ``WARNING`` lines. The error itself propagates."""
+  import io
+  held = io.StringIO()
+  stderr = sys.stderr
+  sys.stderr = held
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore')
+      yield
+  except BaseException:
+    time.sleep(0.25)  # the I/O threads' late reports of the failed read land in `held`
+    raise
+  finally:
+    sys.stderr = stderr
+    kept = [block for block in re.split(r'(?m)^(?=Traceback \(most recent call last\):|WARNING:absl:)',
+                                        held.getvalue())
+            if block and 'Event loop is closed' not in block
+            and not block.startswith('WARNING:absl:')]
+    if kept:
+      stderr.write(''.join(kept))
 
 
 def _as_state_dict(tree):

@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 import warnings
 from typing import Any, NamedTuple
 
@@ -863,3 +864,31 @@ def test_a_shim_optimizer_saved_by_modern_flax_restores(tmp_path):
             else _emitted_tx(name, {'learning_rate': 0.1}))
       state = ck.restore_legacy(tmp_path / name, _target(params, tx))
       assert state.step == 1 and _leaves_equal(state.params, opt.target)
+
+
+def test_a_damaged_orbax_checkpoint_is_one_line(tmp_path):
+  """Found by a new user: a damaged orbax checkpoint printed orbax's noise around our
+  error (``RuntimeError: Event loop is closed`` tracebacks from its I/O threads, absl and
+  sharding warnings) and a kilobyte of tensorstore spec inside it. Now: one line naming
+  the directory and the damage, exit 2, the source left as it was."""
+  import orbax.checkpoint as ocp
+  state = train_state.TrainState.create(apply_fn=None, params={'w': jnp.ones(3)},
+                                        tx=optax.adam(1e-3))
+  src = tmp_path / 'ckpt'
+  ocp.PyTreeCheckpointer().save(str(src), state)
+  damaged = sorted(p for p in src.rglob('*') if p.is_file() and p.parent.name == 'd')
+  assert damaged
+  for p in damaged:
+    p.write_bytes(b'\x00' * 20)
+  before = {p: p.read_bytes() for p in src.rglob('*') if p.is_file()}
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'convert-checkpoint', str(src),
+                         str(tmp_path / 'out'), '--optimizer', 'Adam(1e-3)'],
+                        capture_output=True, text=True, env=env, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  lines = proc.stderr.splitlines()
+  assert len(lines) == 1, proc.stderr
+  assert lines[0].startswith(f'convert-checkpoint: {src}: not a readable orbax checkpoint (')
+  assert 'tensorstore_spec' not in lines[0] and len(lines[0]) < 600
+  assert not (tmp_path / 'out').exists()
+  assert {p: p.read_bytes() for p in src.rglob('*') if p.is_file()} == before

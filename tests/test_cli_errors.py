@@ -1,4 +1,6 @@
 """OS errors no subcommand catches end in one line and exit 2, never a traceback."""
+import pathlib
+
 import pytest
 
 from codemod import cli, runner
@@ -30,3 +32,23 @@ def test_other_errors_still_raise(monkeypatch):
   monkeypatch.setattr(runner, 'cmd_rewrite', boom)
   with pytest.raises(RuntimeError):
     cli.main(['rewrite', 'x'])
+
+
+def test_a_closed_pipe_is_silent(tmp_path):
+  """``optim-migrate rewrite DIR | head -1``: the reader leaves after one line. Before: the
+  OS-error handler printed ``optim-migrate rewrite: Broken pipe`` (exit 2)."""
+  import os
+  import subprocess
+  import sys
+  for i in range(40):
+    (tmp_path / f'm{i}.py').write_text('from flax import optim\n'
+                                       f'opt = optim.Adam(1e-{i % 5 + 1}).create({{}})\n')
+  env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+  proc = subprocess.Popen([sys.executable, '-m', 'codemod.cli', 'rewrite', '--no-cache',
+                           '--jobs', '1', str(tmp_path)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env)
+  assert proc.stdout.readline().startswith(b'--- a/')
+  proc.stdout.close()  # as `head -1` does
+  err = proc.stderr.read().decode()
+  assert proc.wait(timeout=120) == 1
+  assert 'Broken pipe' not in err and 'Traceback' not in err, err

@@ -243,7 +243,10 @@ def test_write_goes_through_a_symlink_and_missing_paths_count_once(tmp_path):
   assert real.read_text() == (FIXTURES / 'bare_flax_import' / 'after.py').read_text()
   proc = _cli('rewrite', str(tmp_path / 'nope.py'))
   assert proc.returncode == 2 and proc.stderr.count('nope.py') == 1
-  assert '1 error(s)' in proc.stderr
+  assert 'file(s) scanned' not in proc.stderr  # no "0 file(s) scanned" after the error
+  proc = _cli('rewrite', str(tmp_path / 'nope.py'), str(real))
+  assert proc.returncode == 2 and proc.stderr.count('nope.py') == 1
+  assert '1 file(s) scanned' in proc.stderr and '1 error(s)' in proc.stderr  # counted once
 
 
 def test_write_keeps_hard_links_and_leaves_read_only_files_alone(tmp_path):
