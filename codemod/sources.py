@@ -25,6 +25,7 @@ class SourceFile:
     self._data = data
     self._decoded: Optional[tuple[str, str]] = None
     self._module: Optional[cst.Module] = None
+    self._words: Optional[str] = None
     self.cache: dict = {}
 
   @property
@@ -39,8 +40,15 @@ class SourceFile:
     return self._data
 
   def words(self) -> str:
-    """The bytes as latin-1 text (any bytes decode): for prefilters that look for words."""
-    return self.data.decode('latin-1')
+    """The text prefilters look for words in: the bytes as latin-1 (any bytes decode); for a
+    ``.ipynb`` notebook, its code cells' sources joined (outputs and images can be most of
+    its bytes), or the latin-1 bytes when it is not a well-formed notebook (the rewrite
+    reports that)."""
+    if self._words is None:
+      self._words = self.data.decode('latin-1')
+      if self.path.suffix == '.ipynb':
+        self._words = _notebook_code(self._words)
+    return self._words
 
   @property
   def text(self) -> str:
@@ -68,6 +76,22 @@ class SourceFile:
     if self._module is None:
       self._module = cst.parse_module(self.text)
     return self._module
+
+
+def _notebook_code(text: str) -> str:
+  """The code cells' sources of notebook JSON ``text`` joined, or ``text`` itself when it is
+  not a notebook whose cells' sources are strings."""
+  import json
+  try:
+    cells = json.loads(text).get('cells')
+    parts = []
+    for cell in cells:
+      if cell.get('cell_type') == 'code':
+        src = cell.get('source', '')
+        parts.append(src if isinstance(src, str) else ''.join(src))
+  except (ValueError, AttributeError, TypeError):
+    return text
+  return '\n'.join(parts) + '\n'
 
 
 def read_source(path: pathlib.Path) -> tuple[str, str]:

@@ -617,3 +617,34 @@ def test_prefilter_passes_every_spelling_of_a_flax_optim_reference(source):
 def test_prefilter_skips_files_without_a_flax_optim_reference(source):
   """Before: the first four passed (the words ``flax`` and ``optim`` anywhere)."""
   assert not engine.may_need_rewrite(source)
+
+
+def test_a_notebooks_words_are_its_code_cells(tmp_path):
+  """The prefilters read a notebook's code cells only (on the ecosystem tree, 29 notebooks
+  were 10.3 of the 17.2 MB scanned, mostly outputs); a file that is not a well-formed notebook
+  is read whole, so that its error is still reported."""
+  import json
+  from codemod.sources import SourceFile
+  from codemod.modern import rewrite as om2xx
+  nb = {'cells': [
+      {'cell_type': 'markdown', 'source': ['We used `jax.tree_map` and flax.optim.\n']},
+      {'cell_type': 'code', 'source': ['import jax\n', 'y = jax.numpy.ones(3)\n'],
+       'outputs': [{'output_type': 'stream', 'text': ['jax.tree_map(f, x) from flax import optim\n']}]},
+      {'cell_type': 'code', 'source': 'z = 1'}], 'metadata': {}, 'nbformat': 4}
+  path = tmp_path / 'n.ipynb'
+  path.write_text(json.dumps(nb))
+  words = SourceFile(path).words()
+  assert words == 'import jax\ny = jax.numpy.ones(3)\n\nz = 1\n'
+  assert not engine.wanted(words) and not om2xx.may_apply(words)
+  nb['cells'][2]['source'] = ['import jax\n', 'y = jax.tree_map(abs, x)\n']
+  path.write_text(json.dumps(nb))
+  assert engine.wanted(SourceFile(path).words())
+  broken = tmp_path / 'b.ipynb'
+  broken.write_text('{"cells": [ from flax import optim')
+  assert SourceFile(broken).words() == broken.read_text()
+  odd = tmp_path / 'o.ipynb'
+  odd.write_text('{"cells": 3}')
+  assert SourceFile(odd).words() == odd.read_text()
+  py = tmp_path / 'm.py'
+  py.write_bytes(b'# \xe9\nfrom flax import optim\n')
+  assert SourceFile(py).words() == '# \xe9\nfrom flax import optim\n'

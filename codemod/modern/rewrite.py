@@ -31,6 +31,7 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from codemod.rules import Options
 from codemod.findings import Finding
 from codemod.modern.base import _DROP, _FROZEN, _GROUPS, _PIL, _SCATTER, _STATIC, _Base
+from codemod.modern import table
 from codemod.modern.facts import _Facts
 from codemod.modern.imports import _Imports
 from codemod.modern.drops import _Drops
@@ -38,11 +39,13 @@ from codemod.modern.references import _References
 from codemod.modern.arrays import _Arrays
 from codemod.modern.linen import _Linen
 
+_KEYED = table.by_first_word(_GROUPS)
+
 
 def may_apply(text: str) -> bool:
-  """Cheap text prefilter: False only for files no OM2xx entry can apply to (all the words
-  of one of the table's word groups must occur in ``text``)."""
-  return any(all(w in text for w in group) for group in _GROUPS)
+  """Cheap text prefilter: False only for files no OM2xx entry can apply to (one of the
+  table's groups must pass: ``codemod.modern.table.prefilter_words``)."""
+  return table.passes(text, _KEYED)
 
 
 def rewrite_source(source: str, options: Options | None = None) -> tuple[str, list[Finding]]:

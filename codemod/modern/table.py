@@ -1,6 +1,6 @@
 """The OM2xx knowledge table: removed JAX / Flax APIs and what replaces them.
 
-Pure data (no LibCST, no project imports): ``codemod.rules`` registers
+Pure data (no LibCST, no project imports; the prefilter's regexes are derived here): ``codemod.rules`` registers
 :data:`RULES`, ``codemod.modern.rewrite`` applies :data:`APIS`, and the text
 prefilter is derived from the entries' words (:func:`prefilter_words`).
 
@@ -47,6 +47,7 @@ here (old: jax 0.4.13 + flax 0.5.3; modern: jax 0.10.2 + flax 0.12.8):
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional
 
 #: Rule ids, safety and one-line summaries (registered in ``codemod.rules.RULES``).
@@ -205,17 +206,76 @@ INDEX_HELPERS = frozenset({'jax.ops.index', 'jax.numpy.index_exp', 'numpy.index_
 JAX_VALUE_PREFIXES = ('jax.numpy.', 'jax.lax.', 'jax.random.', 'jax.nn.', 'jax.ops.', 'jax.device_put')
 
 
-def prefilter_words() -> tuple[tuple[str, ...], ...]:
-  """The text tests of the prefilter: a file may need OM2xx when all the words of one
-  tuple occur in it. Derived from :data:`APIS` (``words``, else each old name's first and
-  last components)."""
+def _dotted(parts) -> str:
+  """A regex of the dotted name ``parts`` as source may spell it (spaces around dots)."""
+  return r'\s*\.\s*'.join(map(re.escape, parts))
+
+
+def spellings(qname: str) -> tuple[tuple, ...]:
+  """The text tests a file must pass for an expression in it to resolve to ``qname``
+  (as ``QualifiedNameProvider`` resolves: an ``import``, a ``from`` import, either with
+  ``as``). One group per way to bind a prefix of ``qname``: ``import jax`` then
+  ``jax.tree_map`` (the dotted name itself), ``import jax as J`` then ``J.tree_map``,
+  ``from jax import tree_map [as t]``, ``from jax import numpy`` then ``numpy.DeviceArray``,
+  ``import jax.numpy as jnp`` then ``jnp.DeviceArray``. Each group starts with the last
+  component as a plain word (a cheap test), then the regexes. Star imports and names
+  reached through assignments do not resolve, so they need no group."""
+  parts = qname.split('.')
+  last = parts[-1]
+  groups = [(last, re.compile(_dotted(parts) + r'\b'))]
+  for k in range(1, len(parts)):
+    module, rest = parts[:k], parts[k:]
+    # import M as A; A.rest
+    groups.append((last, re.compile(r'import\s+' + _dotted(module) + r'\s+as\b'),
+                   re.compile(r'\.\s*' + _dotted(rest) + r'\b')))
+    # from M[:-1] import M[-1] [as A]; A.rest  /  from M import rest[0] (k = len - 1)
+    if k >= 2:
+      groups.append((last, re.compile(_from_import(module[:-1], module[-1])),
+                     re.compile(r'\.\s*' + _dotted(rest) + r'\b')))
+  groups.append((last, re.compile(_from_import(parts[:-1], last))))
+  return tuple(groups)
+
+
+def _from_import(module, name: str) -> str:
+  """A regex of ``from module import ... name`` (over parentheses or backslashes)."""
+  return (r'from\s+' + _dotted(module) + r'\s+import\s+(?:\([^)]*?|(?:[^\n\\;]|\\\r?\n)*?)\b'
+          + re.escape(name) + r'\b')
+
+
+def prefilter_words() -> tuple[tuple, ...]:
+  """The text tests of the prefilter: a file may need OM2xx when all the tests of one
+  tuple pass (a string: it occurs in the text; a regex: it is found). Derived from
+  :data:`APIS`: an entry's ``words``, else :func:`spellings` of each old name, so that a
+  file passes exactly when it spells one of the entries' names in a form that resolves to
+  it (``jax.config.update`` or an attention ``mask`` does not pass; ``jax.tree_util.tree_map``
+  does not pass for ``jax.tree_map``)."""
   found = []
   for api in APIS:
-    groups = api.words or tuple((q.split('.')[0], q.rsplit('.', 1)[-1]) for q in api.old)
+    groups = api.words or tuple(g for q in api.old for g in spellings(q))
     for g in groups:
       if g not in found:
         found.append(g)
   return tuple(found)
+
+
+def by_first_word(groups) -> dict[str, tuple[tuple, ...]]:
+  """``groups`` (:func:`prefilter_words`) keyed by their first test, a plain word: the rest
+  of each group is tried only where that word occurs (one substring test per word)."""
+  keyed: dict[str, list] = {}
+  for group in groups:
+    keyed.setdefault(group[0], []).append(tuple(group[1:]))
+  return {w: tuple(rests) for w, rests in keyed.items()}
+
+
+def passes(text: str, keyed) -> bool:
+  """Does ``text`` pass one of the groups (``keyed``: :func:`by_first_word`)?"""
+  for word, rests in keyed.items():
+    if word in text:
+      for rest in rests:
+        if all((w in text) if isinstance(w, str) else (w.search(text) is not None)
+               for w in rest):
+          return True
+  return False
 
 
 def rule_summary(rule: str) -> str:
