@@ -39,6 +39,11 @@ here (old: jax 0.4.13 + flax 0.5.3; modern: jax 0.10.2 + flax 0.12.8):
 * ``Dropout.__call__``: flax 0.3.0 has ``(inputs, deterministic=False,
   rng=None, broadcast_dims=())``; from 0.3.1 on ``deterministic`` defaults to
   None and must be given (module attribute or call argument), else an error.
+* ``jax.host_id`` / ``host_count``: renamed ``jax.process_index`` / ``process_count`` in
+  jax 0.2.13; the old names are still there today (jax 0.10.2) as aliases, so the rename
+  is for the day they go. ``jax.host_ids`` is left alone (its new name,
+  ``process_indices``, is missing from jax 0.4.13), and so is ``Device.host_id`` (an
+  attribute of a device).
 * ``jax.mask`` / ``jax.shapecheck``: removed in 0.3.16, no replacement.
 * ``nn.LSTMCell``: flax 0.3 took no ``features`` and had a static
   ``initialize_carry(rng, batch_dims, size)``; now ``features`` is required and
@@ -74,6 +79,8 @@ RULES = (
                       '(`slice_sizes` must be static under jit)'),
     ('OM212', 'safe', '`PIL.Image.fromarray(x)` -> `fromarray(np.asarray(x))` (a jax array has '
                       'no `__array_interface__`)'),
+    ('OM213', 'safe', '`jax.host_id()` / `jax.host_count()` -> `jax.process_index()` / '
+                      '`jax.process_count()` (renamed in jax 0.2.13)'),
     ('OM221', 'manual', '`jax.mask` / `jax.shapecheck`: removed in jax 0.3.16, no replacement'),
     ('OM222', 'manual', '`nn.LSTMCell()` without `features`, static `initialize_carry`: carry '
                         'shapes need the hidden size'),
@@ -178,6 +185,12 @@ APIS: tuple[Api, ...] = (
         'Pillow reads `__array_interface__`, which jax arrays lack; `np.asarray` of a NumPy array '
         'is the array itself', 'Image.fromarray(x)', 'Image.fromarray(np.asarray(x))',
         'jax.Array (0.4.1) has no __array_interface__', words=(('fromarray', 'jax'),)),
+    *(Api('OM213', 'rename', (f'jax.{old}',), f'jax.{new}',
+          f'`jax.{old}` is an alias of `jax.{new}` (same arguments: an optional backend)',
+          f'jax.{old}()', f'jax.{new}()',
+          'renamed in jax 0.2.13; '
+          f'jax.{new} on both stacks (jax 0.4.13 and 0.10.2)')
+      for old, new in (('host_id', 'process_index'), ('host_count', 'process_count'))),
     Api('OM221', 'flag', ('jax.mask', 'jax.shapecheck'), None,
         'shape polymorphism by masking was removed with no replacement', '@jax.mask(...)',
         '(by hand)', 'removed in jax 0.3.16',
