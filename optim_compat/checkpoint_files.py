@@ -12,7 +12,6 @@ import contextlib
 import pathlib
 import re
 import sys
-import time
 import warnings
 from typing import Mapping
 
@@ -213,30 +212,88 @@ def _first_line(error: BaseException) -> str:
 @contextlib.contextmanager
 def _orbax_quiet():
   """Within: orbax's reader without its noise on a damaged checkpoint. Its Python
-  warnings (sharding info populated from file) are silenced, and what it writes to
-  ``sys.stderr`` meanwhile (absl's warnings, and the ``RuntimeError: Event loop is
-  closed`` tracebacks its I/O threads print after a failed read, for which it waits a
-  quarter second) is held and written back afterwards less those tracebacks and absl
-  ``WARNING`` lines. The error itself propagates."""
+  warnings (sharding info populated from file) are silenced; what it writes to
+  ``sys.stderr`` meanwhile is held and written back afterwards less absl ``WARNING``
+  lines and the ``RuntimeError: Event loop is closed`` tracebacks of its I/O threads.
+  After a failed read those threads go on reporting for a while (their pending reads
+  finish after the event loop has closed), so from then on ``sys.stderr`` stays wrapped
+  in :class:`_WithoutClosedLoopReports`. The error itself propagates."""
   import io
   held = io.StringIO()
   stderr = sys.stderr
   sys.stderr = held
+  failed = False
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore')
       yield
   except BaseException:
-    time.sleep(0.25)  # the I/O threads' late reports of the failed read land in `held`
+    failed = True
     raise
   finally:
-    sys.stderr = stderr
-    kept = [block for block in re.split(r'(?m)^(?=Traceback \(most recent call last\):|WARNING:absl:)',
-                                        held.getvalue())
-            if block and 'Event loop is closed' not in block
-            and not block.startswith('WARNING:absl:')]
-    if kept:
-      stderr.write(''.join(kept))
+    out = stderr
+    if failed and not isinstance(stderr, _WithoutClosedLoopReports):
+      out = _WithoutClosedLoopReports(stderr)
+    sys.stderr = out
+    filtered = out if isinstance(out, _WithoutClosedLoopReports) else _WithoutClosedLoopReports(out)
+    filtered.write(''.join(line for line in held.getvalue().splitlines(keepends=True)
+                           if not line.startswith('WARNING:absl:')))
+    if filtered is not out:
+      filtered.close()  # a report cut off in `held` goes on in `out` only when it is wrapped
+
+
+class _WithoutClosedLoopReports:
+  """A text stream that passes what is written on to ``stream`` line by line, less each
+  whole traceback report (``Traceback (most recent call last):`` or ``Exception ignored
+  in ...``, its indented frames, its exception line) whose exception line says ``Event
+  loop is closed``: what orbax's I/O threads print after a failed read. A report cut off
+  by the end of the process is dropped."""
+  _STARTS = ('Traceback (most recent call last):', 'Exception ignored')
+
+  def __init__(self, stream):
+    self._stream = stream
+    self._pending = ''
+    self._report = None  # the lines of a report being read, or None
+
+  def write(self, text: str) -> int:
+    self._pending += text
+    *lines, self._pending = self._pending.split('\n')
+    for line in lines:
+      self._line(line + '\n')
+    if (self._report is None and self._pending
+        and not any(s.startswith(self._pending[:len(s)]) for s in self._STARTS)):
+      self._stream.write(self._pending)  # a partial line that cannot start a report
+      self._pending = ''
+    return len(text)
+
+  def _line(self, line: str) -> None:
+    if self._report is None:
+      if line.startswith(self._STARTS):
+        self._report = [line]
+      else:
+        self._stream.write(line)
+      return
+    self._report.append(line)
+    if line[:1] in (' ', '\t') or line.startswith(self._STARTS):
+      return  # a frame, or the traceback under 'Exception ignored in'
+    report, self._report = ''.join(self._report), None
+    if 'Event loop is closed' not in line:
+      self._stream.write(report)
+
+  def close(self) -> None:
+    """Write out what is held that is not a closed-loop report; the stream stays open."""
+    if self._report is not None:
+      self._stream.write(''.join(self._report))
+      self._report = None
+    if self._pending:
+      self._stream.write(self._pending)
+      self._pending = ''
+
+  def flush(self) -> None:
+    self._stream.flush()
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
 
 
 def _as_state_dict(tree):
