@@ -41,7 +41,7 @@ SUBMODULES = frozenset({
     'state_map', 'transforms', 'update_rules', 'weight_norm', 'checkpoint',
     'checkpoint_files', 'checkpoint_layout', 'checkpoint_convert', 'def_text', 'legacy_view',
     'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'lamb', 'lars', 'momentum',
-    'rmsprop', 'sgd'})
+    'rmsprop', 'sgd', 'restore_guard'})
 #: Every name the package has (a test checks it against ``__all__`` and the modules); read
 #: by the codemod to tell whether the shim offers a legacy name, without importing jax.
 LOADED_NAMES = frozenset(__all__) | SUBMODULES

@@ -28,6 +28,7 @@ from flax import jax_utils, serialization, struct
 
 from optim_compat import spec as spec_lib
 from optim_compat import legacy_rule
+from optim_compat import restore_guard
 
 
 @struct.dataclass
@@ -157,6 +158,7 @@ class OptimizerDef:
       check_param_leaves(self, [jax.tree_util.keystr(k) for k, _ in leaves],
                          [v for _, v in leaves], 'create(target)')
     opt_def = MultiOptimizer((focus, self)) if focus is not None else self
+    restore_guard.install_if_imported()  # flax's restore_checkpoint into this optimizer
     return Optimizer(opt_def, opt_def.init_state(target), target)
 
   def state_dict(self, target, state):

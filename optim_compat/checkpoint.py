@@ -37,6 +37,7 @@ Which Optax state field holds which legacy field is migration knowledge: it is i
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import re
 import warnings
@@ -117,6 +118,8 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
   if _is_opt(target):
     if _is_train_state_sd(sd) and isinstance(target, train_state_lib.TrainState):
       return _restore_one(sd, target, '')[0]  # saved after the migration: as is
+    if _is_train_state_sd(sd):
+      return _optimizer_from_train_state_sd(sd, target, '', source)
     found = find_legacy_optimizers(sd)
     if not found:
       raise CheckpointError(f'{source}: no legacy flax.optim optimizer state in it '
@@ -134,11 +137,66 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
     if not _is_opt(node):
       continue
     keys = tuple(_key_str(k) for k in key_path)
-    restored, n = _restore_one(_get(sd, keys), node, '/'.join(keys), optimizer)
+    if isinstance(node, base.Optimizer) and _is_train_state_sd(_get(sd, keys)):
+      restored, n = _optimizer_from_train_state_sd(_get(sd, keys), node, '/'.join(keys),
+                                                   source), None
+    else:
+      restored, n = _restore_one(_get(sd, keys), node, '/'.join(keys), optimizer)
     replicas = replicas or n
     new_sd = _set(new_sd, keys, serialization.to_state_dict(restored))
   new_sd = _conform(serialization.to_state_dict(target), new_sd, '', replicas)
   return serialization.from_state_dict(target, new_sd)
+
+
+def _candidate_txs(optimizer_def):
+  """The Optax transformations a migrated program may have built for ``optimizer_def``:
+  the codemod's emitted tx (hyper-parameters as in the def, learning rate fixed, then
+  injected: ``optax.inject_hyperparams``), then ``optim_compat.to_optax(def)``."""
+  from optim_compat import emitted, legacy_view, spec
+  name = _def_name(optimizer_def)
+  entry = spec.SPECS.get(name)
+  if entry is not None:
+    hp = optimizer_def.hyper_params
+    args = {}
+    for field in dataclasses.fields(hp):
+      value = getattr(hp, field.name)
+      value = value.item() if hasattr(value, 'item') else value
+      args[field.name] = repr(0.0 if value is None and field.name == 'learning_rate' else value)
+    for injected in (False, True):
+      try:
+        yield emitted.tx_from_source(entry.emit(args, injected))
+      except Exception:  # noqa: BLE001 - a def whose fields are not its call's keywords
+        pass
+  yield legacy_view.to_optax(optimizer_def)
+
+
+def _optimizer_from_train_state_sd(sd, target: base.Optimizer, where: str,
+                                   source: str) -> base.Optimizer:
+  """A ``TrainState`` state dict (a checkpoint the migrated program wrote) as the shim
+  ``Optimizer`` ``target``: its opt_state read through the first tx of
+  :func:`_candidate_txs` whose state it fits, then :func:`to_legacy`.
+
+  Raises:
+    CheckpointError: ``target`` is replicated (restore into the unreplicated optimizer,
+      then replicate it), or the opt_state fits none of the candidate txs (names them).
+  """
+  at = f'{source}: ' + (f'{where}: ' if where else '')
+  optimizer_def = target.optimizer_def
+  if isinstance(optimizer_def, base.ReplicatedOptimizer) or np.ndim(target.state.step):
+    raise CheckpointError(f'{at}a TrainState checkpoint into a replicated shim Optimizer: '
+                          'restore into the unreplicated optimizer, then replicate it')
+  tried = []
+  for tx in _candidate_txs(optimizer_def):
+    template = abstract_train_state(tx, target.target)
+    try:
+      restored = _restore_one(sd, template, where)[0]
+    except CheckpointError as e:
+      tried.append(str(e))
+      continue
+    return to_legacy(restored, optimizer_def)
+  raise CheckpointError(f'{at}a TrainState checkpoint whose opt_state fits no Optax '
+                        f'transformation of {type(optimizer_def).__name__} (the emitted tx, '
+                        f'its inject_hyperparams form, to_optax): {tried[0]}')
 
 
 # --------------------------------------------------------------------------

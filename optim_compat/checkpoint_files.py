@@ -12,6 +12,7 @@ import contextlib
 import pathlib
 import re
 import sys
+import threading
 import warnings
 from typing import Mapping
 
@@ -189,9 +190,9 @@ def _read_orbax(file: pathlib.Path) -> dict:
           else ocp.RestoreArgs(), meta)
       state = checkpointer.restore(path, restore_args=args)
   except Exception as first:  # noqa: BLE001 - another orbax version: its reader, device arrays
-    from flax.training import checkpoints
     try:
       with _orbax_quiet():
+        from flax.training import checkpoints  # (its import warns through absl)
         state = checkpoints.restore_checkpoint(str(path), target=None)
     except Exception:  # noqa: BLE001 - the first reader's reason names the damage best
       raise CheckpointError(f'{file}: not a readable orbax checkpoint '
@@ -212,16 +213,18 @@ def _first_line(error: BaseException) -> str:
 @contextlib.contextmanager
 def _orbax_quiet():
   """Within: orbax's reader without its noise on a damaged checkpoint. Its Python
-  warnings (sharding info populated from file) are silenced; what it writes to
-  ``sys.stderr`` meanwhile is held and written back afterwards less absl ``WARNING``
-  lines and the ``RuntimeError: Event loop is closed`` tracebacks of its I/O threads.
-  After a failed read those threads go on reporting for a while (their pending reads
-  finish after the event loop has closed), so from then on ``sys.stderr`` stays wrapped
-  in :class:`_WithoutClosedLoopReports`. The error itself propagates."""
-  import io
-  held = io.StringIO()
+  warnings (sharding info populated from file) are silenced, and ``sys.stderr`` is
+  wrapped in :class:`_WithoutClosedLoopReports`, which drops absl ``WARNING`` lines
+  meanwhile and, from then on, the ``RuntimeError: Event loop is closed`` tracebacks of
+  orbax's I/O threads. After a failed read those threads go on reporting for a while
+  (their pending reads finish after the event loop has closed), writing to whatever
+  ``sys.stderr`` is when they do: so after a failure the wrapper stays; after a success
+  ``sys.stderr`` is restored. The error itself propagates."""
   stderr = sys.stderr
-  sys.stderr = held
+  wrapper = stderr if isinstance(stderr, _WithoutClosedLoopReports) else (
+      _WithoutClosedLoopReports(stderr))
+  was_quiet, wrapper.absl_quiet = wrapper.absl_quiet, True
+  sys.stderr = wrapper
   failed = False
   try:
     with warnings.catch_warnings():
@@ -231,63 +234,61 @@ def _orbax_quiet():
     failed = True
     raise
   finally:
-    out = stderr
-    if failed and not isinstance(stderr, _WithoutClosedLoopReports):
-      out = _WithoutClosedLoopReports(stderr)
-    sys.stderr = out
-    filtered = out if isinstance(out, _WithoutClosedLoopReports) else _WithoutClosedLoopReports(out)
-    filtered.write(''.join(line for line in held.getvalue().splitlines(keepends=True)
-                           if not line.startswith('WARNING:absl:')))
-    if filtered is not out:
-      filtered.close()  # a report cut off in `held` goes on in `out` only when it is wrapped
+    wrapper.absl_quiet = was_quiet
+    if not failed and wrapper is not stderr:
+      wrapper.close()
+      sys.stderr = stderr
 
 
 class _WithoutClosedLoopReports:
   """A text stream that passes what is written on to ``stream`` line by line, less each
   whole traceback report (``Traceback (most recent call last):`` or ``Exception ignored
   in ...``, its indented frames, its exception line) whose exception line says ``Event
-  loop is closed``: what orbax's I/O threads print after a failed read. A report cut off
-  by the end of the process is dropped."""
+  loop is closed``: what orbax's I/O threads print after a failed read. Lines are put
+  together per writing thread (a thread's report is not cut by another's message). A
+  report cut off by the end of the process is dropped. With ``absl_quiet``, absl
+  ``WARNING`` lines are dropped too."""
   _STARTS = ('Traceback (most recent call last):', 'Exception ignored')
 
   def __init__(self, stream):
     self._stream = stream
-    self._pending = ''
-    self._report = None  # the lines of a report being read, or None
+    self._pending: dict[int, str] = {}   # thread -> its partial line
+    self._report: dict[int, list] = {}   # thread -> the lines of its report being read
+    self.absl_quiet = False  # drop absl's WARNING lines too (while orbax reads)
 
   def write(self, text: str) -> int:
-    self._pending += text
-    *lines, self._pending = self._pending.split('\n')
+    thread = threading.get_ident()
+    *lines, rest = (self._pending.pop(thread, '') + text).split('\n')
     for line in lines:
-      self._line(line + '\n')
-    if (self._report is None and self._pending
-        and not any(s.startswith(self._pending[:len(s)]) for s in self._STARTS)):
-      self._stream.write(self._pending)  # a partial line that cannot start a report
-      self._pending = ''
+      self._line(thread, line + '\n')
+    if rest and (thread in self._report
+                 or any(s.startswith(rest[:len(s)]) for s in self._STARTS)):
+      self._pending[thread] = rest  # may start or go on with a report: wait for its end
+    elif rest:
+      self._stream.write(rest)
     return len(text)
 
-  def _line(self, line: str) -> None:
-    if self._report is None:
+  def _line(self, thread: int, line: str) -> None:
+    report = self._report.get(thread)
+    if report is None:
       if line.startswith(self._STARTS):
-        self._report = [line]
-      else:
+        self._report[thread] = [line]
+      elif not (self.absl_quiet and line.startswith('WARNING:absl:')):
         self._stream.write(line)
       return
-    self._report.append(line)
+    report.append(line)
     if line[:1] in (' ', '\t') or line.startswith(self._STARTS):
       return  # a frame, or the traceback under 'Exception ignored in'
-    report, self._report = ''.join(self._report), None
+    del self._report[thread]
     if 'Event loop is closed' not in line:
-      self._stream.write(report)
+      self._stream.write(''.join(report))
 
   def close(self) -> None:
     """Write out what is held that is not a closed-loop report; the stream stays open."""
-    if self._report is not None:
-      self._stream.write(''.join(self._report))
-      self._report = None
-    if self._pending:
-      self._stream.write(self._pending)
-      self._pending = ''
+    for thread in list(self._report):
+      self._stream.write(''.join(self._report.pop(thread)))
+    for thread in list(self._pending):
+      self._stream.write(self._pending.pop(thread))
 
   def flush(self) -> None:
     self._stream.flush()

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -919,3 +920,91 @@ def test_closed_loop_reports_are_dropped_whole_and_the_rest_passes():
   assert out.getvalue().endswith('no newline yet')
   w.close()
   assert out.getvalue().endswith('no newline yetTraceback (most recent call last):\n  File "a", line 1\n')
+
+
+def _adam_train_state(tx_source):
+  from optim_compat import emitted
+  params = {'w': jnp.asarray(np.linspace(-1, 1, 4, dtype=np.float32)), 'b': jnp.zeros(())}
+  tx = emitted.tx_from_source(tx_source)
+  state = train_state.TrainState.create(apply_fn=None, params=params, tx=tx)
+  grads = {'w': jnp.asarray([0.5, -1.0, 2.0, 0.25], jnp.float32), 'b': jnp.asarray(0.75)}
+  for _ in range(3):
+    state = state.apply_gradients(grads=grads)
+  return params, state
+
+
+@pytest.mark.parametrize('fmt', ['orbax', 'msgpack'])
+@pytest.mark.parametrize('injected', [False, True])
+def test_legacy_code_on_the_shim_restores_the_migrated_programs_checkpoint(tmp_path, fmt, injected):
+  """Found running a migrated program and its legacy twin (on the shim) on one checkpoint
+  directory: flax's restore_checkpoint(dir, shim_optimizer) gave the optimizer back
+  unchanged from the migrated program's orbax TrainState checkpoint, so the legacy run
+  silently started again at step 0 (msgpack: 'Missing field target'). Now it restores it:
+  step, params and moments equal to to_legacy of the saved TrainState."""
+  source = spec.SPECS['Adam'].emit({'learning_rate': '0.1'}, injected)
+  params, state = _adam_train_state(source)
+  if fmt == 'orbax':
+    checkpoints.save_checkpoint(str(tmp_path), state, step=3)
+  else:
+    (tmp_path / 'checkpoint_3').write_bytes(serialization.to_bytes(state))
+  fresh = oc.Adam(learning_rate=0.1).create(params)
+  restored = checkpoints.restore_checkpoint(str(tmp_path), fresh)
+  expected = ck.to_legacy(state, oc.Adam(learning_rate=0.1))
+  assert type(restored) is oc.Optimizer and int(restored.state.step) == 3
+  for got, want in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  assert float(np.abs(np.asarray(restored.state.param_states['w'].grad_sq_ema)).min()) > 0
+  # and the legacy code's next step is the shim's step from that state
+  grads = {'w': jnp.ones(4), 'b': jnp.asarray(1.0)}
+  np.testing.assert_array_equal(restored.apply_gradient(grads).target['w'],
+                                expected.apply_gradient(grads).target['w'])
+
+
+def test_the_shims_own_checkpoints_still_restore_through_flax(tmp_path):
+  params = {'w': jnp.arange(3.0)}
+  opt = oc.Momentum(learning_rate=0.1, beta=0.9).create(params)
+  opt = opt.apply_gradient({'w': jnp.ones(3)})
+  checkpoints.save_checkpoint(str(tmp_path / 'o'), opt, step=1)
+  (tmp_path / 'm').mkdir()
+  (tmp_path / 'm' / 'checkpoint_1').write_bytes(serialization.to_bytes(opt))
+  for d in ('o', 'm'):
+    got = checkpoints.restore_checkpoint(str(tmp_path / d), oc.Momentum(0.1, 0.9).create(params))
+    assert int(got.state.step) == 1
+    np.testing.assert_array_equal(got.state.param_states['w'].momentum, opt.state.param_states['w'].momentum)
+  assert checkpoints.restore_checkpoint(str(tmp_path / 'none'), opt) is opt  # fresh run
+
+
+def test_a_train_state_checkpoint_of_another_optimizer_is_an_error_not_a_fresh_start(tmp_path):
+  params, state = _adam_train_state(spec.SPECS['Adam'].emit({'learning_rate': '0.1'}))
+  checkpoints.save_checkpoint(str(tmp_path), state, step=3)
+  with pytest.raises(ck.CheckpointError, match=re.escape(str(tmp_path)) + r': a TrainState '
+                     r'checkpoint whose opt_state fits no Optax transformation of Momentum'):
+    checkpoints.restore_checkpoint(str(tmp_path), oc.Momentum(0.1).create(params))
+  box = {'opt': state, 'epoch': 7}
+  checkpoints.save_checkpoint(str(tmp_path / 'box'), box, step=3)
+  got = checkpoints.restore_checkpoint(str(tmp_path / 'box'),
+                                       {'opt': oc.Adam(0.1).create(params), 'epoch': 0})
+  assert int(got['opt'].state.step) == 3 and int(got['epoch']) == 7
+
+
+def test_a_threads_closed_loop_report_is_not_cut_by_another_threads_message():
+  import io
+  import threading
+  from optim_compat import checkpoint_files as cf
+  out = io.StringIO()
+  w = cf._WithoutClosedLoopReports(out)
+  started, resume = threading.Event(), threading.Event()
+
+  def io_thread():
+    w.write('Traceback (most recent call last):\n  File "base_events.py", line 806\n')
+    started.set()
+    resume.wait(10)
+    w.write("    raise RuntimeError('Event loop is closed')\nRuntimeError: Event loop is closed\n")
+
+  t = threading.Thread(target=io_thread)
+  t.start()
+  started.wait(10)
+  w.write('convert-checkpoint: ckpt: not readable\n')  # the main thread, mid-report
+  resume.set()
+  t.join(10)
+  assert out.getvalue() == 'convert-checkpoint: ckpt: not readable\n'
