@@ -42,17 +42,21 @@ def _mask(source: str, masked: list[str], prefixes: list[str], legacy_lines: lis
   ``legacy_lines`` gets the (1-based) lines of masked IPython that mention flax.optim markers.
   """
   lines = []
+  continued = None  # the indent of a masked line that ends in a backslash
   for n, line in enumerate(source.split('\n'), 1):
     timed = _TIMED.match(line)
-    if timed and '#' not in timed.group(3):
+    if continued is None and timed and '#' not in timed.group(3):
       lines.append(timed.group(1) + timed.group(3) + _TIMED_TAG.format(len(prefixes)))
       prefixes.append(timed.group(2))
-    elif _MAGIC.search(line):
-      indent = line[:len(line) - len(line.lstrip())]
+    elif continued is not None or _MAGIC.search(line):
+      # a shell or magic line, or its continuation (`!cmd \` then `  --flag`), each
+      # masked at the first line's indent, so blocks around it still parse
+      indent = line[:len(line) - len(line.lstrip())] if continued is None else continued
       lines.append(indent + _MASK.format(len(masked)))
       masked.append(line)
       if legacy_api.mentions_legacy(line):
         legacy_lines.append(n)
+      continued = indent if line.endswith('\\') else None
     else:
       lines.append(line)
   return '\n'.join(lines)

@@ -1245,3 +1245,27 @@ def test_migrated_save_to_a_relative_directory_runs_on_the_modern_stack(tmp_path
   back = checkpoints.restore_checkpoint(str(tmp_path / 'ckpts'), opt, prefix='checkpoint_')
   np.testing.assert_array_equal(np.asarray(back.params['w']), np.arange(3.0))
   assert int(back.step) == 0
+
+
+def test_notebook_shell_lines_continued_with_a_backslash_are_masked_whole(tmp_path):
+  """Found on a real Colab notebook (a capture-processing notebook): `!colmap ... \\` with
+  its flags on the next lines, inside an `if`. Only the first line was masked, the rest
+  did not parse, and the codemod failed on the notebook. Now every continued line is
+  masked, the notebook is rewritten and the shell lines come back verbatim."""
+  shell = ['if match_method == "exhaustive":\n', '  !colmap exhaustive_matcher \\\n',
+           '    --SiftMatching.use_gpu 0 \\\n', '    --database_path "{str(db)}"\n',
+           'else:\n', '  !wget https://x/vocab.bin\n']
+  nb = {'cells': [
+      {'cell_type': 'code', 'metadata': {}, 'outputs': [], 'execution_count': None,
+       'source': ['from flax import optim\n', 'import jax.numpy as jnp\n',
+                  "opt = optim.Adam(1e-3).create({'w': jnp.ones(2)})\n"]},
+      {'cell_type': 'code', 'metadata': {}, 'outputs': [], 'execution_count': None,
+       'source': shell}],
+      'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}
+  path = tmp_path / 'capture.ipynb'
+  path.write_text(json.dumps(nb, indent=1))
+  result = engine.rewrite_file(path)
+  assert result.error is None, result.error
+  out = json.loads(result.new)
+  assert out['cells'][1]['source'] == shell
+  assert 'optax.adam' in ''.join(out['cells'][0]['source'])
