@@ -25,7 +25,7 @@ import re
 from typing import Iterable, Mapping, Optional
 
 from codemod import findings, legacy_api
-from codemod.facts.migrated import migrated_factories
+from codemod.facts.migrated import migrated_factories, migrated_field_classes
 from codemod.modules import (absolute_name, imported_modules, module_names,  # noqa: F401
                              outside_modules, package_root, roots_of)
 from codemod.sources import SourceFile
@@ -228,11 +228,15 @@ def _could_define(text: str) -> bool:
   (``TrainState``), or a class with fields annotated ``Optimizer``."""
   return (('return' in text and _TOP_DEF.search(text) is not None
            and (('create' in text and 'TrainState' in text) or legacy_api.may_need_rewrite(text)))
-          or (_FIELD_CLASS.search(text) is not None and legacy_api.may_need_rewrite(text)))
+          or (_FIELD_CLASS.search(text) is not None and legacy_api.may_need_rewrite(text))
+          or _MIGRATED_FIELD_CLASS.search(text) is not None)
 
 
 #: ``class X...:`` and, later, a field annotated ``...Optimizer`` (a cheap prefilter).
 _FIELD_CLASS = re.compile(r'^class[ \t]+\w+[\s\S]*?^[ \t]+\w+[ \t]*:[^\n=]*Optimizer\b', re.M)
+#: The same with a field annotated ``...TrainState`` (a container migrated before this run).
+_MIGRATED_FIELD_CLASS = re.compile(
+    r'^class[ \t]+\w+[\s\S]*?^[ \t]+\w+[ \t]*:[^\n=]*\bTrainState\b', re.M)
 
 
 #: Pre-pass rounds: a creator that itself uses another module's factory is planned again
@@ -358,6 +362,9 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   classes = [Fields(f'{name}.{cls}', shown, tuple(fields), converted and changes,
                    '' if converted and changes else why)
              for cls, (fields, converted) in summary.fields.items() for name, _ in names]
+  classes += [Fields(f'{name}.{cls}', shown, tuple(fields), True)  # migrated before this run
+              for cls, fields in migrated_field_classes(source.module, source.text).items()
+              if cls not in summary.fields for name, _ in names]
   def_factories = [DefFactory(f'{name}.{function}', shown, converted and changes,
                                '' if converted and changes else why)
                     for function, converted in summary.def_factories.items()

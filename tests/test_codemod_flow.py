@@ -318,6 +318,20 @@ def test_a_module_migrated_earlier_still_proves_its_users(tmp_path):
       in proc.stderr
 
 
+def test_a_container_migrated_earlier_still_proves_its_readers(tmp_path):
+  """Found as the one non-idempotent file of the ecosystem set: a container class whose
+  `optimizer: flax.optim.Optimizer` field the first run annotated `train_state.TrainState`
+  no longer told the second run that `state.optimizer` holds one, so a reader kept on the
+  shim by the first run was converted by the second with `.state.step` and `.target` left
+  unflagged. A field annotated TrainState proves its readers as the legacy one did."""
+  tree = tmp_path / 'tree'
+  shutil.copytree(TREES / 'fields' / 'before', tree)
+  shutil.copy(TREES / 'fields' / 'after' / 'lib' / 'containers.py', tree / 'lib' / 'containers.py')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert _files(tree) == _files(TREES / 'fields' / 'after')
+
+
 def test_a_factory_built_on_another_modules_factory(tmp_path):
   """models/wrapped.py never imports flax.optim: its factory is proven by the next pre-pass
   round (through models/base.py's), so its user converts; one whose conversion the flow blocks

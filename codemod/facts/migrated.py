@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import QualifiedNameProvider
 
 from codemod import legacy_api as api
@@ -94,5 +95,56 @@ def migrated_factories(module: cst.Module, text: str) -> dict[str, Optional[bool
   if api.TRAIN_STATE_CREATE.rsplit('.', 2)[1] not in text:
     return {}
   visitor = _MigratedFactories()
+  cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(visitor)
+  return visitor.found
+
+
+class _MigratedFields(cst.CSTVisitor):
+  """Module-level classes with fields annotated ``TrainState`` (``optimizer:
+  train_state.TrainState``): what this codemod makes of a container class's
+  ``flax.optim.Optimizer`` fields, or a class written for a TrainState."""
+
+  METADATA_DEPENDENCIES = (QualifiedNameProvider,)
+
+  def __init__(self):
+    super().__init__()
+    self.found: dict[str, list[str]] = {}  # class -> its TrainState fields
+    self._classes: list[str] = []
+    self._functions = 0
+
+  def visit_ClassDef(self, node) -> None:
+    self._classes.append(node.name.value)
+
+  def leave_ClassDef(self, node) -> None:
+    self._classes.pop()
+
+  def visit_FunctionDef(self, node) -> None:
+    self._functions += 1
+
+  def leave_FunctionDef(self, node) -> None:
+    self._functions -= 1
+
+  def visit_AnnAssign(self, node) -> None:
+    if len(self._classes) != 1 or self._functions or not isinstance(node.target, cst.Name):
+      return
+    names = m.findall(node.annotation, m.Name() | m.Attribute())
+    if any(_TRAIN_STATE in {q.name for q in self.get_metadata(QualifiedNameProvider, x, set())}
+           for x in names):
+      fields = self.found.setdefault(self._classes[0], [])
+      if node.target.value not in fields:
+        fields.append(node.target.value)
+
+
+_TRAIN_STATE = api.TRAIN_STATE_CREATE.rsplit('.', 1)[0]
+
+
+def migrated_field_classes(module: cst.Module, text: str) -> dict[str, list[str]]:
+  """``{class: fields}`` of a module's module-level classes whose fields are annotated
+  ``flax.training.train_state.TrainState`` (``module``: ``text`` parsed): a container
+  migrated before this run, so that its readers in other modules are planned as in the
+  run that migrated it (a second run gives what the first wrote)."""
+  if 'TrainState' not in text:
+    return {}
+  visitor = _MigratedFields()
   cst.MetadataWrapper(module, unsafe_skip_copy=True).visit(visitor)
   return visitor.found
