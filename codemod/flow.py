@@ -198,6 +198,13 @@ class Flow:
     found = self.factories.get(self._absolute(qname) or '')
     return found if isinstance(found, Fields) else None
 
+  def fields_of_module(self, qname: str) -> list[Fields]:
+    """The classes with optimizer fields (:class:`Fields`) the module ``qname`` (absolute,
+    or relative to this file's package) declares."""
+    module = self._absolute(qname)
+    return [f for f in self.factories.values()
+            if isinstance(f, Fields) and f.qualified.rsplit('.', 1)[0] == module]
+
   @property
   def field_classes(self) -> frozenset:
     """The last names of the :class:`Fields` classes (a cheap test before resolving names)."""
@@ -212,9 +219,13 @@ class Flow:
 
   def mentioned(self, text: str) -> bool:
     """Could ``text`` call a factory or step function (its function and its module's last
-    name appear)? A cheap prefilter, before any parse."""
+    name appear), or read a field of a class with optimizer fields (its module's last name
+    and ``.<field>.`` appear)? A cheap prefilter, before any parse."""
     return any(f.function in text and f.qualified.rsplit('.', 2)[-2] in text
-               for f in [*self.factories.values(), *self.steps.values()])
+               for f in [*self.factories.values(), *self.steps.values()]) or any(
+        # a class with optimizer fields: its module imported, one of its fields read
+        f.qualified.rsplit('.', 2)[-2] in text and any(f'.{field}.' in text for field in f.fields)
+        for f in self.factories.values() if isinstance(f, Fields))
 
 
 def _could_take(text: str) -> bool:

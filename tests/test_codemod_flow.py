@@ -517,3 +517,71 @@ def test_another_modules_factory_returning_its_optimizer_in_a_tuple_or_dict(tmp_
   assert flagged == ['use.py:7:10: OM117', 'use.py:7:21: OM117', 'use.py:7:36: OM117',
                      'use.py:7:53: OM117'], proc.stderr
   assert "if `d['opt']` is a flax.optim Optimizer, `.target` is `.params`" in proc.stderr
+
+
+def _run_tree(tree: pathlib.Path, code: str) -> subprocess.CompletedProcess:
+  env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(tree), str(ROOT)])}
+  return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=tree,
+                        env=env, timeout=300)
+
+
+def test_a_reader_importing_the_containers_module_gets_its_fields(tmp_path):
+  """Found in nerfies: training.py takes the container as an argument, names its class only
+  in a docstring, and imports its module for other things; `state.optimizer.state.step`
+  was left as is while the module converted the field to a TrainState. Importing the
+  module now proves `<x>.optimizer` as naming the class does."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'model_utils.py').write_text(
+      'from flax import optim\nfrom flax import struct\n\n\n@struct.dataclass\nclass TrainState:\n'
+      '  optimizer: optim.Optimizer\n\n\ndef helper():\n  return 1\n')
+  (tree / 'train.py').write_text(
+      'from flax import optim\nimport model_utils\n\n\ndef make(params):\n'
+      '  return model_utils.TrainState(optimizer=optim.Adam(0.1).create(params))\n')
+  (tree / 'training.py').write_text(
+      'import model_utils\n\n\ndef step_of(state):\n  """state: model_utils.TrainState."""\n'
+      '  model_utils.helper()\n  return int(state.optimizer.state.step), state.optimizer.target\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert 'return int(state.optimizer.step), state.optimizer.params\n' in (
+      tree / 'training.py').read_text()
+  run = _run_tree(tree, 'import jax.numpy as jnp, train, training\n'
+                        "print(training.step_of(train.make({'w': jnp.ones(2)})))")
+  assert run.returncode == 0 and run.stdout.startswith('(0, '), run.stderr[-2000:]
+
+
+def test_a_module_creating_from_a_def_made_elsewhere_keeps_the_shim_with_its_readers(tmp_path):
+  """Found in jax-rl: networks/common.py's Model.create calls `optim_def.create(params)` on a
+  def its callers make, and reads `self.optimizer.target`. The reads were converted
+  (`.params`) while the creation could not be, so the program failed as soon as a
+  learner made a Model; and agents/sac/critic.py read `sac.critic.optimizer.target`
+  unflagged. Now the module keeps its legacy code on the shim (OM014), its readers in
+  other modules are flagged, and the tree runs as before."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'common.py').write_text(
+      'from typing import Any, Optional\n\nfrom flax import struct\n'
+      'from flax.optim.base import Optimizer\n\nParams = Any\n\n\n@struct.dataclass\n'
+      'class Model:\n  params: Params\n  optimizer: Optional[Optimizer] = None\n\n'
+      '  @classmethod\n  def create(cls, params, optim_def=None):\n'
+      '    return cls(params=params, optimizer=optim_def.create(params))\n\n'
+      '  def apply_gradient(self, grads):\n'
+      '    return self.replace(optimizer=self.optimizer.apply_gradient(grads))\n\n'
+      '  def weights(self):\n    return self.optimizer.target\n')
+  (tree / 'learner.py').write_text(
+      'from flax import optim\n\nimport common\n\n\ndef make(params):\n'
+      '  return common.Model.create(params, optim_def=optim.Adam(learning_rate=0.1))\n')
+  (tree / 'critic.py').write_text(
+      'from common import Params\n\n\ndef read(critic) -> Params:\n'
+      '  return critic.optimizer.target, int(critic.optimizer.state.step)\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  common = (tree / 'common.py').read_text()
+  assert 'optim_compat.install()' in common and 'self.optimizer.target' in common
+  assert 'critic.py:5:10: OM122' in proc.stderr and 'created by common.py:Model' in proc.stderr
+  assert 'critic.optimizer.target' in (tree / 'critic.py').read_text()
+  run = _run_tree(tree, 'import jax.numpy as jnp, learner, critic\n'
+                        "m = learner.make({'w': jnp.ones(2)}).apply_gradient({'w': jnp.ones(2)})\n"
+                        'print(critic.read(m)[1], m.weights()["w"].tolist())')
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert run.stdout.split()[0] == '1'

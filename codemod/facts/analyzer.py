@@ -59,9 +59,15 @@ class Analyzer(cst.CSTVisitor):
       if code(alias.name).startswith(api.LEGACY):
         self.f.uses_legacy = True
         self.f.legacy_imports.append(node)
+    self._imported_field_classes([code(alias.name) for alias in node.names])
     return False
 
   def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+    base = '.' * len(node.relative) + (code(node.module) if node.module is not None else '')
+    if not isinstance(node.names, cst.ImportStar):
+      self._imported_field_classes(
+          [base] + [f'{base}.{code(a.name)}' if node.module is not None else base + code(a.name)
+                    for a in node.names])
     if node.module is None:
       return False
     module = code(node.module)
@@ -155,16 +161,34 @@ class Analyzer(cst.CSTVisitor):
     if node.value in self._field_classes:
       self._field_class(node)
 
+  def _imported_field_classes(self, modules: list[str]) -> None:
+    """The module imports one that declares classes with optimizer fields: ``<anything>.<field>``
+    holds that module's optimizer here, as where the class is named (a reader that gets
+    the container as an argument and names its class only in a docstring)."""
+    flow = self.f.flow
+    if flow is None or not self._field_classes:
+      return
+    for module in modules:
+      for found in flow.fields_of_module(module):
+        self._register_fields(found)
+
+  def _register_fields(self, found) -> None:
+    f = self.f
+    f.flow_classes[found.qualified] = found
+    if found.converted:
+      f.flow_fields.update(found.fields)
+      f.annotated_fields.update(found.fields)
+    else:
+      for field in found.fields:
+        f.legacy_fields.setdefault(field, found)
+
   def _field_class(self, node) -> None:
     """``node`` names another module's class with optimizer fields (``codemod.flow.Fields``):
     ``<anything>.<field>`` holds that module's optimizer here too."""
     f = self.f
     for q in sorted(self.n.qnames(node)):
       if (found := f.flow.resolve_fields(q)) is not None:
-        f.flow_classes[found.qualified] = found
-        if found.converted:
-          f.flow_fields.update(found.fields)
-          f.annotated_fields.update(found.fields)
+        self._register_fields(found)
         return
 
   def visit_Attribute(self, node: cst.Attribute) -> None:

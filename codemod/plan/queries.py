@@ -175,7 +175,11 @@ class Queries:
     if isinstance(expr, cst.Name):
       return n.name_factory(expr)
     if (chain := attr_chain(expr)) is not None:
-      return self.f.attr_flow.get(chain) or self.f.flow_def_chains.get(chain)
+      found = self.f.attr_flow.get(chain) or self.f.flow_def_chains.get(chain)
+      if found is None and isinstance(expr, cst.Attribute) and not self.f.uses_legacy:
+        # `<x>.optimizer` of a class whose module keeps its legacy code (a shim Optimizer)
+        found = self.f.legacy_fields.get(expr.attr.value)
+      return found
     if isinstance(expr, cst.Call):
       found = n.factory_of_call(expr)
       if found is None and m.matches(expr.func, m.Attribute(attr=m.Name('apply_gradient'))):

@@ -239,8 +239,11 @@ def def_create_message(q, call: cst.Call) -> Optional[tuple[str, bool]]:
               f'optimizer code: `.create` makes a flax.optim Optimizer here; migrate them '
               f'together ({after})')
     return text, f.uses_legacy and not q.unproven
+  # what it makes is a flax.optim Optimizer wherever the def is one: a file that would be
+  # converted around it (`.target` read as `.params`) keeps its legacy code instead
   return (f'if `{recv}` is a flax.optim optimizer def (made elsewhere), `.create` makes a '
-          f'flax.optim Optimizer: migrate it where the def is made ({after})'), False
+          f'flax.optim Optimizer: migrate it where the def is made ({after})'), (
+              f.uses_legacy and not q.unproven)
 
 
 def leave_def_create(p, original) -> bool:
