@@ -26,7 +26,7 @@ from typing import Iterable, Mapping, Optional
 
 from codemod import findings, legacy_api
 from codemod.facts.migrated import migrated_factories, migrated_field_classes
-from codemod.modules import (absolute_name, imported_modules, module_names,  # noqa: F401
+from codemod.modules import (absolute_name, imported_modules, module_names, reexports,  # noqa: F401
                              outside_modules, package_root, roots_of)
 from codemod.sources import SourceFile
 
@@ -221,8 +221,8 @@ class Flow:
     """Could ``text`` call a factory or step function (its function and its module's last
     name appear), or read a field of a class with optimizer fields (its module's last name
     and ``.<field>.`` appear)? A cheap prefilter, before any parse."""
-    return any(f.function in text and f.qualified.rsplit('.', 2)[-2] in text
-               for f in [*self.factories.values(), *self.steps.values()]) or any(
+    return any(key.rsplit('.', 1)[-1] in text and key.rsplit('.', 2)[-2] in text
+               for key in [*self.factories, *self.steps]) or any(
         # a class with optimizer fields: its module imported, one of its fields read
         f.qualified.rsplit('.', 2)[-2] in text and any(f'.{field}.' in text for field in f.fields)
         for f in self.factories.values() if isinstance(f, Fields))
@@ -292,9 +292,13 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
               and any(name.rsplit('.', 1)[-1] in imported for name, _ in names)]
   found = {str(path): _scan(sources[path], names, shown, options, None, path in outside)
            for path, names, shown in creators}
+  # names a package's __init__.py imports from its modules, which importers take from it
+  aliases = {alias: target for path, names, _ in files if texts.get(path) is not None
+             for module, is_package in names if is_package
+             for alias, target in reexports(texts[path], module, is_package).items()}
   unsettled: set[str] = set()
   for _ in range(MAX_ROUNDS - 1):
-    factories, steps = _merge(found)
+    factories, steps = _merge(found, aliases)
     if not factories and not steps:
       return {}, {}
     unsettled = set()
@@ -313,12 +317,22 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
     why = 'it depends on other modules in a way the pre-pass did not settle'
     found[key] = tuple([dataclasses.replace(f, converted=False, why=why) for f in part]
                        for part in found[key])
-  return _merge(found)
+  return _merge(found, aliases)
 
 
-def _merge(found: dict) -> tuple[dict[str, Factory], dict[str, Step]]:
-  return ({f.qualified: f for factories, _ in found.values() for f in factories},
-          {f.qualified: f for _, steps in found.values() for f in steps})
+def _merge(found: dict, aliases: Mapping[str, str]) -> tuple[dict[str, Factory], dict[str, Step]]:
+  """The tables by qualified name, plus each re-exported name (``aliases``, from
+  :func:`codemod.modules.reexports`, followed through packages) of an entry."""
+  factories = {f.qualified: f for factories, _ in found.values() for f in factories}
+  steps = {f.qualified: f for _, steps in found.values() for f in steps}
+  for table in (factories, steps):
+    for _ in range(4):  # pkg -> pkg.sub -> pkg.sub.module: a few hops
+      new = {alias: table[target] for alias, target in aliases.items()
+             if alias not in table and target in table}
+      if not new:
+        break
+      table.update(new)
+  return factories, steps
 
 
 #: Why a legacy module the run reads but does not rewrite keeps its legacy code.

@@ -83,6 +83,31 @@ _FROM = re.compile(r'^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([^#\n]*
 _IMPORT = re.compile(r'^[ \t]*import[ \t]+([^#\n;]*)', re.M)
 
 
+_FROM_ALL = re.compile(r'^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^#\n;]*)', re.M)
+
+
+def reexports(text: str, module: Optional[str], is_package: bool) -> dict[str, str]:
+  """``{'pkg.name': 'pkg.sub.name'}``: the names ``text`` (module ``module``) imports from
+  other modules, which importers of ``module`` may take from it (``from .optim import
+  create_optim`` in ``jeffnet/linen/__init__.py``: ``jeffnet.linen.create_optim`` is
+  ``jeffnet.linen.optim.create_optim``). Every ``from ... import`` line counts, in a
+  function or not: an over-approximation, used only to follow a name to a known factory."""
+  if module is None or 'import' not in text:
+    return {}
+  found = {}
+  for dots, name, names in _FROM_ALL.findall(text):
+    base = absolute_name(dots + name, module, is_package) if (dots or name) else None
+    if not base:
+      continue
+    for part in names.strip('()').replace('\\', ' ').split(','):
+      words = part.split()
+      if len(words) == 3 and words[1] == 'as' and words[0].isidentifier():
+        found[f'{module}.{words[2]}'] = f'{base}.{words[0]}'
+      elif len(words) == 1 and words[0].isidentifier():
+        found[f'{module}.{words[0]}'] = f'{base}.{words[0]}'
+  return found
+
+
 def imported_modules(text: str, module: Optional[str], is_package: bool) -> set[str]:
   """Dotted names of the modules ``text`` may import (``from a.b import c`` gives ``a.b``
   and ``a.b.c``; relative imports resolved against ``module``). From the first line of each

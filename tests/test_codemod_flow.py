@@ -585,3 +585,35 @@ def test_a_module_creating_from_a_def_made_elsewhere_keeps_the_shim_with_its_rea
                         'print(critic.read(m)[1], m.weights()["w"].tolist())')
   assert run.returncode == 0, run.stderr[-2000:]
   assert run.stdout.split()[0] == '1'
+
+
+@pytest.mark.parametrize('convertible', [True, False])
+def test_a_factory_re_exported_by_its_package(tmp_path, convertible):
+  """Found in efficientnet-jax: `from jeffnet.linen import create_optim`, re-exported by the
+  package's __init__.py from the module that defines it (kept on the shim there). The
+  reader did not know the factory, converted its own uses of the container around a shim
+  Optimizer, and left `optimizer.target` unflagged. Re-exports are followed now."""
+  tree = tmp_path / 'tree'
+  (tree / 'pkg' / 'optim').mkdir(parents=True)
+  (tree / 'pkg' / '__init__.py').write_text('from .optim import (\n    make,\n)\n')
+  (tree / 'pkg' / 'optim' / '__init__.py').write_text('from .factory import make\n')
+  args = 'learning_rate=0.1' if convertible else '**kwargs'
+  (tree / 'pkg' / 'optim' / 'factory.py').write_text(
+      'from flax import optim\n\n\ndef make(params, **kwargs):\n'
+      f'  return optim.Adam({args}).create(params)\n')
+  (tree / 'user.py').write_text(
+      'from flax import optim\nfrom pkg import make\n\n\ndef f(p, g):\n  opt = make(p, learning_rate=0.1)\n'
+      '  return opt.apply_gradient(g).target\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  user = (tree / 'user.py').read_text()
+  if convertible:
+    assert 'return opt.apply_gradients(grads=g).params\n' in user, user
+  else:
+    assert 'created by pkg/optim/factory.py:make, which keeps its legacy' in proc.stderr
+    assert 'return opt.apply_gradient(g).target\n' in user and 'optim_compat.install()' in user
+  run = _run_tree(tree, 'import jax.numpy as jnp, user\n'
+                        "print(user.f({'w': jnp.ones(2)}, {'w': jnp.ones(2)})['w'].tolist())")
+  assert run.returncode == 0, run.stderr[-2000:]
+  values = json.loads(run.stdout)  # one Adam step of 0.1 from 1 (eps placement: ulps apart)
+  assert len(values) == 2 and all(abs(v - 0.9) < 1e-5 for v in values), values
