@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.facts.analyzer import Analyzer
@@ -47,9 +48,47 @@ def analyze(full: cst.Module, text: Optional[str] = None, flow=None,
   facts = Facts(flow=flow)
   names = Names(metadata, facts)
   reduced.visit(Analyzer(names))
+  fields, classes = _constructed_fields(full, reduced, names, facts)
+  if fields - facts.annotated_fields:
+    # `TrainingState(optimizer=optimizer)` of this module's class, with a proven optimizer:
+    # that field holds one wherever it is read, as if annotated so (analysed again with it)
+    facts = Facts(flow=flow)
+    facts.annotated_fields |= fields
+    facts.container_classes |= classes
+    names = Names(metadata, facts)
+    reduced.visit(Analyzer(names))
   if 'bound' not in cache:
     # the whole module, set-aside statements too; only the names the rewrite emits are asked about
     cache['bound'] = bound_names(full, api.EMITTED_NAMES, text)
   facts.bound_names = cache['bound']
   return Analysis(module=reduced, full=full, text=text, names=names, facts=facts,
                   originals=originals, flow=flow)
+
+
+def _constructed_fields(full: cst.Module, reduced: cst.Module, names: Names,
+                        facts: Facts) -> tuple[set, set]:
+  """The fields of this module's classes (``struct.dataclass``, ``NamedTuple``, any class
+  with annotated fields, whatever their annotation) that a call of the class sets, by
+  keyword, to a name this module proves an optimizer (``TrainingState(key=k,
+  optimizer=optimizer)`` beside ``optimizer: Any``), and those classes. Only in a module
+  that uses flax.optim."""
+  if not facts.uses_legacy or not facts.opt_vars:
+    return set(), set()
+  declared = {}
+  for stmt in full.body:
+    if isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
+      declared[stmt.name.value] = {
+          small.target.value for line in stmt.body.body
+          if isinstance(line, cst.SimpleStatementLine) for small in line.body
+          if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name)}
+  if not any(declared.values()):
+    return set(), set()
+  fields, classes = set(), set()
+  for call in m.findall(reduced, m.Call(func=m.OneOf(*(m.Name(c) for c in declared if declared[c])))):
+    for arg in call.args:
+      if (arg.keyword is not None and arg.keyword.value in declared[call.func.value]
+          and isinstance(arg.value, cst.Name)
+          and names.binding(arg.value) in facts.opt_vars):
+        fields.add(arg.keyword.value)
+        classes.add(call.func.value)
+  return fields, classes
