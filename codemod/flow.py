@@ -206,6 +206,17 @@ class Flow:
             if isinstance(f, Fields) and f.qualified.rsplit('.', 1)[0] == module]
 
   @property
+  def tree_fields(self) -> dict:
+    """``{field: Fields}`` of every class with optimizer fields in the tree (the first
+    class declaring each field name, converted ones first)."""
+    found: dict = {}
+    for f in sorted((f for f in self.factories.values() if isinstance(f, Fields)),
+                    key=lambda f: (not f.converted, f.qualified)):
+      for field in f.fields:
+        found.setdefault(field, f)
+    return found
+
+  @property
   def field_classes(self) -> frozenset:
     """The last names of the :class:`Fields` classes (a cheap test before resolving names)."""
     return frozenset(f.function for f in self.factories.values() if isinstance(f, Fields))
@@ -220,12 +231,16 @@ class Flow:
   def mentioned(self, text: str) -> bool:
     """Could ``text`` call a factory or step function (its function and its module's last
     name appear), or read a field of a class with optimizer fields (its module's last name
-    and ``.<field>.`` appear)? A cheap prefilter, before any parse."""
+    and ``.<field>.`` appear, or ``.<field>.target`` / ``.<field>.state.step`` anywhere)? A
+    cheap prefilter, before any parse."""
     return any(key.rsplit('.', 1)[-1] in text and key.rsplit('.', 2)[-2] in text
                for key in [*self.factories, *self.steps]) or any(
         # a class with optimizer fields: its module imported, one of its fields read
         f.qualified.rsplit('.', 2)[-2] in text and any(f'.{field}.' in text for field in f.fields)
-        for f in self.factories.values() if isinstance(f, Fields))
+        for f in self.factories.values() if isinstance(f, Fields)) or any(
+        # a field of such a class read as a flax.optim Optimizer, wherever the class is
+        f'.{field}.{member}' in text for field in self.tree_fields
+        for member in ('target', 'state.step'))
 
 
 def _could_take(text: str) -> bool:

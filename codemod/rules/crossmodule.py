@@ -271,9 +271,34 @@ def leave_flow_failure(p, original) -> None:
       p.flag(original, 'OM123', message, note=True)
 
 
+def tree_field_message(q, value) -> Optional[str]:
+  """``value`` (``state.optimizer``, read with ``.target`` / ``.state``) is named like a
+  field of a class with optimizer fields elsewhere in the tree, and nothing in this file
+  says what it holds: the flag that says what that class becomes."""
+  f = q.f
+  if (f.flow is None or not isinstance(value, cst.Attribute) or q.is_optimizer(value)
+      or value.attr.value in f.annotated_fields or value.attr.value in f.legacy_fields):
+    return None
+  found = f.flow.tree_fields.get(value.attr.value)
+  if found is None:
+    return None
+  where = found.where
+  if found.converted:
+    return (f'`{code(value)}` is named like the `{value.attr.value}` field of {where}, which '
+            'this run makes a TrainState: if it is that one, `.target` is `.params` and '
+            '`.state.step` is `.step` there; convert this by hand')
+  return (f'`{code(value)}` is named like the `{value.attr.value}` field of {where}, which '
+          f'keeps its legacy optimizer code ({found.why}): if it is that one, it stays a '
+          'flax.optim Optimizer (on the shim); migrate them together')
+
+
 def leave_unproven_member(p, original) -> None:
   q = p.q
   f = q.f
+  if original.attr.value in ('target', 'state') and (
+      text := tree_field_message(q, original.value)) is not None:
+    p.flag(original, 'OM122', text)
+    return
   if (q.unproven and original.attr.value in ('target', 'state') and f.apply_calls
       and not f.defines_apply_gradient and q.holds_local(original.value)):
     # the `.apply_gradient` of this name is flagged as unproven: so is its `.target` / `.state`
