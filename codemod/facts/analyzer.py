@@ -30,6 +30,17 @@ _DEF_LOOKING = api.DEF_LOOKING
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
 
 
+def _own_function(value) -> str | None:
+  """The name of this file's function or method ``value`` calls (``f(...)``,
+  ``self.f(...)``), else None."""
+  if isinstance(value, cst.Call):
+    if isinstance(value.func, cst.Name):
+      return value.func.value
+    if m.matches(value.func, m.Attribute(value=m.Name('self') | m.Name('cls'), attr=m.Name())):
+      return value.func.attr.value
+  return None
+
+
 class Analyzer(cst.CSTVisitor):
   """Collect def variables, optimizer variables, legacy references and their contexts."""
 
@@ -254,6 +265,11 @@ class Analyzer(cst.CSTVisitor):
                   or (isinstance(v, cst.Name) and self.n.binding(v) in f.opt_vars)
                   for v in container_values(value))):
       f.bundle_factories.add(self._function_stack[-1])  # `return optimizer, lr`
+      if isinstance(value, (cst.Tuple, cst.List)):
+        f.bundle_positions.setdefault(self._function_stack[-1], set()).update(
+            i for i, e in enumerate(value.elements) if isinstance(e, cst.Element) and (
+                produces_optimizer(self.n, e.value) or (isinstance(e.value, cst.Name) and
+                                                        self.n.binding(e.value) in f.opt_vars)))
 
   # -- bindings -------------------------------------------------------------------------------
   def _target_bindings(self, target):
@@ -472,6 +488,10 @@ class Analyzer(cst.CSTVisitor):
         elif values is None and (_passes_name_through(value, [name]) or (
             i == 0 and m.matches(value, m.Call(func=m.Attribute(attr=m.Name('optimize')))))):
           continue  # (`new, loss = opt.optimize(f)`: the first is an optimizer)
+        elif (values is None and isinstance(element, cst.Name) and f.uses_legacy
+              and i in f.bundle_positions.get(_own_function(value), ())):
+          f.opt_vars.add(b)  # `opt, hlo = self.run_layer(...)`: this file's function returns it there
+          continue
         self.rebinds.add(b)
 
   # -- calls ----------------------------------------------------------------------------------

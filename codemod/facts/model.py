@@ -83,6 +83,7 @@ class Facts:
   functions: list = _field(list)      # functions outside classes (parameter following)
   top_functions: list = _field(list)  # module-level ones
   opt_factories: set = _field(set)    # functions returning a new optimizer
+  bundle_positions: dict = _field()   # function -> tuple positions it returns an optimizer at
   module_factories: set = _field(set)  # module-level ones
   bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
   def_factories: set = _field(set)    # module-level functions returning a legacy def
