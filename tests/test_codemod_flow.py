@@ -525,19 +525,27 @@ def _run_tree(tree: pathlib.Path, code: str) -> subprocess.CompletedProcess:
                         env=env, timeout=300)
 
 
+def _container_tree(tmp_path, *train_imports: str, helper: str = '') -> pathlib.Path:
+  """A tree whose model_utils.py declares `TrainState` with an `optimizer: optim.Optimizer`
+  field and whose train.py builds one from `optim.Adam(0.1).create(params)`."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'model_utils.py').write_text(
+      'from flax import optim\nfrom flax import struct\n\n\n@struct.dataclass\nclass TrainState:\n'
+      f'  optimizer: optim.Optimizer\n{helper}')
+  (tree / 'train.py').write_text(
+      'from flax import optim\nimport model_utils\n' + ''.join(f'import {m}\n' for m in train_imports)
+      + '\n\ndef make(params):\n'
+      '  return model_utils.TrainState(optimizer=optim.Adam(0.1).create(params))\n')
+  return tree
+
+
 def test_a_reader_importing_the_containers_module_gets_its_fields(tmp_path):
   """Found in nerfies: training.py takes the container as an argument, names its class only
   in a docstring, and imports its module for other things; `state.optimizer.state.step`
   was left as is while the module converted the field to a TrainState. Importing the
   module now proves `<x>.optimizer` as naming the class does."""
-  tree = tmp_path / 'tree'
-  tree.mkdir()
-  (tree / 'model_utils.py').write_text(
-      'from flax import optim\nfrom flax import struct\n\n\n@struct.dataclass\nclass TrainState:\n'
-      '  optimizer: optim.Optimizer\n\n\ndef helper():\n  return 1\n')
-  (tree / 'train.py').write_text(
-      'from flax import optim\nimport model_utils\n\n\ndef make(params):\n'
-      '  return model_utils.TrainState(optimizer=optim.Adam(0.1).create(params))\n')
+  tree = _container_tree(tmp_path, helper='\n\ndef helper():\n  return 1\n')
   (tree / 'training.py').write_text(
       'import model_utils\n\n\ndef step_of(state):\n  """state: model_utils.TrainState."""\n'
       '  model_utils.helper()\n  return int(state.optimizer.state.step), state.optimizer.target\n')
@@ -625,14 +633,7 @@ def test_a_field_read_where_nothing_says_whose_is_flagged_with_its_class(tmp_pat
   `state.optimizer.target` of a container it is handed. It was left as is, unflagged,
   while the container's module converted the field (a run-time AttributeError). Now it
   is flagged with the class it looks like and what the run makes of it."""
-  tree = tmp_path / 'tree'
-  tree.mkdir()
-  (tree / 'model_utils.py').write_text(
-      'from flax import optim\nfrom flax import struct\n\n\n@struct.dataclass\nclass TrainState:\n'
-      '  optimizer: optim.Optimizer\n')
-  (tree / 'train.py').write_text(
-      'from flax import optim\nimport model_utils\nimport evaluation\n\n\ndef make(params):\n'
-      '  return model_utils.TrainState(optimizer=optim.Adam(0.1).create(params))\n')
+  tree = _container_tree(tmp_path, 'evaluation')
   evaluation = 'import jax\n\n\ndef weights(state):\n  return jax.device_get(state.optimizer.target)\n'
   (tree / 'evaluation.py').write_text(evaluation)
   proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
