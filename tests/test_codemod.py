@@ -1271,3 +1271,21 @@ def test_notebook_shell_lines_continued_with_a_backslash_are_masked_whole(tmp_pa
   out = json.loads(result.new)
   assert out['cells'][1]['source'] == shell
   assert 'optax.adam' in ''.join(out['cells'][0]['source'])
+
+
+@pytest.mark.parametrize('magic', ['%matplotlib inline', '!pip install flax'])
+def test_a_notebook_cell_source_as_one_string_after_a_magic_line_is_migrated(tmp_path, magic):
+  """Found by a new user: nbformat lets a cell's source be one string. After a magic line,
+  in the JSON text `...inline\\nfrom flax import optim` has no word boundary before `from`,
+  so the prefilter skipped the notebook: exit 0 from --check, nothing migrated."""
+  nb = {'cells': [{'cell_type': 'code', 'metadata': {}, 'outputs': [], 'execution_count': None,
+                   'source': f'{magic}\nfrom flax import optim\nimport jax.numpy as jnp\n'
+                             "opt = optim.Adam(1e-3).create({'w': jnp.ones(2)})\nprint(opt.target)\n"}],
+        'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}
+  path = tmp_path / 'n.ipynb'
+  path.write_text(json.dumps(nb))
+  proc = _cli('rewrite', '--check', '--no-cache', str(path))
+  assert proc.returncode == 1, proc.stderr
+  result = engine.rewrite_file(path)
+  source = json.loads(result.new)['cells'][0]['source']
+  assert source.startswith(magic + '\n') and 'print(opt.params)' in source and 'optax.adam' in source
