@@ -20,6 +20,7 @@ pass rewrites them from that parse. For stdin (``-``) there is no tree and no fl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import re
 from typing import Iterable, Mapping, Optional
@@ -201,11 +202,17 @@ class Flow:
   def fields_of_module(self, qname: str) -> list[Fields]:
     """The classes with optimizer fields (:class:`Fields`) the module ``qname`` (absolute,
     or relative to this file's package) declares."""
-    module = self._absolute(qname)
-    return [f for f in self.factories.values()
-            if isinstance(f, Fields) and f.qualified.rsplit('.', 1)[0] == module]
+    return self._fields_by_module.get(self._absolute(qname), [])
 
-  @property
+  @functools.cached_property
+  def _fields_by_module(self) -> dict:
+    found: dict = {}
+    for f in self.factories.values():
+      if isinstance(f, Fields) and f not in found.setdefault(f.qualified.rsplit('.', 1)[0], []):
+        found[f.qualified.rsplit('.', 1)[0]].append(f)
+    return found
+
+  @functools.cached_property
   def tree_fields(self) -> dict:
     """``{field: Fields}`` of every class with optimizer fields in the tree (the first
     class declaring each field name, converted ones first)."""

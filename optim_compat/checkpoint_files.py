@@ -181,9 +181,7 @@ def _read_orbax(file: pathlib.Path) -> dict:
     with _orbax_quiet():
       import orbax.checkpoint as ocp
       checkpointer = ocp.PyTreeCheckpointer()
-      meta = checkpointer.metadata(path)
-      meta = getattr(meta, 'item_metadata', meta)  # orbax >= 0.11: StepMetadata
-      meta = getattr(meta, 'tree', meta)
+      meta = orbax_metadata_tree(checkpointer, path)
       array_meta = getattr(getattr(ocp, 'metadata', None), 'ArrayMetadata', ())
       args = jax.tree_util.tree_map(
           lambda m: ocp.RestoreArgs(restore_type=np.ndarray) if isinstance(m, array_meta)
@@ -201,6 +199,14 @@ def _read_orbax(file: pathlib.Path) -> dict:
   if not isinstance(state, dict):
     raise CheckpointError(f'{file}: holds a {type(state).__name__}, not a state dict')
   return state
+
+
+def orbax_metadata_tree(checkpointer, path: pathlib.Path):
+  """The metadata tree of the orbax checkpoint ``path`` (nested dicts and lists of array
+  metadata; no array is read), whichever orbax version wrote it."""
+  meta = checkpointer.metadata(path)
+  meta = getattr(meta, 'item_metadata', meta)  # orbax >= 0.11: StepMetadata
+  return getattr(meta, 'tree', meta)
 
 
 def _first_line(error: BaseException) -> str:

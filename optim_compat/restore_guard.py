@@ -42,13 +42,11 @@ def _shim_optimizer_paths(target) -> list[tuple[str, ...]]:
 def _orbax_keys(path: pathlib.Path, keys: tuple[str, ...]):
   """The top keys of the orbax checkpoint ``path`` below ``keys`` (its metadata only), or
   None when it cannot be read (Flax's own call then reports it)."""
-  from optim_compat.checkpoint_files import _orbax_quiet
+  from optim_compat.checkpoint_files import _orbax_quiet, orbax_metadata_tree
   try:
     with _orbax_quiet():
       import orbax.checkpoint as ocp
-      meta = ocp.PyTreeCheckpointer().metadata(path.absolute())
-      meta = getattr(meta, 'item_metadata', meta)
-      tree = getattr(meta, 'tree', meta)
+      tree = orbax_metadata_tree(ocp.PyTreeCheckpointer(), path.absolute())
       for k in keys:
         tree = tree[k] if isinstance(tree, dict) else tree[int(k)]
       return set(tree) if isinstance(tree, dict) else None
