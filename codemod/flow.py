@@ -311,7 +311,11 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   creators = [(path, names, shown) for path, names, shown in files
               if texts.get(path) is not None and names
               and (_could_define(texts[path]) or _could_take(texts[path]))
-              and any(name.rsplit('.', 1)[-1] in imported for name, _ in names)]
+              and (any(name.rsplit('.', 1)[-1] in imported for name, _ in names)
+                   # a container class: a module handed its instances reads its fields
+                   # without importing it (`state.optimizer.target` in a helper)
+                   or (_FIELD_CLASS.search(texts[path]) is not None
+                       and legacy_api.may_need_rewrite(texts[path])))]
   found = {str(path): _scan(sources[path], names, shown, options, None, path in outside)
            for path, names, shown in creators}
   # names a package's __init__.py imports from its modules, which importers take from it

@@ -643,3 +643,18 @@ def test_a_field_read_where_nothing_says_whose_is_flagged_with_its_class(tmp_pat
   after = (tree / 'evaluation.py').read_text()
   assert after.replace('  # TODO(optim-migrate): OM122: ', '', 1) != after  # the TODO is there
   assert 'state.optimizer.target' in after  # not converted: nothing proves it
+
+
+def test_a_helper_reading_the_field_of_a_container_from_a_module_nobody_imports(tmp_path):
+  """Found by a new user: train.py (imported by nobody) declares the container and hands it
+  to helper.py, which only reads `state.optimizer.target`. The pre-pass never read
+  train.py, so the helper was left unflagged and the migrated program failed."""
+  (tmp_path / 'train.py').write_text(
+      'import flax\nfrom flax import optim\nfrom helper import get_params\n\n\n'
+      '@flax.struct.dataclass\nclass State:\n  optimizer: optim.Optimizer\n\n\n'
+      'def main(p):\n  return get_params(State(optimizer=optim.Momentum(0.1).create(p)))\n')
+  (tmp_path / 'helper.py').write_text('def get_params(state):\n  return state.optimizer.target\n')
+  proc = _cli('rewrite', '--check', '.', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert ('helper.py:2:10: OM122 [manual] `state.optimizer` is named like the `optimizer` field '
+          'of train.py:State, which this run makes a TrainState') in proc.stderr
