@@ -111,9 +111,14 @@ class DefFactory(_ModuleFunction):
   Attributes:
     qualified: ``'pkg.losses.get_optimizer'``.
     path: the defining file, as the run names it.
-    converted: its file's rewrite returns an Optax transformation from it (never, today: a
-      def handed to other code keeps its file legacy, OM114).
+    converted: its file's rewrite returns an Optax transformation from it (only when
+      ``allowed``; else a def handed to other code keeps its file legacy, OM114).
     why: the first manual item of the defining file when not converted.
+    inject_lr: its transformations are built with ``optax.inject_hyperparams``.
+    allowed: the pre-pass lets it convert: every file of the run that names it ``.create`` s
+      what it returns (directly, or through a name read only so) and converts
+      (:func:`build_flows`).
+    inject_required: a caller sets the learning rate at apply time, so its file injects it.
   """
   qualified: str
   path: str
@@ -121,6 +126,25 @@ class DefFactory(_ModuleFunction):
   why: str = ''
   bundle: bool = False      # (read beside factories: never a bundle)
   inject_lr: Optional[bool] = None
+  allowed: bool = False
+  inject_required: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DefUse:
+  """One file's use of a :class:`DefFactory` the pre-pass let convert (never in the tables).
+
+  Attributes:
+    qualified: the def factory's qualified name.
+    path: the using file, as the run names it.
+    converted: every use there is a ``.create`` that the file's rewrite converts.
+    inject: that file passes a learning rate at apply time.
+  """
+  qualified: str
+  path: str
+  converted: bool
+  inject: bool = False
+  why: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,41 +340,116 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
                    # without importing it (`state.optimizer.target` in a helper)
                    or (_FIELD_CLASS.search(texts[path]) is not None
                        and legacy_api.may_need_rewrite(texts[path])))]
-  found = {str(path): _scan(sources[path], names, shown, options, None, path in outside)
-           for path, names, shown in creators}
   # names a package's __init__.py imports from its modules, which importers take from it
   aliases = {alias: target for path, names, _ in files if texts.get(path) is not None
              for module, is_package in names if is_package
              for alias, target in reexports(texts[path], module, is_package).items()}
+  settle = functools.partial(_settle, texts=texts, sources=sources, options=options,
+                             outside=outside, aliases=aliases)
+  factories, steps, _ = settle(creators)
+  # def factories (`def get_optimizer(cfg): return optim.Adam(...)`): convert those whose
+  # every caller in the run `.create`s what they return and converts, one decision per
+  # factory for the whole run (qualified name -> its file must inject the rate)
+  candidates = {f.qualified: False for f in factories.values() if isinstance(f, DefFactory)}
+  if not candidates:
+    return factories, steps
+  called = [(path, names, shown) for path, names, shown in files
+            if texts.get(path) is not None and (path, names, shown) not in creators
+            and any(_calls(texts[path], q) for q in candidates)]
+  for _ in range(MAX_ROUNDS):
+    seed = {key: dataclasses.replace(f, allowed=True, inject_required=candidates[f.qualified])
+            if isinstance(f, DefFactory) and f.qualified in candidates else f
+            for key, f in factories.items()}
+    tried, tried_steps, found = settle(creators + called, seed=seed)
+    failing, inject = _def_verdicts(candidates, tried, found, texts, files, outside)
+    if not failing and not inject:
+      return tried, tried_steps
+    for q in failing:
+      del candidates[q]
+    candidates.update(dict.fromkeys(inject, True))
+    if not candidates:
+      break
+  return factories, steps  # no def factory converts: each keeps its file legacy (OM114)
+
+
+def _calls(text: str, qualified: str) -> bool:
+  """``text`` may call the function ``qualified`` names: its last name then ``(``, not after
+  ``def`` (``agent_lib.create_optimizer(...)`` on a module handed in as a parameter counts:
+  a cheap, conservative test)."""
+  function = qualified.rsplit('.', 1)[1]
+  return re.search(rf'(?<!def )\b{re.escape(function)}\s*\(', text) is not None
+
+
+def _def_verdicts(candidates, factories, found, texts, files, outside) -> tuple[set, set]:
+  """Which candidate def factories must stay legacy (``failing``: the defining file does not
+  convert, or a file that may call one does not ``.create`` and convert all it gets, or lies
+  outside the run) and which must be tried again injecting their learning rate."""
+  failing, inject = set(), set()
+  uses: dict = {}
+  for key, (_, _, file_uses) in found.items():
+    for use in file_uses:
+      uses.setdefault(use.qualified, {})[key] = use
+  for q, required in candidates.items():
+    entry = factories.get(q)
+    if isinstance(entry, DefFactory) and not entry.converted and not required and any(
+        use.inject for use in uses.get(q, {}).values()):
+      inject.add(q)  # (a def without a learning rate converts once its file injects one)
+      continue
+    if not isinstance(entry, DefFactory) or not entry.converted:
+      failing.add(q)
+      continue
+    for path, _, shown in files:
+      if shown == entry.path or texts.get(path) is None or not _calls(texts[path], q):
+        continue
+      use = uses.get(q, {}).get(str(path))
+      if path in outside or use is None:
+        failing.add(q)
+    for use in uses.get(q, {}).values():
+      if not use.converted and not (use.inject and not entry.inject_lr):
+        failing.add(q)
+      elif use.inject and not entry.inject_lr:
+        (failing if required else inject).add(q)
+  return failing, inject - failing
+
+
+def _settle(creators, texts, sources, options, outside, aliases, seed=None):
+  """The pre-pass over ``creators`` to a fixed point: ``(factories, steps, found)`` (``found``:
+  each file's :func:`_scan`). ``seed``: the table the first scan of each file is given
+  (else none)."""
+  found = {str(path): _scan(sources[path], names, shown, options,
+                            None if seed is None else Flow(seed, *(names[0] if names else ())),
+                            path in outside)
+           for path, names, shown in creators}
   unsettled: set[str] = set()
   for _ in range(MAX_ROUNDS - 1):
     factories, steps = _merge(found, aliases)
     if not factories and not steps:
-      return {}, {}
+      return {}, {}, found
     unsettled = set()
     for path, names, shown in creators:
       others = Flow({q: f for q, f in factories.items() if f.path != shown},
                     steps={q: f for q, f in steps.items() if f.path != shown})
       if others.mentioned(texts[path]):
         new = _scan(sources[path], names, shown, options,
-                    Flow(factories, names[0][0], names[0][1], steps), path in outside)
+                    Flow(factories, *(names[0] if names else (None, False)), steps),
+                    path in outside)
         if new != found[str(path)]:
           found[str(path)] = new
           unsettled.add(str(path))
     if not unsettled:
-      return factories, steps
+      return factories, steps, found
   for key in unsettled:  # still changing: never prove anything from them
     why = 'it depends on other modules in a way the pre-pass did not settle'
     found[key] = tuple([dataclasses.replace(f, converted=False, why=why) for f in part]
                        for part in found[key])
-  return _merge(found, aliases)
+  return (*_merge(found, aliases), found)
 
 
 def _merge(found: dict, aliases: Mapping[str, str]) -> tuple[dict[str, Factory], dict[str, Step]]:
   """The tables by qualified name, plus each re-exported name (``aliases``, from
   :func:`codemod.modules.reexports`, followed through packages) of an entry."""
-  factories = {f.qualified: f for factories, _ in found.values() for f in factories}
-  steps = {f.qualified: f for _, steps in found.values() for f in steps}
+  factories = {f.qualified: f for factories, _, _ in found.values() for f in factories}
+  steps = {f.qualified: f for _, steps, _ in found.values() for f in steps}
   for table in (factories, steps):
     for _ in range(4):  # pkg -> pkg.sub -> pkg.sub.module: a few hops
       new = {alias: table[target] for alias, target in aliases.items()
@@ -379,7 +478,7 @@ def _why(source: SourceFile, plan, options) -> str:
 
 
 def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
-          ) -> tuple[list[Factory], list[Step]]:
+          ) -> tuple[list[Factory], list[Step], list[DefUse]]:
   """The factories and step functions one file defines, as the run's rewrite makes them:
   from the file's plan, nothing rewritten (``outside``: a file the run does not rewrite,
   whose legacy code therefore stays)."""
@@ -387,9 +486,9 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   try:
     planned = engine.plan_file(source, options, flow_file)
   except Exception:  # noqa: BLE001 - a failing rule: the per-file run reports it
-    return [], []
+    return [], [], []
   if planned is None:
-    return [], []
+    return [], [], []
   _, plan = planned
   changes = plan.changes and not outside  # read, never written: what it holds is what stays
   why = NOT_IN_RUN if outside else _why(source, plan, options)
@@ -416,12 +515,17 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   classes += [Fields(f'{name}.{cls}', shown, tuple(fields), True)  # migrated before this run
               for cls, fields in migrated_field_classes(source.module, source.text).items()
               if cls not in summary.fields for name, _ in names]
+  own = {} if flow_file is None else flow_file.factories
   def_factories = [DefFactory(f'{name}.{function}', shown, converted and changes,
-                               '' if converted and changes else why)
+                               '' if converted and changes else why, inject_lr=summary.inject_lr,
+                               allowed=getattr(own.get(f'{name}.{function}'), 'allowed', False),
+                               inject_required=getattr(own.get(f'{name}.{function}'),
+                                                       'inject_required', False))
                     for function, converted in summary.def_factories.items()
                     for name, _ in names]
+  uses = [DefUse(q, shown, ok and changes, inject) for q, (ok, inject) in summary.def_uses.items()]
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
              if summary.defs and changes and plan.converts else [])
   return ([Factory(f'{name}.{function}', shown, converted, inject, why)
            for function, (converted, inject, why) in found.items() for name, _ in names]
-          + bundles + classes + def_factories + layouts, steps)
+          + bundles + classes + def_factories + layouts, steps, uses)

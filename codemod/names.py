@@ -118,9 +118,28 @@ class Names:
             and expr.func.value in self.facts.subclass_names)
 
   def is_def(self, expr) -> bool:
-    """``expr`` is a legacy def call (ours or a user subclass) or a name bound to one."""
+    """``expr`` is a legacy def call (ours or a user subclass), a call of a function returning
+    one that the run converts (:meth:`converted_def_factory`), or a name bound to one."""
     return self.legacy_def(expr) is not None or self.is_user_def(expr) or (
-        isinstance(expr, cst.Name) and self.binding(expr) in self.facts.def_vars)
+        isinstance(expr, cst.Name) and self.binding(expr) in self.facts.def_vars) or (
+        self.converted_def_factory(expr) is not None)
+
+  def converted_def_factory(self, expr):
+    """The :class:`codemod.flow.DefFactory` that ``expr`` calls when the run converts it to an
+    Optax transformation (``allowed``: every caller in the run ``.create`` s it), else None.
+    A call by the bare name of a function of this module (``create_optimizer(name)``) is
+    looked up under the module's own name."""
+    flow = self.facts.flow
+    if flow is None or not isinstance(expr, cst.Call):
+      return None
+    names = sorted(self.qnames(expr.func))
+    if isinstance(expr.func, cst.Name) and flow.module:
+      names.append(f'{flow.module}.{expr.func.value}')
+    for q in names:
+      found = flow.resolve_def(q)
+      if found is not None and found.allowed:
+        return found
+    return None
 
   def def_call(self, expr):
     """The def call ``expr`` is, or the one the name ``expr`` is bound to (None: unknown)."""

@@ -658,3 +658,61 @@ def test_a_helper_reading_the_field_of_a_container_from_a_module_nobody_imports(
   assert proc.returncode == 1, proc.stderr
   assert ('helper.py:2:10: OM122 [manual] `state.optimizer` is named like the `optimizer` field '
           'of train.py:State, which this run makes a TrainState') in proc.stderr
+
+
+DEF_FACTORY = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_factory'
+
+
+def test_def_factories_every_caller_creates_migrated_match_real_flax_optim(legacy_python, tmp_path):
+  """lib/optimizers.py returns defs (one without a learning rate); train.py, which never
+  imports flax.optim, `.create`s them and sets the rate at apply time. One run converts both
+  (the factory's file injects the rate its caller sets), nothing flagged, and the program
+  trains on the modern stack to real flax.optim 0.5.3's numbers (the original, old stack)."""
+  import numpy as np
+  new = tmp_path / 'new'
+  shutil.copytree(DEF_FACTORY, new)
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  assert rows and all(r['applied'] for r in rows), [r for r in rows if not r['applied']]
+  lib = (new / 'lib' / 'optimizers.py').read_text()
+  assert 'flax.optim' not in lib and lib.count('optax.inject_hyperparams(') == 2
+  train = (new / 'train.py').read_text()
+  assert 'tx=opt_def)' in train and 'tx=optimizers.make_momentum())' in train
+  assert '.target' not in train and '.make_momentum().create(' not in train
+  assert 'opt_def.create(' not in train and 'int(optimizer.step)' in train
+  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
+  for python, script, out in ((legacy_python, DEF_FACTORY / 'train.py', tmp_path / 'old.npz'),
+                              (sys.executable, new / 'train.py', tmp_path / 'new.npz')):
+    proc = subprocess.run([python, str(script), str(out)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  old, new_ = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
+  assert sorted(old.files) == sorted(new_.files) and int(old['step']) == int(new_['step']) == 30
+  for key in old.files:
+    np.testing.assert_allclose(new_[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  assert old['losses'][-1] < 0.8 * old['losses'][0]  # it trained
+  assert old['tuned_losses'][-1] < old['tuned_losses'][0]
+
+
+def test_a_def_factory_with_a_caller_that_does_not_create_stays_legacy(tmp_path):
+  """One file of the run hands the def on (or calls the factory where nothing says which
+  module it is): the factory and every caller keep their legacy code, on the shim."""
+  tree = tmp_path / 'tree'
+  shutil.copytree(DEF_FACTORY, tree)
+  (tree / 'other.py').write_text('from lib import optimizers\n\n\ndef handed(make):\n'
+                                 '  return make(optimizers.get_optimizer({}))\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  lib = (tree / 'lib' / 'optimizers.py').read_text()
+  assert 'flax.optim.Adam(' in lib and 'optim_compat.install()' in lib and 'OM114' in lib
+  train = (tree / 'train.py').read_text()
+  assert 'opt_def.create(params)' in train and 'tx=opt_def' not in train
+  # a module handed in as a parameter, calling a function of the same name: the same
+  shutil.rmtree(tree)
+  shutil.copytree(DEF_FACTORY, tree)
+  (tree / 'other.py').write_text('def elsewhere(lib, params):\n'
+                                 '  return lib.make_momentum().create(params)\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert 'flax.optim.Momentum(' in (tree / 'lib' / 'optimizers.py').read_text()
+  assert 'tx=opt_def' not in (tree / 'train.py').read_text()

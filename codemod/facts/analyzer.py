@@ -63,6 +63,12 @@ class Analyzer(cst.CSTVisitor):
     self.chain_copies: list = []   # (chain, replicated chain): `self.o = replicate(self.o)`
     self.rebinds: set = set()      # bindings a loop, walrus, `with` or unpacking gives other values
     self.assign_sites: dict = {}   # binding -> [(target Name, value, id(block))]: `x = ...`
+    #: converted def factories (codemod.flow.DefFactory): their calls, the names bound to one,
+    #: and the nodes consumed by `.create` / a name (anything else is a misuse, codemod.flow)
+    self.def_factory_calls: list = []
+    self.def_names: list = []
+    self.consumed_defs: set = set()
+    self.create_receivers: set = set()
 
   # -- imports: only whether flax.optim is imported ----------------------------------------
   def visit_Import(self, node: cst.Import) -> bool:
@@ -250,8 +256,10 @@ class Analyzer(cst.CSTVisitor):
   def visit_Return(self, node: cst.Return) -> None:
     f, value = self.f, node.value
     if value is not None and self.n.is_def(value):
-      f.escaping[id(value)] = value
-      if len(self._function_stack) == 1 and not self._class_depth:
+      top = len(self._function_stack) == 1 and not self._class_depth
+      if not (top and self._own_def_factory(self._function_stack[0]) is not None):
+        f.escaping[id(value)] = value  # (a converted def factory returns its transformation)
+      if top:
         f.def_factories.add(self._function_stack[0])  # its callers `.create` the def
     if value is not None and self._function_stack and (
         produces_optimizer(self.n, value)
@@ -331,6 +339,15 @@ class Analyzer(cst.CSTVisitor):
       return f.flow_vars.get(n.binding(func.value))
     return None
 
+  def _own_def_factory(self, function: str):
+    """This module's function ``function`` when the run converts it as a def factory (every
+    caller ``.create`` s what it returns: ``codemod.flow``), else None."""
+    flow = self.f.flow
+    if flow is None or not flow.module:
+      return None
+    found = flow.resolve_def(f'{flow.module}.{function}')
+    return found if found is not None and found.allowed else None
+
   def def_factory_of(self, value):
     """The other module's function returning a legacy def that ``value`` calls, if any."""
     if not isinstance(value, cst.Call):
@@ -363,7 +380,8 @@ class Analyzer(cst.CSTVisitor):
     recv = value.func.value
     if isinstance(recv, cst.Name):
       return f.flow_def_vars.get(self.n.binding(recv))
-    return self.def_factory_of(recv)
+    found = self.def_factory_of(recv)
+    return None if found is not None and found.allowed else found
 
   def visit_Assign(self, node: cst.Assign) -> None:
     n, f = self.n, self.f
@@ -391,7 +409,14 @@ class Analyzer(cst.CSTVisitor):
     source = self.flow_source(value) if f.flow is not None else None
     if source is None and f.flow is not None:
       source = self.def_created(value)  # `opt = get_optimizer(cfg).create(p)`: kept legacy there
-    if f.flow is not None and (made := self.def_factory_of(value)) is not None:
+    if (made := n.converted_def_factory(value)) is not None:
+      # `opt_def = get_optimizer(cfg)`: an Optax transformation once converted, `.create`d here
+      f.def_vars.update(dict.fromkeys(n.name_bindings(targets), None))
+      f.def_var_factories.update(dict.fromkeys(n.name_bindings(targets), made))
+      if len(targets) == 1 and isinstance(targets[0], cst.Name):
+        self.def_names.append((targets[0], made))
+        self.consumed_defs.add(id(value))
+    elif f.flow is not None and (made := self.def_factory_of(value)) is not None:
       f.flow_def_vars.update(dict.fromkeys(n.name_bindings(targets), made))
     if source is not None:
       f.flow_vars.update(dict.fromkeys(n.name_bindings(targets), source))
@@ -511,6 +536,14 @@ class Analyzer(cst.CSTVisitor):
       f.uses_legacy = True
       f.dynamic_imports[id(node)] = failure
     f.calls_by_func[id(node.func)] = node
+    if (made := n.converted_def_factory(node)) is not None:
+      f.uses_legacy = True  # it makes a flax.optim def today
+      f.def_uses[made.qualified] = made
+      self.def_factory_calls.append((node, made))
+    if m.matches(node.func, m.Attribute(attr=m.Name('create'))):
+      self.consumed_defs.add(id(node.func.value))
+      if isinstance(node.func.value, cst.Name):
+        self.create_receivers.add(id(node.func.value))
     if (factory := n.factory_of_call(node)) is not None:
       f.flow_used[factory.qualified] = factory
     elif (factory := n.factory_of_call(node, bundle=True)) is not None and factory.converted:
@@ -557,6 +590,21 @@ class Analyzer(cst.CSTVisitor):
 
   def leave_Module(self, node: cst.Module) -> None:
     following.settle(self)
+    self._def_misuses()
+
+  def _def_misuses(self) -> None:
+    """The converted def factories (``f.def_uses``) whose result this module uses other than
+    by ``.create`` (directly, or through a name read only so): ``f.def_misused``. The run
+    then keeps those factories legacy (``codemod.flow``)."""
+    f, n = self.f, self.n
+    for call, made in self.def_factory_calls:
+      if id(call) not in self.consumed_defs:
+        f.def_misused.add(made.qualified)
+    for target, made in self.def_names:
+      scope = n.scope(target)
+      accesses = scope.accesses[target.value] if scope is not None else ()
+      if any(id(a.node) not in self.create_receivers for a in accesses):
+        f.def_misused.add(made.qualified)
 
 
 def _passes_name_through(value, targets) -> bool:

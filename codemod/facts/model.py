@@ -87,6 +87,11 @@ class Facts:
   module_factories: set = _field(set)  # module-level ones
   bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
   def_factories: set = _field(set)    # module-level functions returning a legacy def
+  #: qualified names of other modules' (or this one's) def factories the run converts, whose
+  #: transformation this module ``.create`` s (codemod.flow: the callers' verdicts)
+  def_uses: dict = _field()           # qualified name -> flow.DefFactory
+  def_var_factories: dict = _field()  # binding -> the converted flow.DefFactory it holds
+  def_misused: set = _field(set)      # those of def_uses whose result is used other than `.create`d
   steps: dict = _field()              # module-level function -> its optimizer parameters
 
   # -- other modules (codemod.flow) -------------------------------------------------------

@@ -36,6 +36,9 @@ class Summary:
   #: module-level function returning a legacy def -> converted (its callers `.create` it)
   def_factories: dict = dataclasses.field(default_factory=dict)
   defs: bool = False  # the module builds legacy defs (its Layout is offered to the others)
+  #: qualified name of a def factory the run converts -> (this module's ``.create`` s of it
+  #: convert, this module passes a learning rate at apply time) (codemod.flow.DefUse)
+  def_uses: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -109,7 +112,9 @@ def make_plan(analysis, options) -> Plan:
       inject_lr=q.inject_lr,
       fields={cls: (fields, converts) for cls, fields in sorted(f.declared_fields.items())},
       def_factories=dict.fromkeys(sorted(f.def_factories), converts),
-      defs=bool(f.def_calls))
+      defs=bool(f.def_calls),
+      def_uses={name: (converts and name not in f.def_misused, q.inject_lr)
+                for name in sorted(f.def_uses)})
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
@@ -139,4 +144,5 @@ def _unselected(plan: Plan, options) -> None:
                          {name: (params, False) for name, (params, _) in plan.summary.steps.items()},
                          dict.fromkeys(plan.summary.bundles, False), plan.summary.inject_lr,
                          {cls: (fields, False) for cls, (fields, _) in plan.summary.fields.items()},
-                         dict.fromkeys(plan.summary.def_factories, False))
+                         dict.fromkeys(plan.summary.def_factories, False),
+                         def_uses={k: (False, i) for k, (_, i) in plan.summary.def_uses.items()})

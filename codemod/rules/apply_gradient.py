@@ -29,7 +29,19 @@ def prepare(q) -> None:
   q.mixed_lr = q.inject_lr and not all('learning_rate' in k for k in overrides)
   if not q.inject_lr and q.f.def_calls and _hands_optimizer_to_injecting_module(q):
     q.inject_lr = True  # one layout with the module it exchanges optimizers with
+  if not q.inject_lr and q.f.def_calls and _own_def_factory_injects(q):
+    q.inject_lr = True  # a caller of its def factory sets the rate at apply time
   _find_group_applies(q)
+
+
+def _own_def_factory_injects(q) -> bool:
+  """A def factory of this module that the run converts must inject its learning rate: a
+  module ``.create`` ing what it returns passes one at apply time (``codemod.flow``)."""
+  flow = q.f.flow
+  if flow is None or not flow.module:
+    return False
+  return any((found := flow.resolve_def(f'{flow.module}.{name}')) is not None
+             and found.allowed and found.inject_required for name in q.f.def_factories)
 
 
 def _hands_optimizer_to_injecting_module(q) -> bool:

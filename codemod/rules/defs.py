@@ -194,12 +194,33 @@ def def_only_uses(q) -> list[cst.Attribute]:
   return q.def_only
 
 
+def def_factory_of_create(q, call: cst.Call):
+  """The converted def factory (``codemod.flow.DefFactory``) whose transformation ``call``
+  (``d.create(p)``) is given, directly or through a name, else None."""
+  recv = call.func.value
+  if isinstance(recv, cst.Name):
+    return q.f.def_var_factories.get(q.n.binding(recv))
+  return q.n.converted_def_factory(recv)
+
+
+def injection_problem(q, call: cst.Call) -> Optional[str]:
+  """``call`` creates from another module's converted def factory whose transformation is
+  not built with ``inject_hyperparams`` while this module sets the rate at apply time."""
+  made = def_factory_of_create(q, call) if q.inject_lr else None
+  if made is None or made.inject_lr:
+    return None
+  return (f'`{code(call.func.value)}` is the transformation {made.where} returns, built without '
+          'optax.inject_hyperparams, and this file passes learning_rate at apply time: '
+          'migrate them together')
+
+
 def blocks(q) -> bool:
   f = q.f
   return bool(q.bad_hp or any(def_problem(q, c) for c in f.def_calls)
               or any(create_problem(q, c) for c in f.create_calls)
               or def_only_uses(q) or f.mixed_defs or f.escaping
-              or (q.inject_lr and any(q.user_def_create(c) for c in f.create_calls)))
+              or (q.inject_lr and any(q.user_def_create(c) for c in f.create_calls))
+              or any(injection_problem(q, c) for c in f.create_calls))
 
 
 # -- sites --------------------------------------------------------------------------------
@@ -257,6 +278,8 @@ def leave_create(p, original) -> bool:
   problem = create_problem(q, original)
   if problem:
     p.flag(original, 'OM118', problem, blocks=True)
+  elif (problem := injection_problem(q, original)) is not None:
+    p.flag(original, 'OM122', problem, blocks=True)
   elif q.inject_lr and q.user_def_create(original):
     p.flag(original, 'OM102', 'learning_rate at apply time with a user OptimizerDef: '
                               'optim_compat.to_optax has no injectable learning rate', blocks=True)
