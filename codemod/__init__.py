@@ -10,6 +10,9 @@ __all__ = ['FileResult', 'rewrite_file', 'rewrite_source']
 def __getattr__(name: str):
   # the engine loads at first use, so that importing a submodule (codemod.legacy_api, the
   # rule catalog) does not load the whole codemod
+  if name == 'FileResult':  # (no engine needed: codemod.result)
+    from codemod.result import FileResult
+    return FileResult
   if name in __all__:
     from codemod import engine
     return getattr(engine, name)

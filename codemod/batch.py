@@ -11,9 +11,9 @@ import pathlib
 import sys
 from typing import Iterable, Optional
 
-from codemod import engine, flow as flow_lib
+from codemod import flow as flow_lib, prefilter
 from codemod.legacy_api import has_legacy_use
-from codemod.pool import _Pool, gc_paused
+from codemod.result import FileResult
 from codemod.rules import RULES, Options
 from codemod.sources import SourceFile
 from codemod.walk import iter_python_files
@@ -34,7 +34,7 @@ def _candidate(source: SourceFile, flow=None) -> int:
   except OSError:
     return 1
   text = source.words()
-  return len(data) + 1 if engine.wanted(text, flow) or engine.has_todos(text) else 0
+  return len(data) + 1 if prefilter.wanted(text, flow) or prefilter.has_todos(text) else 0
 
 
 def _data(source: SourceFile):
@@ -56,7 +56,7 @@ def _progress(total: int):
 
 def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None,
               sources: Optional[dict] = None, cache=None):
-  """A :class:`engine.FileResult` per file (input order), ``jobs`` processes; writes nothing.
+  """A :class:`codemod.result.FileResult` per file (input order), ``jobs`` processes; writes nothing.
 
   Each file is read once (``sources``: the :class:`codemod.sources.SourceFile` of each
   path, shared with the cross-module pre-pass). Files without any marker are never parsed;
@@ -64,7 +64,7 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   pool when there are several, largest first (so that no long file starts last while the
   other workers idle), with their bytes. ``flows``: each file's
   :class:`codemod.flow.Flow` (cross-module optimizers), or None. Each file is rewritten
-  with the cyclic garbage collector paused (:func:`gc_paused`).
+  with the cyclic garbage collector paused (:func:`codemod.pool.gc_paused`).
 
   A worker process that dies (killed, out of memory) fails the file it had (an error
   result naming it) and is replaced; the other files are still rewritten.
@@ -80,7 +80,7 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   sources = {} if sources is None else sources
   for f in files:
     sources.setdefault(f, SourceFile(f))
-  results: dict[int, engine.FileResult] = {}
+  results: dict[int, FileResult] = {}
   todo, sizes = [], {}
   for i, f in enumerate(files):
     size = _candidate(sources[f], flows[i])
@@ -88,7 +88,7 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
       todo.append(i)
       sizes[i] = size
     else:
-      results[i] = engine.FileResult(str(f), '', new='')
+      results[i] = FileResult(str(f), '', new='')
   keys = {}
   if cache is not None:
     for i in list(todo):
@@ -106,10 +106,13 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   progress, task = _progress(len(files)), None
   parsed = [i for i in todo if sources[files[i]].cache]  # planned by the pre-pass
   todo = [i for i in todo if not sources[files[i]].cache]
+  if parsed or todo:  # the engine (LibCST) loads only for a file to rewrite, before any fork
+    from codemod import engine
+    from codemod.pool import _Pool, gc_paused
   pool = _Pool(min(jobs, len(todo))) if jobs > 1 and len(todo) >= POOL_MIN_FILES else None
 
   def done(i, result, error=None):
-    results[i] = result if error is None else engine.FileResult(
+    results[i] = result if error is None else FileResult(
         str(files[i]), '', error=f'{files[i]}: {error}')
     if cache is not None and i in keys:
       cache.put(keys[i], results[i])

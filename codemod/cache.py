@@ -1,6 +1,6 @@
 """The ``rewrite`` cache: one entry per file result, keyed by what the result depends on.
 
-A file's :class:`codemod.engine.FileResult` is a function of its bytes, the path the run
+A file's :class:`codemod.result.FileResult` is a function of its bytes, the path the run
 names it by (messages and the report carry it), the options, the cross-module flow facts
 it can use (the factories and step functions of other modules whose function name its text
 holds: :func:`flow_key`) and the tool itself (its version and the size and modification
@@ -92,7 +92,7 @@ def flow_key(flow, text: str) -> str:
 
 class _Unpickler(pickle.Unpickler):
   """Only the classes an entry holds: a result, its findings, builtin values."""
-  ALLOWED = {('codemod.engine', 'FileResult'), ('codemod.findings', 'Finding')}
+  ALLOWED = {('codemod.result', 'FileResult'), ('codemod.findings', 'Finding')}
 
   def find_class(self, module, name):
     if (module, name) in self.ALLOWED:
@@ -121,7 +121,7 @@ class Cache:
     return self.directory / f'v{FORMAT}' / key[:2] / key
 
   def get(self, key: str, original: str):
-    """The cached :class:`codemod.engine.FileResult` of ``key`` (``original``: the file's
+    """The cached :class:`codemod.result.FileResult` of ``key`` (``original``: the file's
     text, which entries do not store), or None (a miss: absent, unreadable, corrupt)."""
     try:
       blob = self._path(key).read_bytes()

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import ast
 import bisect
-import dataclasses
-import difflib
 import pathlib
 from typing import Optional
 
@@ -23,73 +21,22 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 
 from codemod import facts as facts_lib
-from codemod import legacy_api
+from codemod import legacy_api, prefilter
 from codemod.failures import RuleFailure
 from codemod.modern import rewrite as om2xx
 from codemod.findings import TODO_PREFIX, Finding, todo_comments
 from codemod.plan import make_plan
 from codemod.rewrite import apply_plan
 from codemod.rules import Options
+from codemod.result import FileResult  # noqa: F401 - re-exported
 from codemod.rules.imports import import_finding
 from codemod.sources import SourceFile, decode_source, read_source, write_atomic  # noqa: F401
 
-#: The file prefilter (``codemod.legacy_api.may_need_rewrite``), kept here for its callers.
+#: The prefilters and the result class live in light modules (no LibCST: a run whose files
+#: are all cache hits loads neither), kept here for their callers.
 may_need_rewrite = legacy_api.may_need_rewrite
-
-
-def wanted(text: str, flow=None) -> bool:
-  """:func:`may_need_rewrite`, or ``text`` may call a factory of ``flow`` (another module's
-  optimizer, :class:`codemod.flow.Flow`), or the OM2xx family may apply to it (removed JAX /
-  Flax APIs, :func:`codemod.modern.rewrite.may_apply`): the files worth a parse."""
-  return _flax_optim_wanted(text, flow) or om2xx.may_apply(text)
-
-
-def _flax_optim_wanted(text: str, flow=None) -> bool:
-  return may_need_rewrite(text) or (flow is not None and flow.mentioned(text))
-
-
-def has_todos(text: str) -> bool:
-  """``text`` holds a TODO this codemod wrote (reported until it is deleted)."""
-  return TODO_PREFIX in text
-
-
-@dataclasses.dataclass
-class FileResult:
-  path: str
-  original: str
-  new: str | None = None          # None: not processed (error) or skipped
-  findings: list[Finding] = dataclasses.field(default_factory=list)
-  error: str | None = None
-  encoding: str = 'utf-8'
-  cells: list[int] | None = None  # notebooks: the cell of each finding
-  #: module-level functions returning an optimizer -> converted to return a TrainState
-  #: (read by the cross-module pre-pass, ``codemod.flow``)
-  factories: dict[str, bool] = dataclasses.field(default_factory=dict)
-  inject_lr: bool = False         # the file's defs are built with inject_hyperparams
-  #: module-level functions taking optimizers -> ``((position, parameter), ...)``, and
-  #: whether the rewrite makes them TrainStates (read by ``codemod.flow``)
-  steps: dict[str, tuple[tuple, bool]] = dataclasses.field(default_factory=dict)
-  #: module-level functions returning an optimizer in a tuple, list or dict -> converted
-  bundles: dict[str, bool] = dataclasses.field(default_factory=dict)
-
-  def where(self, i: int) -> str:
-    """The file (``nb.ipynb:cell3`` in a notebook) of finding ``i``."""
-    return self.path if self.cells is None else f'{self.path}:cell{self.cells[i]}'
-
-  @property
-  def changed(self) -> bool:
-    return self.new is not None and self.new != self.original
-
-  @property
-  def manual(self) -> list[Finding]:
-    return [f for f in self.findings if not f.fixed]
-
-  def diff(self) -> str:
-    if not self.changed:
-      return ''
-    return ''.join(difflib.unified_diff(
-        self.original.splitlines(keepends=True), self.new.splitlines(keepends=True),
-        fromfile=f'a/{self.path.lstrip("/")}', tofile=f'b/{self.path.lstrip("/")}'))
+wanted, has_todos = prefilter.wanted, prefilter.has_todos
+_flax_optim_wanted = prefilter.flax_optim_wanted
 
 
 def rewrite_source(source: str, path: str = '<string>',

@@ -26,7 +26,6 @@ import re
 from typing import Iterable, Mapping, Optional
 
 from codemod import findings, legacy_api
-from codemod.facts.migrated import migrated_factories, migrated_field_classes
 from codemod.modules import (absolute_name, imported_modules, module_names, reexports,  # noqa: F401
                              outside_modules, package_root, roots_of)
 from codemod.sources import SourceFile
@@ -483,6 +482,7 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   from the file's plan, nothing rewritten (``outside``: a file the run does not rewrite,
   whose legacy code therefore stays)."""
   from codemod import engine
+  from codemod.facts.migrated import migrated_factories, migrated_field_classes
   try:
     planned = engine.plan_file(source, options, flow_file)
   except Exception:  # noqa: BLE001 - a failing rule: the per-file run reports it

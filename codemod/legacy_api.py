@@ -14,15 +14,15 @@ import dataclasses
 import re
 from typing import Optional
 
-from optim_compat import spec as spec_lib
-
 LEGACY = 'flax.optim'
 #: Legacy submodules (``flax.optim.<module>.<Name>``), flax.optim 0.5.3.
 SUBMODULES = frozenset({'base', 'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'lamb',
                         'lars', 'momentum', 'rmsprop', 'sgd', 'weight_norm', 'dynamic_scale'})
 #: Legacy defs the codemod converts: the migration table plus the wrappers.
 MULTI, WEIGHT_NORM, TRAVERSAL = 'MultiOptimizer', 'WeightNorm', 'ModelParamTraversal'
-DEF_NAMES = frozenset(spec_lib.SPECS) | {MULTI, WEIGHT_NORM}
+#: ``DEF_NAMES``: the migration table's defs (``optim_compat.spec.SPECS``) and those two; made at
+#: first use (:func:`__getattr__`), since the table imports NumPy and the text prefilters here
+#: need none of it.
 #: The label of the leaves no group of a MultiOptimizer / ``focus=`` selects.
 FROZEN = 'frozen'
 
@@ -208,3 +208,11 @@ def has_legacy_use(text: str) -> bool:
   """``text`` spells a legacy optimizer use (the word ``optim`` or a tell-tale member): a
   module migrated earlier has none."""
   return _LEGACY_USE.search(text) is not None
+
+
+def __getattr__(name: str):
+  if name == 'DEF_NAMES':
+    from optim_compat import spec as spec_lib
+    value = globals()['DEF_NAMES'] = frozenset(spec_lib.SPECS) | {MULTI, WEIGHT_NORM}
+    return value
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -37,15 +37,15 @@ import sys
 import threading
 from typing import Optional
 
-from codemod import cache as cache_lib, engine, output_formats
+from codemod import cache as cache_lib, output_formats, sources as sources_lib
 from codemod.config import ConfigError
+from codemod.result import FileResult
 from codemod.rules import Options
 # the parts of the run, re-exported here where they were defined before (tests, bench/ and
-# codemod.cli import them from codemod.runner)
+# codemod.cli import them from codemod.runner); those of codemod.pool, which loads the
+# engine (LibCST), at first use (:func:`__getattr__`)
 from codemod.batch import (POOL_MIN_FILES, PROGRESS_MIN_FILES, _candidate, _data,  # noqa: F401
                            _named, _progress, outside_importers, run_files, tree_flows)
-from codemod.pool import (_PR_SET_PDEATHSIG, _Pool, _pool_context, _pool_worker,  # noqa: F401
-                          _sigint_blocked, _watch_parent, _work, _worker_init, gc_paused)
 from codemod.run_options import (CONFIG_KEYS, OTHER_KEYS, _split, build_options,  # noqa: F401
                                  find_config, load_config)
 from codemod.walk import SKIP_DIRS, _is_venv, iter_python_files  # noqa: F401
@@ -54,8 +54,20 @@ EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 #: Exit status after Ctrl-C (SIGINT), as shells report a program that SIGINT ended.
 EXIT_INTERRUPTED = 130
 
+#: The names of codemod.pool re-exported here, loaded at first use.
+_POOL_NAMES = frozenset({'_PR_SET_PDEATHSIG', '_Pool', '_pool_context', '_pool_worker',
+                         '_sigint_blocked', '_watch_parent', '_work', '_worker_init',
+                         'gc_paused'})
 
-def report_entries(result: engine.FileResult) -> list[dict]:
+
+def __getattr__(name: str):
+  if name in _POOL_NAMES:
+    from codemod import pool
+    return getattr(pool, name)
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def report_entries(result: FileResult) -> list[dict]:
   """JSON report rows for one file: one per site, plus one for a file error
   (``codemod.output_formats.Entry.row``)."""
   return [e.row() for e in output_formats.entries_of(result)]
@@ -238,7 +250,7 @@ def _report_and_write(args, results, interrupted: list, fmt: str = 'full',
     if result.changed:
       if args.write:
         try:
-          engine.write_atomic(pathlib.Path(result.path), result.new, result.encoding)
+          sources_lib.write_atomic(pathlib.Path(result.path), result.new, result.encoding)
         except OSError as e:
           result.error = f'{result.path}: cannot write: {e}'
           if full:
@@ -296,6 +308,7 @@ def _rewrite_stdin(args, options: Options) -> int:
   Input that cannot be decoded, does not parse, or is notebook JSON (``-`` reads Python
   source only) is an error (exit 2): stdout gets the input unchanged, stderr the reason.
   """
+  from codemod import engine
   data = sys.stdin.buffer.read()
   try:
     source, encoding = engine.decode_source(data)  # the coding cookie, as for files

@@ -7,9 +7,10 @@ import pathlib
 import stat
 import tempfile
 import tokenize
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import libcst as cst
+if TYPE_CHECKING:
+  import libcst as cst
 
 
 class SourceFile:
@@ -74,6 +75,7 @@ class SourceFile:
       libcst.ParserSyntaxError: it does not parse (and the errors of :attr:`text`).
     """
     if self._module is None:
+      import libcst as cst  # loaded at the first parse: a cache hit needs no LibCST
       self._module = cst.parse_module(self.text)
     return self._module
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from codemod import cli, engine
+from codemod import cli, engine, sources
 
 
 @pytest.fixture(autouse=True)
@@ -164,7 +164,7 @@ def test_ctrl_c_while_writing_finishes_that_file_and_writes_no_other(tmp_path, m
   """A Ctrl-C during the writes: the file being written is finished, no other is started,
   no temp file is left, exit 130 with a line that counts what was written."""
   files = _tree(tmp_path / 'tree', 6)
-  real = engine.write_atomic
+  real = sources.write_atomic
   calls = []
 
   def write_then_interrupted(path, text, encoding='utf-8'):
@@ -173,7 +173,7 @@ def test_ctrl_c_while_writing_finishes_that_file_and_writes_no_other(tmp_path, m
       os.kill(os.getpid(), signal.SIGINT)  # lands in the middle of this write
     real(path, text, encoding)
 
-  monkeypatch.setattr(engine, 'write_atomic', write_then_interrupted)
+  monkeypatch.setattr(sources, 'write_atomic', write_then_interrupted)  # (what runner calls)
   try:
     status = cli.main(['rewrite', '--write', '--jobs', '1', str(tmp_path / 'tree')])
   except KeyboardInterrupt:
