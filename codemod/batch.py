@@ -7,6 +7,7 @@ OM125). ``codemod.runner`` prints and writes what they return.
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from typing import Iterable, Optional
@@ -173,13 +174,32 @@ def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options,
 def _named(files, roots) -> list[tuple[pathlib.Path, list[tuple[str, bool]], str]]:
   """Each file with its module names (:func:`codemod.flow.module_names`) and the path
   messages name it by (relative to its root)."""
+  given = [(pathlib.Path(p), rs) for p, rs in roots.items()]
+  raised: dict = {}  # each root raised past its packages once (codemod.modules.package_root)
   named = []
   for f in files:
-    owners = [r for p, rs in roots.items() for r in rs
-              if f == pathlib.Path(p) or pathlib.Path(p) in f.parents]
-    shown = f.relative_to(owners[0]).as_posix() if owners and owners[0] in f.parents else str(f)
-    named.append((f, flow_lib.module_names(f, owners) if f.suffix == '.py' else [], shown))
+    owners = [r for p, rs in given for r in rs if f == p or _within(p, f)]
+    shown = f.relative_to(owners[0]).as_posix() if owners and _within(owners[0], f) else str(f)
+    if f.suffix == '.py':
+      for r in owners:
+        if r not in raised:
+          raised[r] = flow_lib.package_root(r)
+      names = flow_lib.module_names(f, [raised[r] for r in owners], raised=True)
+    else:
+      names = []
+    named.append((f, names, shown))
   return named
+
+
+def _within(directory: pathlib.Path, f: pathlib.Path) -> bool:
+  """``directory in f.parents`` (the same test, by parts: ``f.parents`` builds a path per
+  parent; on Windows, where paths compare without case, that test itself)."""
+  if os.name == 'nt':
+    return directory in f.parents
+  d, parts = directory.parts, f.parts
+  if not d:  # '.': a parent of every relative path
+    return not f.anchor
+  return len(d) < len(parts) and parts[:len(d)] == d
 
 
 def outside_importers(results, files: list[pathlib.Path], paths: list[str],

@@ -26,8 +26,8 @@ import re
 from typing import Iterable, Mapping, Optional
 
 from codemod import findings, legacy_api
-from codemod.modules import (absolute_name, imported_modules, module_names, reexports,  # noqa: F401
-                             outside_modules, package_root, roots_of)
+from codemod.modules import (absolute_name, import_lines, imported_modules,  # noqa: F401
+                             module_names, reexports, outside_modules, package_root, roots_of)
 from codemod.sources import SourceFile
 
 #: A line that imports something (``import a.b``, ``from .a import b``).
@@ -329,7 +329,7 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   imported = set()
   for text in texts.values():
     if 'import' in text:
-      for line in _IMPORT_LINE.findall(text):
+      for line in _IMPORT_LINE.findall(import_lines(text)):  # (a one-line pattern)
         imported.update(_WORD.findall(line))
   creators = [(path, names, shown) for path, names, shown in files
               if texts.get(path) is not None and names

@@ -37,15 +37,17 @@ def package_root(root: pathlib.Path) -> pathlib.Path:
   return root
 
 
-def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path]) -> list[tuple[str, bool]]:
+def module_names(path: pathlib.Path, roots: Iterable[pathlib.Path],
+                 raised: bool = False) -> list[tuple[str, bool]]:
   """``[(dotted name, is_package)]`` of ``path`` relative to each root it lies under.
 
   A root that is itself inside a package (it has an ``__init__.py``) is raised
-  to the package's parent, as Python's import path would be.
+  to the package's parent, as Python's import path would be (``raised``: ``roots`` are
+  :func:`package_root` s already).
   """
   out = []
   absolute = path.absolute()
-  for root in map(package_root, roots):
+  for root in roots if raised else map(package_root, roots):
     try:
       rel = absolute.relative_to(root)
     except ValueError:
@@ -77,6 +79,21 @@ def roots_of(paths: Iterable[str]) -> dict[str, list[pathlib.Path]]:
       roots.insert(0, cwd)
     out[str(p)] = roots
   return out
+
+
+def import_lines(text: str) -> str:
+  """The lines of ``text`` (split at ``\\n``, as ``re.M`` sees lines) that hold the word
+  ``import``, joined by ``\\n``: a one-line pattern anchored at a line start (:data:`_FROM`,
+  :data:`_IMPORT`) finds in it what it finds in ``text``, in the same order, without
+  scanning every line of a long module."""
+  out, find, rfind = [], text.find, text.rfind
+  i = find('import')
+  while i >= 0:
+    end = find('\n', i)
+    end = len(text) if end < 0 else end
+    out.append(text[rfind('\n', 0, i) + 1:end])
+    i = find('import', end)
+  return '\n'.join(out)
 
 
 _FROM = re.compile(r'^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+\(?([^#\n]*)', re.M)
@@ -114,6 +131,7 @@ def imported_modules(text: str, module: Optional[str], is_package: bool) -> set[
   import statement: a cheap over- and under-approximation, used only to find modules outside
   the run that an importer in it names."""
   found = set()
+  text = import_lines(text)  # (both patterns match within one line)
   for dots, name, names in _FROM.findall(text):
     name = absolute_name(dots + name, module, is_package)
     if not name:
@@ -140,12 +158,7 @@ def outside_modules(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]
   or kept legacy earlier still tells its importers what its functions return and take.
   ``texts``: the files' texts, by path (latin-1: only words are looked for)."""
   roots = list(dict.fromkeys(map(package_root, roots)))
-  inside = set()
-  for path, _, _ in files:
-    try:
-      inside.add(path.resolve())
-    except OSError:
-      continue
+  inside = None  # the run's files, resolved once a candidate exists (most trees have none)
   wanted = set()
   for path, names, _ in files:
     if path.suffix != '.py' or path not in texts:
@@ -159,7 +172,16 @@ def outside_modules(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]
       for candidate in (root.joinpath(*parts).with_suffix('.py'),
                         root.joinpath(*parts, '__init__.py')):
         try:
-          if not candidate.is_file() or candidate.resolve() in inside:
+          if not candidate.is_file():
+            continue
+          if inside is None:
+            inside = set()
+            for path, _, _ in files:
+              try:
+                inside.add(path.resolve())
+              except OSError:
+                continue
+          if candidate.resolve() in inside:
             continue
         except OSError:
           continue
