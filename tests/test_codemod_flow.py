@@ -31,6 +31,24 @@ def _files(tree: pathlib.Path) -> dict[str, str]:
   return {p.relative_to(tree).as_posix(): p.read_text() for p in sorted(tree.rglob('*.py'))}
 
 
+def _run_on_both_stacks(legacy_python, original: pathlib.Path, migrated: pathlib.Path, tmp_path):
+  """``train.py OUT.npz`` of the original program on the old stack (real flax.optim) and of the
+  migrated one on the modern stack: the two outputs (``np.load``), every array of one within
+  the flow tests' bound of the other's, the same keys."""
+  import numpy as np
+  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
+  for python, script, out in ((legacy_python, original / 'train.py', tmp_path / 'old.npz'),
+                              (sys.executable, migrated / 'train.py', tmp_path / 'new.npz')):
+    proc = subprocess.run([python, str(script), str(out)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  old, new = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
+  assert sorted(old.files) == sorted(new.files)
+  for key in old.files:
+    np.testing.assert_allclose(new[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  return old, new
+
+
 @pytest.mark.parametrize('case', ['converted', 'flagged', 'fields', 'def_factory'])
 def test_fixture_tree(case, tmp_path):
   """``rewrite --write`` over a tree gives the after/ tree file by file, reports the sites of
@@ -201,7 +219,6 @@ def test_two_module_program_migrated_matches_real_flax_optim(legacy_python, tmp_
   """train.py never imports flax.optim; its optimizer comes from models/opt.py. After
   `rewrite --write` of the tree (both files converted, nothing flagged), the program on the
   modern stack trains to real flax.optim 0.5.3's numbers running the original (old stack)."""
-  import numpy as np
   new = tmp_path / 'new'
   shutil.copytree(PROGRAM, new)
   proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
@@ -213,16 +230,8 @@ def test_two_module_program_migrated_matches_real_flax_optim(legacy_python, tmp_
   assert 'optimizer.apply_gradients(grads=grads)' in train and '.target' not in train
   assert 'self.optimizer = self.optimizer.apply_gradients(grads=grads)' in train
   assert 'GRAD_FN(optimizer.params, x, y)' in train and 'int(optimizer.step)' in train
-  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
-  for python, script, out in ((legacy_python, PROGRAM / 'train.py', tmp_path / 'old.npz'),
-                              (sys.executable, new / 'train.py', tmp_path / 'new.npz')):
-    proc = subprocess.run([python, str(script), str(out)], capture_output=True, text=True,
-                          cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-  old, new_ = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
-  assert sorted(old.files) == sorted(new_.files) and int(old['step']) == int(new_['step']) == 30
-  for key in old.files:
-    np.testing.assert_allclose(new_[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  old, new_ = _run_on_both_stacks(legacy_python, PROGRAM, new, tmp_path)
+  assert int(old['step']) == int(new_['step']) == 30
   assert old['losses'][-1] < 0.6 * old['losses'][0]  # it trained (1.28 -> 0.70)
   assert old['tuned_losses'][-1] < old['tuned_losses'][0]  # the fine-tuner too
 
@@ -235,7 +244,6 @@ def test_container_declared_in_another_module_migrated_matches_real_flax_optim(
   flax.optim (before: that module was left unconverted with no TODO; the run then failed at
   evaluation). Now the flow carries the class's optimizer fields: every file naming the class
   converts them; the migrated program matches real flax.optim 0.5.3 (old stack)."""
-  import numpy as np
   new = tmp_path / 'new'
   shutil.copytree(CONTAINER, new)
   proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
@@ -246,17 +254,8 @@ def test_container_declared_in_another_module_migrated_matches_real_flax_optim(
   assert '.target' not in evaluation and 'state.optimizer.params' in evaluation
   assert 'int(state.optimizer.step)' in evaluation and 'TODO' not in evaluation
   assert 'optimizer: train_state.TrainState' in (new / 'lib' / 'state.py').read_text()
-  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
-  for python, script, out in ((legacy_python, CONTAINER / 'train.py', tmp_path / 'old.npz'),
-                              (sys.executable, new / 'train.py', tmp_path / 'new.npz')):
-    proc = subprocess.run([python, str(script), str(out)], capture_output=True, text=True,
-                          cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-  old, new_ = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
-  assert sorted(old.files) == sorted(new_.files)
+  old, new_ = _run_on_both_stacks(legacy_python, CONTAINER, new, tmp_path)
   assert int(old['step']) == int(new_['step']) == int(new_['eval_step']) == 30
-  for key in old.files:
-    np.testing.assert_allclose(new_[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
   assert old['losses'][-1] < 0.6 * old['losses'][0]  # it trained
 
 
@@ -668,7 +667,6 @@ def test_def_factories_every_caller_creates_migrated_match_real_flax_optim(legac
   imports flax.optim, `.create`s them and sets the rate at apply time. One run converts both
   (the factory's file injects the rate its caller sets), nothing flagged, and the program
   trains on the modern stack to real flax.optim 0.5.3's numbers (the original, old stack)."""
-  import numpy as np
   new = tmp_path / 'new'
   shutil.copytree(DEF_FACTORY, new)
   proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
@@ -681,16 +679,8 @@ def test_def_factories_every_caller_creates_migrated_match_real_flax_optim(legac
   assert 'tx=opt_def)' in train and 'tx=optimizers.make_momentum())' in train
   assert '.target' not in train and '.make_momentum().create(' not in train
   assert 'opt_def.create(' not in train and 'int(optimizer.step)' in train
-  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu'}
-  for python, script, out in ((legacy_python, DEF_FACTORY / 'train.py', tmp_path / 'old.npz'),
-                              (sys.executable, new / 'train.py', tmp_path / 'new.npz')):
-    proc = subprocess.run([python, str(script), str(out)], capture_output=True, text=True,
-                          cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-  old, new_ = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
-  assert sorted(old.files) == sorted(new_.files) and int(old['step']) == int(new_['step']) == 30
-  for key in old.files:
-    np.testing.assert_allclose(new_[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  old, new_ = _run_on_both_stacks(legacy_python, DEF_FACTORY, new, tmp_path)
+  assert int(old['step']) == int(new_['step']) == 30
   assert old['losses'][-1] < 0.8 * old['losses'][0]  # it trained
   assert old['tuned_losses'][-1] < old['tuned_losses'][0]
 
