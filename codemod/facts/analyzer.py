@@ -457,6 +457,10 @@ class Analyzer(cst.CSTVisitor):
         f.attr_flow[chain] = factory  # `self.opt = create_optimizer(p)`, converted there
     elif (made := self.def_created(value)) is not None:
       f.flow_def_chains[chain] = made  # `self.opt = get_optimizer(cfg).create(p)`
+    elif n.is_def(value):
+      # `self.opt_def = optim.Momentum(...)` in setUp, `.create`d in other methods: an
+      # attribute holding a def is not followed, so the def is handed on (OM114)
+      f.escaping[id(value)] = value
     elif not m.matches(value, m.Name('None')):
       f.attr_other.add(chain)  # `self.opt = Thing()`: never rewritten blindly
 
