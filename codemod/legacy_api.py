@@ -109,6 +109,14 @@ SAVES = {'flax.training.checkpoints.save_checkpoint': (0, 'ckpt_dir'),
 REPLICATE_FNS = frozenset({'flax.jax_utils.replicate', 'flax.jax_utils.unreplicate'})
 #: Wrappers whose result takes the wrapped function's arguments unchanged (``p_step = jax.pmap(step)``).
 CALL_WRAPPERS = frozenset({'jax.jit', 'jax.pmap', 'jax.checkpoint', 'jax.remat'})
+#: Calls that return one bare array (``jnp.zeros(3)``, ``np.ones(...)``, ``jax.random.normal(...)``):
+#: by qualified-name prefix, less the exceptions. An optimizer on such a target cannot become a
+#: TrainState: Flax >= 0.8's ``TrainState.apply_gradients`` tests ``'overwrite_with_gradient' in
+#: grads``, a TypeError on a jax.Array (measured on flax 0.12.8), so the file stays on the shim.
+ARRAY_CALL_PREFIXES = ('jax.numpy.', 'numpy.', 'jax.random.')
+NOT_ARRAY_CALLS = frozenset({'numpy.load', 'jax.numpy.load', 'numpy.savez', 'jax.random.split',
+                             'jax.random.PRNGKey', 'jax.random.key', 'numpy.random.default_rng',
+                             'numpy.random.RandomState', 'numpy.random.seed'})
 #: Reflection on an optimizer's fields by name (flagged on converted optimizers).
 REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
                             'builtins.delattr', 'dataclasses.replace',

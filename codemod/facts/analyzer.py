@@ -16,7 +16,7 @@ import libcst.matchers as m
 from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
-from codemod.facts.values import produces_optimizer
+from codemod.facts.values import makes_bare_array, produces_optimizer
 from codemod.names import (Names, attr_chain, code, container_values, legacy_module_name,
                            target_names)
 
@@ -406,6 +406,7 @@ class Analyzer(cst.CSTVisitor):
     if len(targets) == 1 and isinstance(targets[0], cst.Name) and (b := n.binding(targets[0])):
       block = self._blocks[-1] if self._blocks else None
       self.assign_sites.setdefault(b, []).append((targets[0], value, block))
+      f.array_vars[b] = f.array_vars.get(b, True) and makes_bare_array(n, value)
     source = self.flow_source(value) if f.flow is not None else None
     if source is None and f.flow is not None:
       source = self.def_created(value)  # `opt = get_optimizer(cfg).create(p)`: kept legacy there

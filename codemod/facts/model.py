@@ -44,6 +44,7 @@ class Facts:
   def_calls: list = _field(list)      # legacy def calls, in order
   wn_inner: set = _field(set)         # ids of def calls wrapped by WeightNorm(...)
   create_calls: list = _field(list)   # `<def>.create(...)`
+  array_vars: dict = _field()         # binding -> every `=` gives it a bare array (`w = jnp.zeros(3)`)
   traversal_vars: dict = _field()     # binding -> ModelParamTraversal call
   opt_vars: set = _field(set)         # bindings holding optimizers
   rebound: set = _field(set)          # bindings also assigned something else

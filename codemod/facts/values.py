@@ -72,3 +72,21 @@ def made_here(n: Names, expr) -> bool:
       'apply_gradient', 'replicate', 'unreplicate', 'replace'):
     return made_here(n, func.value)
   return True
+
+
+def makes_bare_array(n: Names, value) -> bool:
+  """``value`` is a call returning one bare array, not a pytree of them (``jnp.zeros(3)``,
+  ``np.random.randn(4, 2)``, ``jax.random.normal(key, (3,))``): its function's qualified name
+  starts with one of :data:`codemod.legacy_api.ARRAY_CALL_PREFIXES` and is not one of
+  :data:`codemod.legacy_api.NOT_ARRAY_CALLS`."""
+  if not isinstance(value, cst.Call):
+    return False
+  return any(q.startswith(api.ARRAY_CALL_PREFIXES) and q not in api.NOT_ARRAY_CALLS
+             for q in n.qnames(value.func))
+
+
+def is_bare_array(n: Names, expr) -> bool:
+  """``expr`` is such a call, or a name every assignment of which is one."""
+  if isinstance(expr, cst.Name):
+    return n.facts.array_vars.get(n.binding(expr), False)
+  return makes_bare_array(n, expr)

@@ -17,7 +17,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.names import code, create_focus, kwargs, template
+from codemod.facts.values import is_bare_array
+from codemod.names import call_argument, code, create_focus, kwargs, template
 from optim_compat import spec as spec_lib
 
 
@@ -110,6 +111,11 @@ def create_problem(q, call: cst.Call) -> Optional[str]:
   if any(a.star for a in call.args) or set(kw) - {'target', 'focus'} or \
       len(positional) + len(kw) not in (1, 2) or len(positional) > 2:
     return 'create(...) with these arguments is not converted'
+  target = call_argument(call, 0, 'target')
+  if target is not None and is_bare_array(q.n, target):
+    return (f'create({code(target)}): the target is a bare array, not a pytree, and '
+            "TrainState.apply_gradients (Flax >= 0.8) fails on one (`'overwrite_with_gradient' "
+            "in grads` is a TypeError on a jax.Array): to convert, make it a dict (`{'w': w}`)")
   focus = create_focus(call)
   if focus is not None and not m.matches(focus, m.Name('None')) and not q.n.is_traversal(focus):
     return (f'create(..., focus={code(focus)}): not a ModelParamTraversal built in this '
