@@ -69,6 +69,9 @@ class Analyzer(cst.CSTVisitor):
     self.def_names: list = []
     self.consumed_defs: set = set()
     self.create_receivers: set = set()
+    #: def calls in a place the rewrite follows: bound to one name, or a MultiOptimizer group's
+    #: def (with consumed_defs, wn_inner and escaping; any other is handed on, _unplaced_defs)
+    self.placed_defs: set = set()
 
   # -- imports: only whether flax.optim is imported ----------------------------------------
   def visit_Import(self, node: cst.Import) -> bool:
@@ -256,6 +259,7 @@ class Analyzer(cst.CSTVisitor):
   def visit_Return(self, node: cst.Return) -> None:
     f, value = self.f, node.value
     if value is not None and self.n.is_def(value):
+      self.placed_defs.add(id(value))  # escaping below, or a def factory's (codemod.flow)
       top = len(self._function_stack) == 1 and not self._class_depth
       if not (top and self._own_def_factory(self._function_stack[0]) is not None):
         f.escaping[id(value)] = value  # (a converted def factory returns its transformation)
@@ -319,6 +323,8 @@ class Analyzer(cst.CSTVisitor):
           fields.append(node.target.value)
     if node.value is not None and (n.legacy_def(node.value) or n.is_user_def(node.value)):
       f.def_vars.update(dict.fromkeys(n.name_bindings([node.target]), node.value))
+      if isinstance(node.target, cst.Name):
+        self.placed_defs.add(id(node.value))
 
   def flow_source(self, value):
     """The factory whose optimizer ``value`` is: its call, or a step/replicate of a name
@@ -423,6 +429,8 @@ class Analyzer(cst.CSTVisitor):
       f.flow_vars.update(dict.fromkeys(n.name_bindings(targets), source))
     if n.legacy_def(value) or n.is_user_def(value):
       f.def_vars.update(dict.fromkeys(n.name_bindings(targets), value))
+      if len(targets) == 1 and isinstance(targets[0], cst.Name):
+        self.placed_defs.add(id(value))
     elif n.is_traversal(value) and isinstance(value, cst.Call):
       f.traversal_vars.update(dict.fromkeys(n.name_bindings(targets), value))
     elif produces_optimizer(n, value):
@@ -556,6 +564,9 @@ class Analyzer(cst.CSTVisitor):
     name = n.legacy_def(node)
     if name == api.WEIGHT_NORM:
       self._group_args.update(id(a) for a in node.args)
+    elif name == api.MULTI:
+      self.placed_defs.update(id(a.value.elements[1].value) for a in node.args
+                              if isinstance(a.value, cst.Tuple) and len(a.value.elements) == 2)
     if name:
       f.def_calls.append(node)
       if name == api.WEIGHT_NORM and node.args and n.legacy_def(node.args[0].value):
@@ -594,8 +605,20 @@ class Analyzer(cst.CSTVisitor):
       f.saves.append(node)
 
   def leave_Module(self, node: cst.Module) -> None:
+    self._unplaced_defs()
     following.settle(self)
     self._def_misuses()
+
+  def _unplaced_defs(self) -> None:
+    """Def calls the rewrite cannot follow to their ``.create``: an element of a list, dict
+    or tuple (``defs = [Adam(), Momentum()]``, ``d, e = Adam(), Sgd()``), a branch of
+    ``a if c else b``, a lambda's body, a chained ``a = b = Adam()``. As Optax transformations
+    they would have no ``.create``, so they are handed on (``Facts.escaping``, OM114)."""
+    f = self.f
+    placed = self.placed_defs | self.consumed_defs | f.wn_inner | set(f.escaping)
+    for call in f.def_calls:
+      if id(call) not in placed:
+        f.escaping[id(call)] = call
 
   def _def_misuses(self) -> None:
     """The converted def factories (``f.def_uses``) whose result this module uses other than

@@ -229,7 +229,7 @@ MANUAL = (
          readme="a `flax.optim` import nothing in its module uses (maybe a re-export from a "
                 "package's `__init__.py`: kept, not deleted)"),
     Rule('OM114', 'manual', family='defs', summary=
-         'an optimizer def handed to other code (returned, passed, a class attribute)',
+         'an optimizer def handed to other code (returned, passed, kept in an attribute or a container)',
          why='As an Optax transformation it would arrive there without `.create()`. ' + _KEPT,
          before=_IMPORT + 'def make_def():\n  return optim.Adam(1e-3)\n',
          after='import optim_compat\n'
@@ -238,10 +238,11 @@ MANUAL = (
                '\n'
                '\n'
                'def make_def():\n'
-               '  # TODO(optim-migrate): OM114: `optim.Adam(1e-3)` is an optimizer def handed to other code (returned, passed as an argument or kept as a class attribute): as an Optax transformation it has no .create(); convert it where it is used (this file keeps its legacy optimizer code)\n'
+               '  # TODO(optim-migrate): OM114: `optim.Adam(1e-3)` is an optimizer def handed to other code (returned, passed as an argument, kept in an attribute or a container): as an Optax transformation it has no .create(); convert it where it is used (this file keeps its legacy optimizer code)\n'
                '  return optim.Adam(1e-3)\n',
          readme='a def returned or passed to other code (it would arrive there as an Optax '
-                'transformation), or kept as a class attribute (the file keeps its legacy code)'),
+                'transformation), or kept in an attribute or a list, dict or tuple (the file '
+                'keeps its legacy code)'),
     Rule('OM115', 'manual', family='defs', summary=
          'a name that holds a def and later its optimizer, when which one a use reads is unclear',
          why='`opt = Adam(1e-3); opt = opt.create(p)` converts when the create is the name\'s '

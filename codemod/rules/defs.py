@@ -114,8 +114,8 @@ def create_problem(q, call: cst.Call) -> Optional[str]:
   target = call_argument(call, 0, 'target')
   if target is not None and is_bare_array(q.n, target):
     return (f'create({code(target)}): the target is a bare array, not a pytree, and '
-            "TrainState.apply_gradients (Flax >= 0.8) fails on one (`'overwrite_with_gradient' "
-            "in grads` is a TypeError on a jax.Array): to convert, make it a dict (`{'w': w}`)")
+            "TrainState.apply_gradients fails on one (`'overwrite_with_gradient' in grads` is "
+            "a TypeError on a jax.Array, Flax 0.12): to convert, make it a dict (`{'w': w}`)")
   focus = create_focus(call)
   if focus is not None and not m.matches(focus, m.Name('None')) and not q.n.is_traversal(focus):
     return (f'create(..., focus={code(focus)}): not a ModelParamTraversal built in this '
@@ -243,9 +243,9 @@ def visit_statement_node(p, node) -> None:
            blocks=True, data={'name': name})
   if id(node) in f.escaping:
     p.flag(node, 'OM114', f'`{code(node)}` is an optimizer def handed to other code '
-                          '(returned, passed as an argument or kept as a class attribute): as '
-                          'an Optax transformation it has no .create(); convert it where it is '
-                          'used', blocks=True)
+                          '(returned, passed as an argument, kept in an attribute or a '
+                          'container): as an Optax transformation it has no .create(); convert '
+                          'it where it is used', blocks=True)
 
 
 def leave_def_call(p, original) -> bool:
