@@ -111,7 +111,7 @@ REPLICATE_FNS = frozenset({'flax.jax_utils.replicate', 'flax.jax_utils.unreplica
 CALL_WRAPPERS = frozenset({'jax.jit', 'jax.pmap', 'jax.checkpoint', 'jax.remat'})
 #: Calls that return one bare array (``jnp.zeros(3)``, ``np.ones(...)``, ``jax.random.normal(...)``):
 #: by qualified-name prefix, less the exceptions. An optimizer on such a target cannot become a
-#: TrainState: Flax >= 0.8's ``TrainState.apply_gradients`` tests ``'overwrite_with_gradient' in
+#: TrainState: Flax's ``TrainState.apply_gradients`` tests ``'overwrite_with_gradient' in
 #: grads``, a TypeError on a jax.Array (measured on flax 0.12.8), so the file stays on the shim.
 ARRAY_CALL_PREFIXES = ('jax.numpy.', 'numpy.', 'jax.random.')
 NOT_ARRAY_CALLS = frozenset({'numpy.load', 'jax.numpy.load', 'numpy.savez', 'jax.random.split',
@@ -180,6 +180,22 @@ _FLAX_ALIAS = re.compile(r'\bimport\s+flax\s+as\s+(\w+)')
 #: OM122's on ``.create(...)`` of a name that looks like an optimizer def (``optimizer_def``,
 #: ``optim_def``, ``opt_def``: :data:`DEF_LOOKING`, also read by the analyzer).
 _APPLY_GRADIENT = re.compile(r'\.\s*apply_gradient\b')
+#: ... and OM122's on an Optimizer member read on a value named like an optimizer
+#: (``train_state.optimizer.target``, ``opt.state.step``: :data:`OPTIMIZER_NAMED`) in a file
+#: that never imports flax.optim.
+_NAMED_MEMBER = re.compile(
+    r'opt\w*\s*\.\s*(?:target|optimizer_def|state\s*\.\s*(?:step|param_states))\b', re.I)
+#: ... and on ``get_optimizer(config).create(p)`` (a call named like a def's maker).
+_CALL_CREATE = re.compile(r'\)\s*\.\s*create\s*\(')
+_OPTIM_WORD = re.compile(r'optim', re.I)
+#: The last name of a value that reads like an optimizer: ``optimizer``, ``opt``, ``_optimizer``,
+#: ``opt_repl``, ``generator_optimizer``, ``optimizers``.
+OPTIMIZER_NAMED = re.compile(r'(?:^|_)(?:opt|optim|optimizer)(?:s|_[a-z0-9]+)?$', re.I)
+#: The Optimizer members flagged on such a value, and what a TrainState has instead.
+NAMED_MEMBERS = {'target': '`.params`', 'state.step': '`.step`',
+                 'state.param_states': '`.opt_state` (Optax state, another layout)',
+                 'optimizer_def': '`.tx` (an Optax transformation)',
+                 'replace(target=...)': '`.replace(params=...)` (`state=` has no counterpart)'}
 DEF_LOOKING = re.compile(r'\w*opt\w*_def')
 _DEF_LOOKING_CREATE = re.compile(r'\b\w*opt\w*_def\s*\.\s*create\s*\(')
 _LEGACY_USE = re.compile(r'\boptim\b|' + '|'.join(
@@ -191,13 +207,18 @@ def may_need_rewrite(text: str) -> bool:
 
   Every rule needs ``flax.optim`` referenced in the file (:data:`_REFERENCE`: each import
   form, ``flax.optim.X``, the module name in a string, ``getattr(flax, 'optim')``, an alias
-  of ``flax`` followed by ``.optim``) except the flag on ``.apply_gradient`` in files that
-  never import it. So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
+  of ``flax`` followed by ``.optim``) except the flags in files that never import it: on
+  ``.apply_gradient``, on ``optimizer_def.create(...)`` and ``get_optimizer(c).create(...)``,
+  and on ``.target`` / ``.state.step`` / ``.optimizer_def`` of a value named like an optimizer. So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
   "optim" beside ``import flax``, or another library's ``.target`` alone do not cost a parse.
   """
   if 'apply_gradient' in text and _APPLY_GRADIENT.search(text) is not None:
     return True
   if '_def' in text and _DEF_LOOKING_CREATE.search(text) is not None:
+    return True
+  if 'opt' in text and _NAMED_MEMBER.search(text) is not None:
+    return True
+  if 'create' in text and _CALL_CREATE.search(text) is not None and _OPTIM_WORD.search(text):
     return True
   if 'optim' not in text or 'flax' not in text:
     return False

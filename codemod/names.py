@@ -156,6 +156,19 @@ class Names:
 
 
 # -- CST shapes -------------------------------------------------------------------------------
+def last_name(node) -> str:
+  """``'optimizer'`` for ``state.optimizer`` or ``optimizer``; '' for anything else."""
+  if isinstance(node, cst.Attribute):
+    return node.attr.value
+  return node.value if isinstance(node, cst.Name) else ''
+
+
+def named_like_optimizer(node) -> bool:
+  """``node`` is a name or attribute whose last name reads like an optimizer's
+  (:data:`codemod.legacy_api.OPTIMIZER_NAMED`: ``optimizer``, ``state.optimizer``, ``opt``)."""
+  return api.OPTIMIZER_NAMED.search(last_name(node)) is not None
+
+
 def attr_chain(node) -> Optional[str]:
   """``'self.optimizer'`` for an attribute chain on a name (``self.optimizer``,
   ``state.train.opt``), else None (a name alone, a call, a subscript)."""

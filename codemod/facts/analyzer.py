@@ -8,6 +8,7 @@ and returns. Parameters and rebinds are settled after the visit
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 import libcst as cst
@@ -17,8 +18,8 @@ from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
 from codemod.facts.values import makes_bare_array, produces_optimizer
-from codemod.names import (Names, attr_chain, code, container_values, legacy_module_name,
-                           target_names)
+from codemod.names import (Names, attr_chain, code, container_values, last_name,
+                           legacy_module_name, target_names)
 
 _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
 _STATE_STEP = m.Attribute(attr=m.Name('state'))
@@ -27,6 +28,9 @@ _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Nam
 #: another module's optimizer)
 #: a parameter named like an optimizer def (`optimizer_def`, `optim_def`, `opt_def`)
 _DEF_LOOKING = api.DEF_LOOKING
+#: A call whose function is named like a def's maker: `get_optimizer(config).create(p)`,
+#: `momentum_clip.Optimizer(beta=0.9).create(p)` (another module's OptimizerDef subclass)
+_DEF_CALL_LOOKING = re.compile(r'optim', re.I)
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
 
 
@@ -581,7 +585,8 @@ class Analyzer(cst.CSTVisitor):
         made = (f.flow_def_vars.get(n.binding(recv)) if isinstance(recv, cst.Name)
                 else self.def_factory_of(recv))
       if made is not None or (isinstance(recv, cst.Name) and _DEF_LOOKING.fullmatch(recv.value)
-                              and n.binding(recv) not in f.def_vars):
+                              and n.binding(recv) not in f.def_vars) or (
+          isinstance(recv, cst.Call) and _DEF_CALL_LOOKING.search(last_name(recv.func))):
         # (a parameter, or a name another library's function gave: `optimizer_def =
         # dqn_agent.create_optimizer(...)` from a package outside the run)
         f.flow_def_creates.append((node, made))

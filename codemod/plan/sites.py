@@ -78,6 +78,7 @@ class SitePlanner(cst.CSTVisitor):
     self.plan = plan
     self.state_of_step: set[int] = set()  # `.state` of a `.state.step` (flagged once, at `.step`)
     self._pending: list[list[str]] = []   # TODO lines of the statements being visited
+    self._todo_above: list[bool] = []      # ... and whether an earlier run put one above each
     self._stack: list[int] = []           # ids of the nodes being visited
     self._stale = TODO_PREFIX in q.analysis.text
 
@@ -95,6 +96,10 @@ class SitePlanner(cst.CSTVisitor):
     self.plan.findings.append(Finding(*self.q.n.pos(node), rule, message, False, blocks, reason,
                                       data or {}))
     self._add_todo(line)
+
+  def todo_above(self) -> bool:
+    """The statement being visited has a TODO(optim-migrate) line an earlier run wrote."""
+    return bool(self._todo_above) and self._todo_above[-1]
 
   def note(self, rule, message) -> None:
     """An inline TODO on the current statement (no report entry)."""
@@ -137,6 +142,8 @@ class SitePlanner(cst.CSTVisitor):
     self._stack.append(id(node))
     if isinstance(node, _STATEMENTS):
       self._pending.append([])
+      self._todo_above.append(any(ll.comment is not None and ll.comment.value.startswith(
+          TODO_PREFIX) for ll in node.leading_lines))
       if node is self.plan.first_statement:
         imports.first_statement(self, node)
       if self._stale and self.q.converts and any(
@@ -150,6 +157,7 @@ class SitePlanner(cst.CSTVisitor):
     super().on_leave(original)
     if isinstance(original, _STATEMENTS):
       todos = self._pending.pop()
+      self._todo_above.pop()
       if todos:
         self.plan.todos[id(original)] = todos
         self._mark()

@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.names import code
+from codemod.names import code, named_like_optimizer
 
 #: keyword renames of ``replace(...)``: legacy field -> TrainState field
 _FIELD_RENAMES = {mem.path[0]: mem.train_state for mem in api.OPTIMIZER_MEMBERS
@@ -136,7 +136,9 @@ def leave_rename(p, original) -> None:
       p.flag(original, 'OM120', '`.step` is a Python int on a TrainState fresh from '
                                 'TrainState.create or stepped outside jit (legacy: an int32 '
                                 'array): use jnp.asarray(<state>.step, jnp.int32) here')
-  elif q.maybe_optimizer(recv):
+  elif q.maybe_optimizer(recv) or named_like_optimizer(recv):
+    # (named like one: `state.optimizer` of a container nothing here follows, say one a
+    # notebook builds from another module's class)
     p.flag(original, 'OM117', f'if `{code(recv)}` is a flax.optim Optimizer, '
                               f'`.{".".join(member.path)}` is `.{member.train_state}` on a '
                               'TrainState' + q.created_by())

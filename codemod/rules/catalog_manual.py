@@ -406,8 +406,11 @@ MANUAL = (
          readme='`.apply_gradient` in a file that never imports `flax.optim` on anything the '
                 'cross-module flow does not prove (below); `.create(...)` on a def another '
                 'module\'s function returns, or on a def-like name (`optimizer_def`) nothing '
-                'proves, and `.target` / `.state` on what it creates; an optimizer whose '
-                'creating module keeps its legacy code (the file keeps its legacy code too)'),
+                'proves, and `.target` / `.state` on what it creates; `.target`, `.state.step`, '
+                '`.optimizer_def`, `.replace(target=)` on a value named like an optimizer '
+                '(`train_state.optimizer`) in a file that never imports `flax.optim`; an '
+                'optimizer whose creating module keeps its legacy code (the file keeps its '
+                'legacy code too)'),
     Rule('OM123', 'manual', family='crossmodule', summary=
          'a converted factory\'s TrainState reaching legacy code in a file that keeps it',
          why='In a file kept legacy, `.target`, `.state`, `.apply_gradient`, ... on what another '
