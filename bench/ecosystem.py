@@ -81,8 +81,9 @@ if str(ROOT) not in sys.path:
 
 OUTCOMES = ('converted', 'converted_todo', 'residual', 'shim', 'fallback', 'kept', 'kept_silent',
             'crash')
-#: Outcomes that run on the modern stack (no flax.optim import left).
-RUNNABLE = ('converted', 'converted_todo', 'residual', 'shim', 'fallback')
+#: Outcomes that run on the modern stack (no flax.optim import left, or the shim before it). A
+#: ``residual`` file is not counted: a legacy reference left with no TODO fails there, or may.
+RUNNABLE = ('converted', 'converted_todo', 'shim', 'fallback')
 LABELS = {'converted': 'converted, no legacy reference left',
           'converted_todo': 'converted, TODOs on lines left',
           'residual': 'converted, unflagged legacy reference left',

@@ -125,6 +125,7 @@ def test_file_kept_legacy_behind_the_shim_fallback_runs():
   assert outcome(fallback).outcome == 'fallback'
   assert outcome(kept).outcome == 'kept'
   assert 'fallback' in eco.RUNNABLE and 'kept' not in eco.RUNNABLE
+  assert 'residual' not in eco.RUNNABLE  # an unflagged legacy reference is not proof it runs
 
 
 def test_shim_and_to_optax():
