@@ -10,7 +10,8 @@
 Exit status: 0 all checks pass, 1 a check differs (its table is printed),
 2 bad input (the message names it). ``--output-format concise|json`` prints one line / one
 JSON object per comparison instead of the tables (``codemod.output_formats``, docs/ci.md);
-``github`` and ``sarif`` are refused (exit 2): a comparison has no file and line. ``--legacy`` is evaluated with the names
+``github`` and ``sarif`` are not offered (argparse refuses them, exit 2): a comparison has no
+file and line. ``--legacy`` is evaluated with the names
 of real ``flax.optim`` where it exists (Flax <= 0.5.3), else of
 ``optim_compat`` (``record`` then notes on stderr that it records the shim);
 ``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and ``optim_compat``.
@@ -66,11 +67,11 @@ def register(subparsers) -> None:
   p.add_argument('--config', default='pyproject.toml',
                  help='read [[tool.optim-migrate.check]] entries from this file when '
                       '--tx is not given (default: ./pyproject.toml)')
-  from codemod.output_formats import FORMATS
-  p.add_argument('--output-format', choices=FORMATS, default='full',
+  from codemod.output_formats import CHECK_FORMATS
+  p.add_argument('--output-format', choices=CHECK_FORMATS, default='full',
                  help='full (default: the tables), concise (one line per comparison) or json '
-                      '(one object per comparison), on stdout; github and sarif need a file '
-                      'and line, which a numeric comparison has not: refused (exit 2)')
+                      '(one object per comparison), on stdout (rewrite\'s github and sarif need '
+                      'a file and line, which a numeric comparison has not)')
   p.set_defaults(func=cmd_check)
   p = subparsers.add_parser('record', help='record a legacy def\'s trajectory (run it in '
                                            'the old stack)')
