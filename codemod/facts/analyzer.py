@@ -17,10 +17,12 @@ import libcst.matchers as m
 from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
+from codemod.modern import table as modern_table
 from codemod.facts.values import makes_bare_array, produces_optimizer
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
                            legacy_module_name, target_names)
 
+_NN_RENAMED = modern_table.nn_renames()
 _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
 _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
@@ -160,6 +162,10 @@ class Analyzer(cst.CSTVisitor):
         self._inner.add(id(node.value))
       return
     qnames = self.n.qnames(node)
+    if qnames & _NN_RENAMED:  # `flax.nn.relu`: OM214 makes it `jax.nn.relu`, `flax.nn` and all
+      if isinstance(node, cst.Attribute):
+        self._inner.add(id(node.value))
+      return
     sym = sorted(filter(None, map(api.legacy_symbol, qnames)))
     f = self.f
     if sym:

@@ -44,6 +44,9 @@ here (old: jax 0.4.13 + flax 0.5.3; modern: jax 0.10.2 + flax 0.12.8):
   is for the day they go. ``jax.host_ids`` is left alone (its new name,
   ``process_indices``, is missing from jax 0.4.13), and so is ``Device.host_id`` (an
   attribute of a device).
+* pre-Linen ``flax.nn``: gone from flax 0.5.3 and today (both measured). Its activations were
+  ``jax.nn``'s functions re-exported (flax 0.3.0 ``flax/nn/activation.py``; ``tanh`` was
+  ``jax.numpy.tanh``), and ``jax.nn`` has each of them on both stacks.
 * ``jax.mask`` / ``jax.shapecheck``: removed in 0.3.16, no replacement.
 * ``nn.LSTMCell``: flax 0.3 took no ``features`` and had a static
   ``initialize_carry(rng, batch_dims, size)``; now ``features`` is required and
@@ -81,6 +84,8 @@ RULES = (
                       'no `__array_interface__`)'),
     ('OM213', 'safe', '`jax.host_id()` / `jax.host_count()` -> `jax.process_index()` / '
                       '`jax.process_count()` (renamed in jax 0.2.13)'),
+    ('OM214', 'safe', '`flax.nn.relu` (and the other pre-Linen activations) -> `jax.nn.relu`, the '
+                      'function flax.nn re-exported'),
     ('OM221', 'manual', '`jax.mask` / `jax.shapecheck`: removed in jax 0.3.16, no replacement'),
     ('OM222', 'manual', '`nn.LSTMCell()` without `features`, static `initialize_carry`: carry '
                         'shapes need the hidden size'),
@@ -116,6 +121,10 @@ class Api:
 
 _TREE = ('tree_map', 'tree_leaves', 'tree_flatten', 'tree_unflatten', 'tree_structure',
          'tree_transpose', 'treedef_is_leaf')
+
+#: What pre-Linen ``flax.nn`` exported from ``jax.nn`` (flax 0.3.0 ``flax/nn/__init__.py``).
+_NN_ACTIVATIONS = ('celu', 'elu', 'gelu', 'glu', 'leaky_relu', 'log_sigmoid', 'log_softmax',
+                   'relu', 'sigmoid', 'soft_sign', 'softmax', 'softplus', 'swish', 'silu')
 
 APIS: tuple[Api, ...] = (
     *(Api('OM201', 'rename', (f'jax.{n}',), f'jax.tree_util.{n}',
@@ -191,6 +200,11 @@ APIS: tuple[Api, ...] = (
           'renamed in jax 0.2.13; '
           f'jax.{new} on both stacks (jax 0.4.13 and 0.10.2)')
       for old, new in (('host_id', 'process_index'), ('host_count', 'process_count'))),
+    *(Api('OM214', 'rename', (f'flax.nn.{n}', f'flax.nn.activation.{n}'), new,
+          f'pre-Linen `flax.nn.{n}` was `{new}` re-exported (the same function)',
+          f'flax.nn.{n}(x)', f'{new}(x)',
+          f'flax.nn is gone from flax 0.5.3 and today; {new} is on both stacks')
+      for n, new in (*((a, f'jax.nn.{a}') for a in _NN_ACTIVATIONS), ('tanh', 'jax.numpy.tanh'))),
     Api('OM221', 'flag', ('jax.mask', 'jax.shapecheck'), None,
         'shape polymorphism by masking was removed with no replacement', '@jax.mask(...)',
         '(by hand)', 'removed in jax 0.3.16',
@@ -293,6 +307,11 @@ def passes(text: str, keyed) -> bool:
 
 def rule_summary(rule: str) -> str:
   return next(s for r, _, s in RULES if r == rule)
+
+
+def nn_renames() -> frozenset:
+  """The ``flax.nn`` names OM214 renames (not flagged as a pre-Linen model, OM105)."""
+  return frozenset(q for a in APIS if a.rule == 'OM214' for q in a.old)
 
 
 def renames() -> dict[str, Api]:
