@@ -5,8 +5,10 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.names import Names, attr_chain
+from codemod.names import Names, attr_chain, call_argument
 
+#: Checkpoint readers: what they return has their target's structure (an optimizer for one).
+_RESTORE_NAMES = frozenset(api.RESTORES)
 _METHOD_ON_NAME = m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name('unreplicate')
                               | m.Name('replace'))
 _METHOD_ON_CALL = m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name('unreplicate')
@@ -34,6 +36,12 @@ def produces_optimizer(n: Names, value) -> bool:
     if (chain := attr_chain(arg)) is not None:
       return chain in f.attr_chains
     return produces_optimizer(n, arg)
+  for q in sorted(n.qnames(func) & _RESTORE_NAMES):
+    # `opt2 = restore_checkpoint(d, opt)`: what is restored has its target's structure
+    target = call_argument(value, *api.RESTORES[q])
+    if target is not None and (produces_optimizer(n, target) or (
+        isinstance(target, cst.Name) and n.binding(target) in f.opt_vars)):
+      return True
   if m.matches(func, _METHOD_ON_NAME):
     return n.binding(func.value) in f.opt_vars  # `opt.replace(target=p)` too
   if m.matches(func, _METHOD_ON_CALL):
