@@ -456,13 +456,15 @@ def _run_usage(cmd, cwd, ok=(0, 1)) -> tuple[float, float, float, int]:
     RuntimeError: the exit status is not in ``ok`` (its stderr's tail in the message).
   """
   env = dict(os.environ, PYTHONPATH=str(ROOT))
-  t0 = time.perf_counter()
-  proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE)
-  _, status, usage = os.wait4(proc.pid, 0)
-  seconds = time.perf_counter() - t0
-  stderr = proc.stderr.read().decode(errors='replace')
-  proc.stderr.close()
+  # stderr goes to a file, not a pipe: waiting on a child whose report fills a pipe's 64 KiB
+  # buffer (a tree with many TODOs) would hang both
+  with tempfile.TemporaryFile() as err:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    err.seek(0)
+    stderr = err.read().decode(errors='replace')
   proc.returncode = os.waitstatus_to_exitcode(status)
   if proc.returncode not in ok:
     raise RuntimeError(f'{" ".join(map(str, cmd))} failed ({proc.returncode}): {stderr[-2000:]}')

@@ -48,3 +48,16 @@ def test_quick_run_prints_finite_positive_metrics(tmp_path):
   table = out.read_text()
   assert '| module | metric |' in table and 'machine:' in table
   assert all(f'`{n}`' in table for n in names)
+
+
+def test_timed_subprocess_with_a_long_report_does_not_hang():
+  """Found by running bench/run.py: `rewrite --check` on the ecosystem tree wrote more than a
+  pipe's 64 KiB to stderr, and the timer waited on the child before reading it: both hung."""
+  sys.path.insert(0, str(ROOT / 'bench'))
+  try:
+    import bench_codemod
+  finally:
+    sys.path.remove(str(ROOT / 'bench'))
+  cmd = [sys.executable, '-c', 'import sys; sys.stderr.write("x" * 300000); sys.exit(1)']
+  seconds, cpu, rss, status = bench_codemod._run_usage(cmd, ROOT)
+  assert status == 1 and seconds > 0 and cpu >= 0 and rss > 0
