@@ -187,7 +187,7 @@ _NAMED_MEMBER = re.compile(
     r'opt\w*\s*\.\s*(?:target|optimizer_def|state\s*\.\s*(?:step|param_states))\b', re.I)
 #: ... and on ``get_optimizer(config).create(p)`` (a call named like a def's maker).
 _CALL_CREATE = re.compile(r'\)\s*\.\s*create\s*\(')
-_OPTIM_WORD = re.compile(r'optim', re.I)
+OPTIM_WORD = re.compile(r'optim', re.I)  # (also the analyzer's def-maker call names)
 #: The last name of a value that reads like an optimizer: ``optimizer``, ``opt``, ``_optimizer``,
 #: ``opt_repl``, ``generator_optimizer``, ``optimizers``.
 OPTIMIZER_NAMED = re.compile(r'(?:^|_)(?:opt|optim|optimizer)(?:s|_[a-z0-9]+)?$', re.I)
@@ -218,7 +218,7 @@ def may_need_rewrite(text: str) -> bool:
     return True
   if 'opt' in text and _NAMED_MEMBER.search(text) is not None:
     return True
-  if 'create' in text and _CALL_CREATE.search(text) is not None and _OPTIM_WORD.search(text):
+  if 'create' in text and _CALL_CREATE.search(text) is not None and OPTIM_WORD.search(text):
     return True
   if 'optim' not in text or 'flax' not in text:
     return False

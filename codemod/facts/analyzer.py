@@ -8,7 +8,6 @@ and returns. Parameters and rebinds are settled after the visit
 """
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import libcst as cst
@@ -32,7 +31,7 @@ _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Nam
 _DEF_LOOKING = api.DEF_LOOKING
 #: A call whose function is named like a def's maker: `get_optimizer(config).create(p)`,
 #: `momentum_clip.Optimizer(beta=0.9).create(p)` (another module's OptimizerDef subclass)
-_DEF_CALL_LOOKING = re.compile(r'optim', re.I)
+_DEF_CALL_LOOKING = api.OPTIM_WORD
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
 
 
