@@ -28,12 +28,14 @@ POOL_MIN_FILES = 8
 
 def _candidate(source: SourceFile, flow=None) -> int:
   """Cheap prefilter on raw bytes: 0 if this file cannot hold legacy code (nor call a
-  factory of ``flow``), else its size in bytes plus one (unreadable files pass:
-  ``rewrite_file`` reports them)."""
+  factory of ``flow``), else its size in bytes plus one (unreadable files, and ``.py``
+  files holding a NUL byte, pass: ``rewrite_file`` reports them)."""
   try:
     data = source.data
   except OSError:
     return 1
+  if b'\0' in data and source.path.suffix == '.py':
+    return len(data) + 1  # binary, or UTF-16/32 (which CPython cannot run): reported, not passed
   text = source.words()
   return len(data) + 1 if prefilter.wanted(text, flow) or prefilter.has_todos(text) else 0
 

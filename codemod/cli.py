@@ -16,6 +16,7 @@ import os
 import pathlib
 import sys
 import types
+from typing import Optional
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 #: Exit status after Ctrl-C (SIGINT), as a shell reports a program that SIGINT ended.
@@ -111,6 +112,9 @@ def cmd_run(args) -> int:
       tb = tb.tb_next
     tb = tb or e.__traceback__
     sys.excepthook(type(e), e.with_traceback(tb), tb)
+    hint = _removed_api_hint(e, args.script)
+    if hint:
+      print(hint, file=sys.stderr)
     return 1
   except SystemExit as e:
     status = e.code
@@ -124,6 +128,24 @@ def cmd_run(args) -> int:
     if saved_main is not None:
       sys.modules['__main__'] = saved_main
   return 0
+
+
+def _removed_api_hint(e: BaseException, script: str) -> Optional[str]:
+  """What to do when SCRIPT died on an API removed beside flax.optim (``jax.tree_map``,
+  ``jax.config``, ``flax.nn``...), which ``run`` does not patch, or None."""
+  if isinstance(e, ModuleNotFoundError):
+    qname = e.name
+  elif isinstance(e, AttributeError) and isinstance(getattr(e, 'obj', None), types.ModuleType):
+    qname = f'{e.obj.__name__}.{e.name}'
+  else:
+    return None
+  from codemod.modern import table
+  api = qname and table.removed(qname)
+  if api is None:
+    return None
+  return (f'optim-migrate run: `{qname}` is one of the APIs removed beside flax.optim '
+          f'({api.since}); `run` redirects flax.optim only. `optim-migrate rewrite --write '
+          f'{script}` rewrites it ({api.rule}: {table.rule_summary(api.rule)})')
 
 
 def cmd_demo(args) -> int:

@@ -48,7 +48,7 @@ from codemod.batch import (POOL_MIN_FILES, PROGRESS_MIN_FILES, _candidate, _data
                            _named, _progress, outside_importers, run_files, tree_flows)
 from codemod.run_options import (CONFIG_KEYS, OTHER_KEYS, _split, build_options,  # noqa: F401
                                  find_config, load_config)
-from codemod.walk import SKIP_DIRS, _is_venv, iter_python_files  # noqa: F401
+from codemod.walk import SKIP_DIRS, _is_venv, iter_python_files, named_file_problem  # noqa: F401
 
 EXIT_CLEAN, EXIT_CHANGES, EXIT_ERROR = 0, 1, 2
 #: Exit status after Ctrl-C (SIGINT), as shells report a program that SIGINT ended.
@@ -149,10 +149,17 @@ def cmd_rewrite(args) -> int:
   missing = {p: ('no such file or directory' if not pathlib.Path(p).exists() else
                  'not a regular file or directory; left alone')
              for p in paths if not (pathlib.Path(p).is_dir() or pathlib.Path(p).is_file())}
+  missing.update((p, why) for p in paths if p not in missing and pathlib.Path(p).is_file()
+                 for why in [named_file_problem(pathlib.Path(p))] if why)
+  files = iter_python_files(paths, config.get('exclude', ()))
+  # a directory with nothing to take is a wrong path far more often than a finished job
+  missing.update((p, 'no .py or .ipynb file in this directory (hidden folders, virtualenvs, '
+                  'build/dist and --exclude globs are skipped)')
+                 for p in paths if pathlib.Path(p).is_dir() and not iter_python_files(
+                     [p], config.get('exclude', ())))
   for p, why in missing.items():
     if full:
       print(f'{p}: {why}', file=sys.stderr)
-  files = iter_python_files(paths, config.get('exclude', ()))
   if args.report and any(os.path.realpath(f) == os.path.realpath(args.report) for f in files):
     print(f'rewrite: --report {args.report}: is one of the files this run reads; name another '
           'file', file=sys.stderr)

@@ -109,8 +109,14 @@ def decode_source(data: bytes) -> tuple[str, str]:
   """``(text, encoding)`` of Python source bytes, per PEP 263 (cookie or BOM).
 
   Raises:
-    UnicodeDecodeError, SyntaxError: bytes that do not decode, or a bad cookie.
+    UnicodeDecodeError, SyntaxError: bytes that do not decode, or a bad cookie; a NUL byte
+      (binary data, or UTF-16/32 text, which CPython does not run) is a SyntaxError that
+      says so.
   """
+  nul = data.find(b'\0')
+  if nul >= 0:
+    raise SyntaxError(f'a NUL byte at offset {nul}: binary data or UTF-16/32 text, not Python '
+                      'source (CPython runs UTF-8 or a PEP 263 encoding)')
   encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
   return data.decode(encoding), encoding
 

@@ -10,14 +10,38 @@ from typing import Iterable
 SKIP_DIRS = {'__pycache__', 'build', 'dist', 'site-packages', 'node_modules', 'venv', 'env'}
 
 
+#: The file names a run takes (in a directory, and when named on the command line).
+SOURCE_SUFFIXES = ('.py', '.ipynb')
+
+
 def _is_venv(d: pathlib.Path) -> bool:
   return (d / 'pyvenv.cfg').exists()
+
+
+def named_file_problem(path: pathlib.Path) -> str | None:
+  """Why a file named on the command line is not taken, or None: one that is neither
+  ``.py`` nor ``.ipynb`` is taken only when it has no suffix and starts with a Python
+  shebang (``#!/usr/bin/env python3``), so that ``notes.txt`` or ``README.md`` is never
+  rewritten as Python source."""
+  if path.suffix in SOURCE_SUFFIXES:
+    return None
+  if not path.suffix:
+    try:
+      with open(path, 'rb') as f:
+        first = f.readline(200)
+    except OSError:
+      return None  # unreadable: the rewrite reports it
+    if first.startswith(b'#!') and b'python' in first:
+      return None
+  return f'not a Python file (the run takes {" and ".join(SOURCE_SUFFIXES)} files, and ' \
+         'scripts with a python shebang); left alone'
 
 
 def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[pathlib.Path]:
   """``.py`` files under ``paths``, sorted per path.
 
-  A file named on the command line is taken as given. In directories: hidden
+  A file named on the command line is taken as given when it is Python
+  (:func:`named_file_problem`). In directories: hidden
   directories, ``.git``, virtualenvs (a ``pyvenv.cfg``), ``build``/``dist``/
   ``__pycache__``/``site-packages`` and ``exclude`` globs (matched against the
   path relative to the directory, and against each name) are skipped; symlinks
@@ -39,7 +63,7 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
     if not p.exists() or str(p) == '-':
       continue
     if not p.is_dir():
-      if p.is_file():
+      if p.is_file() and named_file_problem(p) is None:
         out.append(p)
       continue
     root = p.resolve()
@@ -51,7 +75,7 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
                            and not _is_venv(d / n) and not excluded((d / n).relative_to(p)))
       for name in filenames:
         f = d / name
-        if not name.endswith(('.py', '.ipynb')) or name.startswith('.') \
+        if not name.endswith(SOURCE_SUFFIXES) or name.startswith('.') \
             or excluded(f.relative_to(p)):
           continue
         if f.exists() and not f.is_file():

@@ -52,3 +52,28 @@ def test_a_closed_pipe_is_silent(tmp_path):
   err = proc.stderr.read().decode()
   assert proc.wait(timeout=120) == 1
   assert 'Broken pipe' not in err and 'Traceback' not in err, err
+
+
+def test_files_a_run_cannot_take_are_errors_not_rewrites_nor_silent_passes(tmp_path, capsys):
+  """Found by the new-user trial: `rewrite notes.txt` rewrote a text file as Python; an empty
+  or mistyped directory exited 0 with "0 file(s) scanned"; a UTF-16 or binary `.py` (CPython
+  runs neither) was counted clean, so legacy code in it was passed over in silence."""
+  legacy = 'from flax import optim\nopt = optim.Adam(1e-3).create({})\n'
+  (tmp_path / 'notes.txt').write_text(legacy)
+  (tmp_path / 'empty').mkdir()
+  (tmp_path / 'tree').mkdir()
+  (tmp_path / 'tree' / 'u16.py').write_bytes(legacy.encode('utf-16'))
+  (tmp_path / 'tree' / 'blob.py').write_bytes(b'\x00\x01\x02 data')
+  (tmp_path / 'tree' / 'plain.py').write_text('x = 1\n')
+  (tmp_path / 'script').write_text('#!/usr/bin/env python3\n' + legacy)
+  for path, why in (('notes.txt', 'not a Python file'), ('empty', 'no .py or .ipynb file')):
+    assert cli.main(['rewrite', '--write', str(tmp_path / path)]) == cli.EXIT_ERROR
+    assert f'{tmp_path / path}: {why}' in capsys.readouterr().err
+  assert (tmp_path / 'notes.txt').read_text() == legacy
+  assert cli.main(['rewrite', '--check', str(tmp_path / 'tree')]) == cli.EXIT_ERROR
+  err = capsys.readouterr().err
+  assert f'{tmp_path / "tree" / "u16.py"}: cannot read: a NUL byte at offset' in err
+  assert f'{tmp_path / "tree" / "blob.py"}: cannot read: a NUL byte at offset 0' in err
+  assert '3 file(s) scanned: 0 would be rewritten, 0 flagged (0 manual item(s)), 2 failed' in err
+  # a suffix-less script with a python shebang, named on the command line, is Python
+  assert cli.main(['rewrite', '--check', str(tmp_path / 'script')]) == cli.EXIT_CHANGES

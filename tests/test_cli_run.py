@@ -45,3 +45,21 @@ def test_a_relative_script_that_raises_shows_its_absolute_path_as_python_does(tm
   assert tool.stderr == python.stderr, tool.stderr
   assert f'File "{tmp_path / "boom.py"}", line 3' in tool.stderr
   assert 'runpy' not in tool.stderr and 'codemod' not in tool.stderr
+
+
+def test_a_script_dying_on_an_api_removed_beside_flax_optim_is_pointed_at_rewrite(tmp_path):
+  """Found by the new-user trial: `run` of a 2021 script ended on `module 'jax' has no
+  attribute 'tree_map'` with no word that `rewrite` migrates it (run patches flax.optim only)."""
+  cases = {'tree.py': ('import jax\njax.tree_map(lambda x: x, [1])\n', '`jax.tree_map`', 'OM201'),
+           'cfg.py': ('from jax.config import config\n', '`jax.config`', 'OM203'),
+           'nn.py': ('import flax\nflax.nn.relu(1.0)\n', '`flax.nn`', 'OM214')}
+  for name, (source, shown, rule) in cases.items():
+    (tmp_path / name).write_text(source)
+    tool, python = _both(tmp_path, name, tmp_path)
+    assert tool.returncode == python.returncode == 1, tool.stderr
+    assert tool.stderr.startswith(python.stderr), (tool.stderr, python.stderr)  # its error first
+    hint = tool.stderr[len(python.stderr):]
+    assert shown in hint and f'rewrite --write {name}' in hint and f'({rule}:' in hint, hint
+  (tmp_path / 'other.py').write_text('import jax\njax.not_an_api_we_know\n')
+  tool, python = _both(tmp_path, 'other.py', tmp_path)
+  assert tool.returncode == 1 and tool.stderr == python.stderr  # no hint for other errors

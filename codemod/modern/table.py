@@ -305,6 +305,13 @@ def passes(text: str, keyed) -> bool:
   return False
 
 
+def removed(qname: str) -> Optional[Api]:
+  """The entry for a name a program failed to find (``jax.tree_map``, the ``jax.config``
+  module, ``flax.nn`` as a prefix of ``flax.nn.relu``), or None."""
+  return next((a for a in APIS if qname in a.old), None) or next(
+      (a for a in APIS for q in a.old if q.startswith(qname + '.')), None)
+
+
 def rule_summary(rule: str) -> str:
   return next(s for r, _, s in RULES if r == rule)
 
