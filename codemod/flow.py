@@ -338,7 +338,10 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
                    # a container class: a module handed its instances reads its fields
                    # without importing it (`state.optimizer.target` in a helper)
                    or (_FIELD_CLASS.search(texts[path]) is not None
-                       and legacy_api.may_need_rewrite(texts[path])))]
+                       and legacy_api.may_need_rewrite(texts[path]))
+                   # a def factory its own module calls (`def create_optimizer(): return
+                   # optim.Adam(...)`, then `create_optimizer().create(p)` in a method)
+                   or _calls_own_function(texts[path]))]
   # names a package's __init__.py imports from its modules, which importers take from it
   aliases = {alias: target for path, names, _ in files if texts.get(path) is not None
              for module, is_package in names if is_package
@@ -369,6 +372,24 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
     if not candidates:
       break
   return factories, steps  # no def factory converts: each keeps its file legacy (OM114)
+
+
+_TOP_DEF_NAME = re.compile(r'^(?:async[ \t]+)?def[ \t]+(\w+)', re.M)
+
+
+@functools.lru_cache(maxsize=1)
+def _returned_def() -> re.Pattern:
+  """``return optim.Adam(``, ``return Momentum(``: a function returning a legacy def."""
+  names = '|'.join(sorted(legacy_api.DEF_NAMES))
+  return re.compile(rf'\breturn[ \t(]+(?:[\w.]+\.)?(?:{names})[ \t]*\(')
+
+
+def _calls_own_function(text: str) -> bool:
+  """``text`` is legacy code with a function that returns a legacy def, which it calls by
+  name and ``.create``s (a cheap test, on the text: the def factory is found by the parse)."""
+  return ('.create(' in text and _returned_def().search(text) is not None
+          and legacy_api.may_need_rewrite(text)
+          and any(_calls(text, f'.{name}') for name in set(_TOP_DEF_NAME.findall(text))))
 
 
 def _calls(text: str, qualified: str) -> bool:

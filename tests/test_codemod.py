@@ -566,13 +566,13 @@ def test_check_keeps_failing_until_an_earlier_runs_todo_is_deleted(tmp_path):
   src = tmp_path / 'm.py'
   src.write_text('from flax import optim\n\n\nclass T:\n\n  def __init__(self, p):\n'
                  '    self.optimizer = optim.Adam(1e-3).create(p)\n\n\n'
-                 't = T({})\nprint(t.optimizer.state.step)\n')
+                 'def show(t):\n  print(t.optimizer.state.step)\n')
   assert _cli('rewrite', '--write', str(src)).returncode == 1
   written = src.read_text()
   assert 'flax import optim' not in written and written.count('# TODO(optim-migrate): OM117') == 1
   proc = _cli('rewrite', '--check', str(src))
   assert proc.returncode == 1 and proc.stdout == ''
-  assert f'{src}:12:1: OM117 [manual] still to do, from an earlier run: if `t.optimizer`' \
+  assert f'{src}:12:3: OM117 [manual] still to do, from an earlier run: if `t.optimizer`' \
       in proc.stderr
   assert _cli('rewrite', '--check', '--ignore', 'OM117', str(src)).returncode == 0
   quoted = tmp_path / 'quoted.py'  # the marker inside a string is no TODO
@@ -1290,3 +1290,44 @@ def test_a_notebook_cell_source_as_one_string_after_a_magic_line_is_migrated(tmp
   result = engine.rewrite_file(path)
   source = json.loads(result.new)['cells'][0]['source']
   assert source.startswith(magic + '\n') and 'print(opt.params)' in source and 'optax.adam' in source
+
+
+_TRAINER = '''from flax import optim
+
+
+class Trainer:
+  def __init__(self, p):
+    self.opt = optim.Adam(1e-3).create(p)
+    self.state = None  # the trainer's own state: no optimizer's
+
+  def step(self, g):
+    self.opt = self.opt.apply_gradient(g)
+    return self.state
+
+
+def main(p, g):
+  t = Trainer(p)
+  t.step(g)
+  return t.opt.target, t.opt.state.step
+'''
+
+
+@pytest.mark.parametrize('extra, flagged', [
+    ('', []),
+    # `t` is also a parameter (anything may come in): its chain is not followed
+    ('\n\ndef other(t):\n  return t.opt.target\n', [17, 17, 21]),
+    # `t` is also bound to something else
+    ('\n\ndef again(p):\n  t = object()\n  return t.opt.target\n', [17, 17, 22]),
+])
+def test_an_instance_of_a_class_of_the_file_holds_the_optimizer_its_methods_set(extra, flagged):
+  """`t = Trainer(p)` then `t.opt.target`: Trainer's methods set `self.opt` to nothing but a
+  flax.optim Optimizer, so `t.opt` is one (renamed, not flagged), unless the name `t` also
+  holds other values; the method receiver's `self.state` is not taken for an optimizer's."""
+  result = engine.rewrite_source(_TRAINER + extra, 'trainer.py')
+  assert result.error is None
+  assert [(f.rule, f.line) for f in result.manual] == [('OM117', line) for line in flagged]
+  assert 'self.state = None' in result.new and 'return self.state\n' in result.new
+  if not flagged:
+    assert 'return t.opt.params, t.opt.step\n' in result.new
+  else:
+    assert 'return t.opt.target, t.opt.state.step\n' in result.new

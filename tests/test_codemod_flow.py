@@ -706,3 +706,50 @@ def test_a_def_factory_with_a_caller_that_does_not_create_stays_legacy(tmp_path)
   proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
   assert 'flax.optim.Momentum(' in (tree / 'lib' / 'optimizers.py').read_text()
   assert 'tx=opt_def' not in (tree / 'train.py').read_text()
+
+
+AGENT = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'legacy_agent_def_factory.py'
+
+
+def test_a_def_factory_its_own_module_calls_converts_with_the_agent_that_uses_it(
+    legacy_python, tmp_path):
+  """dopamine's shape, in one file: `def create_optimizer(...)` returns optim.Adam or
+  GradientDescent, an agent's `__init__` `.create`s it, the agent also keeps a numpy frame
+  stack in `self.state`, and `main` reads `agent.optimizer.target`. One run converts the whole
+  file (the factory returns Optax, the create is TrainState.create, the reads are `.params`),
+  flags nothing (the frame stack is no optimizer state: no OM117 on `self.state`), and the
+  program trains on the modern stack to real flax.optim 0.5.3's numbers (original, old stack)."""
+  import numpy as np
+  new = tmp_path / 'new'
+  new.mkdir()
+  shutil.copy(AGENT, new / 'train.py')
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1 and '0 flagged' in proc.stderr, proc.stderr  # (1: rewritten)
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  assert rows and all(r['applied'] for r in rows), [r for r in rows if not r['applied']]
+  text = (new / 'train.py').read_text()
+  assert 'optim' not in text.replace('optimizer', '').replace('optax', '')
+  assert 'return optax.adam(learning_rate=learning_rate, b1=beta1, b2=beta2, eps=eps)' in text
+  assert 'return optax.sgd(learning_rate=learning_rate)' in text
+  assert ('train_state.TrainState.create(apply_fn=None, params=params, '
+          'tx=create_optimizer(learning_rate=learning_rate))') in text
+  assert 'agent.optimizer.params[' in text and 'int(agent.optimizer.step)' in text
+  assert 'self.state = np.roll(self.state, -1, axis=-1)' in text  # untouched
+  original = tmp_path / 'original'
+  original.mkdir()
+  shutil.copy(AGENT, original / 'train.py')
+  old, new_ = _run_on_both_stacks(legacy_python, original, new, tmp_path)
+  assert int(old['step']) == int(new_['step']) == 25
+  assert old['losses'][-1] < 0.8 * old['losses'][0]  # it trained
+  np.testing.assert_array_equal(new_['frames'], np.arange(21, 25, dtype=np.float32)[None])
+  # the same factory with a caller that hands the def on (not `.create`): the file stays
+  # legacy, on the shim (OM114), one decision for the factory
+  kept = tmp_path / 'kept'
+  kept.mkdir()
+  (kept / 'train.py').write_text(AGENT.read_text() + '\n\ndef handed(make):\n'
+                                 '  return make(create_optimizer())\n')
+  proc = _cli('rewrite', '--write', 'kept', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  text = (kept / 'train.py').read_text()
+  assert 'optim_compat.install()' in text and 'OM114' in text
+  assert 'create_optimizer(learning_rate=learning_rate).create(params)' in text

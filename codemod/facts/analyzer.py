@@ -63,11 +63,13 @@ class Analyzer(cst.CSTVisitor):
     self._inner: set[int] = set()
     self._group_args: set[int] = set()
     self._function_stack: list[str] = []
+    self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
     #: settled after the visit (codemod.facts.following)
     self.chain_copies: list = []   # (chain, replicated chain): `self.o = replicate(self.o)`
     self.rebinds: set = set()      # bindings a loop, walrus, `with` or unpacking gives other values
     self.assign_sites: dict = {}   # binding -> [(target Name, value, id(block))]: `x = ...`
+    self.class_chains: dict = {}   # module-level class -> attributes its methods set on `self`
     #: converted def factories (codemod.flow.DefFactory): their calls, the names bound to one,
     #: and the nodes consumed by `.create` / a name (anything else is a misuse, codemod.flow)
     self.def_factory_calls: list = []
@@ -245,6 +247,12 @@ class Analyzer(cst.CSTVisitor):
 
   # -- functions and their parameters ---------------------------------------------------------
   def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+    if (self._class_depth and not self._function_stack and not self._subclass_depth
+        and node.params.params and not any(
+            m.matches(d.decorator, m.Name('staticmethod')) for d in node.decorators)):
+      # a method's receiver (`self`, `cls`) of a class that is no flax.optim subclass holds
+      # no optimizer: its `.state` (an agent's frame stack) is no legacy member
+      self._receivers.add(id(node.params.params[0]))
     self._function_stack.append(node.name.value)
     if not self._class_depth:
       self.f.functions.append(node)
@@ -257,6 +265,8 @@ class Analyzer(cst.CSTVisitor):
     self._function_stack.pop()
 
   def visit_Param(self, node: cst.Param) -> None:
+    if id(node) in self._receivers:
+      return
     if (b := self.n.binding(node.name)):
       self.f.params.add(b)
       annotation = node.annotation.annotation if node.annotation is not None else None
@@ -461,6 +471,8 @@ class Analyzer(cst.CSTVisitor):
 
   def _chain_assigned(self, chain: str, value) -> None:
     n, f = self.n, self.f
+    if len(self._classes) == 1 and self._function_stack and chain.startswith('self.'):
+      self.class_chains.setdefault(self._classes[0], set()).add(chain[len('self.'):])
     inner = (attr_chain(value.args[0].value) if isinstance(value, cst.Call) and value.args
              and n.qnames(value.func) & api.REPLICATE_FNS else None)
     if inner is None and isinstance(value, cst.Call) and any(

@@ -26,9 +26,38 @@ def settle(analyzer) -> None:
         changed = True
   f.attr_other.update(chain for chain, inner in analyzer.chain_copies
                       if inner not in f.attr_chains)
+  _follow_instances(analyzer)
   if f.uses_legacy or f.flow_vars:
     _follow_parameters(n)
   f.steps = _step_params(n)
+
+
+def _follow_instances(analyzer) -> None:
+  """``agent = Agent(...)`` then ``agent.optimizer.target``: ``Agent`` a class of this module
+  whose methods set ``self.optimizer`` to nothing but optimizers. The chain ``agent.optimizer``
+  holds one too, when every plain assignment of the name ``agent`` in the module makes an
+  ``Agent`` and no function takes ``agent`` as a parameter or loop variable (chains are
+  followed by their text, as ``self.optimizer`` is)."""
+  f = analyzer.f
+  if not analyzer.class_chains:
+    return
+  made: dict = {}  # name -> the classes its plain assignments call (None: something else)
+  for (_, name), sites in analyzer.assign_sites.items():
+    for _, value, _ in sites:
+      cls = (value.func.value if isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
+             else None)
+      made.setdefault(name, set()).add(cls if cls in analyzer.class_chains else None)
+  other = {b[1] for b in f.params | f.loop_vars | analyzer.rebinds if b}
+  for name, classes in sorted(made.items()):
+    if len(classes) != 1 or None in classes or name in other or name == 'self':
+      continue
+    (cls,) = classes
+    for attr in sorted(analyzer.class_chains[cls]):
+      inner, chain = f'self.{attr}', f'{name}.{attr}'
+      if inner in f.attr_chains and inner not in f.attr_other and chain not in f.attr_other:
+        f.attr_chains.add(chain)
+        if inner in f.attr_flow:
+          f.attr_flow.setdefault(chain, f.attr_flow[inner])
 
 
 # -- a name holding a def, then the optimizer its create returns ---------------------------
