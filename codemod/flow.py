@@ -33,7 +33,7 @@ from codemod.sources import SourceFile
 #: A line that imports something (``import a.b``, ``from .a import b``).
 _IMPORT_LINE = re.compile(r'^[ \t]*(?:from[ \t]+[\w.]+[ \t]+import\b|import\b)[^\n]*', re.M)
 _WORD = re.compile(r'\w+')
-_TOP_DEF = re.compile(r'^(?:async[ \t]+)?def[ \t]+\w+', re.M)
+_TOP_DEF = re.compile(r'^(?:async[ \t]+)?def[ \t]+(\w+)', re.M)  # (group 1: its name)
 
 
 class _ModuleFunction:
@@ -374,9 +374,6 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   return factories, steps  # no def factory converts: each keeps its file legacy (OM114)
 
 
-_TOP_DEF_NAME = re.compile(r'^(?:async[ \t]+)?def[ \t]+(\w+)', re.M)
-
-
 @functools.lru_cache(maxsize=1)
 def _returned_def() -> re.Pattern:
   """``return optim.Adam(``, ``return Momentum(``: a function returning a legacy def."""
@@ -389,7 +386,7 @@ def _calls_own_function(text: str) -> bool:
   name and ``.create``s (a cheap test, on the text: the def factory is found by the parse)."""
   return ('.create(' in text and _returned_def().search(text) is not None
           and legacy_api.may_need_rewrite(text)
-          and any(_calls(text, f'.{name}') for name in set(_TOP_DEF_NAME.findall(text))))
+          and any(_calls(text, f'.{name}') for name in set(_TOP_DEF.findall(text))))
 
 
 def _calls(text: str, qualified: str) -> bool:

@@ -47,7 +47,7 @@ def _follow_instances(analyzer) -> None:
       cls = (value.func.value if isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
              else None)
       made.setdefault(name, set()).add(cls if cls in analyzer.class_chains else None)
-  other = {b[1] for b in f.params | f.loop_vars | analyzer.rebinds if b}
+  other = {name for _, name in f.params | f.loop_vars | analyzer.rebinds}
   for name, classes in sorted(made.items()):
     if len(classes) != 1 or None in classes or name in other or name == 'self':
       continue
