@@ -12,10 +12,16 @@ then gets a :class:`Flow`: names proven (LibCST ``QualifiedNameProvider``) to be
 bound to such a call get the conversions of the defining file; the rest stays
 flagged, naming the factory the file uses.
 
+A factory converts only when every file using what it returns converts too (else
+its file keeps its legacy code with them, on the shim: no ``TrainState`` reaches
+flax.optim code), and builds its defs with ``optax.inject_hyperparams`` when one
+of them passes a learning rate at apply time; the users are planned for that.
+
 The pre-pass is cheap: only files that could define a factory or take an
 optimizer (they reference ``flax.optim``, define a function) and whose module's
-last name appears in an import line of another file are parsed, once; the main
-pass rewrites them from that parse. For stdin (``-``) there is no tree and no flow.
+last name appears in an import line of another file, and the files calling a
+factory they convert, are parsed, once; the main pass rewrites them from that
+parse. For stdin (``-``) there is no tree and no flow.
 """
 from __future__ import annotations
 
@@ -68,6 +74,12 @@ class Factory(_ModuleFunction):
     why: the first manual item of the defining file when not converted.
     bundle: it returns its optimizer inside a tuple, list or dict (``return opt, lr``):
       what a call gives is no optimizer itself, its items may be.
+    held: set by the pre-pass (:func:`build_flows`) when a file using what it returns keeps
+      its legacy code: the file naming it and why (``'train.py, which keeps its legacy
+      code (OM119: ...)'``); its own file then keeps its legacy code too (OM123).
+    inject_required: set by the pre-pass when a file using what it returns passes a
+      learning rate at apply time: its file builds its defs with ``inject_hyperparams``.
+    migrated: it already returns a ``TrainState`` (migrated before this run): never held.
   """
   qualified: str
   path: str
@@ -75,6 +87,9 @@ class Factory(_ModuleFunction):
   inject_lr: Optional[bool]
   why: str = ''
   bundle: bool = False
+  held: str = ''
+  inject_required: bool = False
+  migrated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,19 +146,24 @@ class DefFactory(_ModuleFunction):
 
 @dataclasses.dataclass(frozen=True)
 class DefUse:
-  """One file's use of a :class:`DefFactory` the pre-pass let convert (never in the tables).
+  """One file's use of a :class:`DefFactory` the pre-pass let convert, or of a converted
+  :class:`Factory` (never in the tables).
 
   Attributes:
-    qualified: the def factory's qualified name.
+    qualified: the (def) factory's qualified name.
     path: the using file, as the run names it.
-    converted: every use there is a ``.create`` that the file's rewrite converts.
-    inject: that file passes a learning rate at apply time.
+    converted: every use there is a ``.create`` that the file's rewrite converts (a def
+      factory), or the file converts (a factory).
+    inject: that file passes a learning rate at apply time (to what a factory returns).
+    why: the first manual item of that file when not converted.
+    where: ``path:line`` of that item (``path`` when there is none).
   """
   qualified: str
   path: str
   converted: bool
   inject: bool = False
   why: str = ''
+  where: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,13 +368,21 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
              for alias, target in reexports(texts[path], module, is_package).items()}
   settle = functools.partial(_settle, texts=texts, sources=sources, options=options,
                              outside=outside, aliases=aliases)
-  factories, steps, _ = settle(creators)
-  # def factories (`def get_optimizer(cfg): return optim.Adam(...)`): convert those whose
-  # every caller in the run `.create`s what they return and converts, one decision per
-  # factory for the whole run (qualified name -> its file must inject the rate)
+  factories, steps, found = settle(creators)
+  factories, steps, found, scanned = _decide_def_factories(
+      factories, steps, found, creators, settle, texts, files, outside)
+  return _decide_factories(factories, steps, found, scanned, settle, texts, files, sources,
+                           options, outside)
+
+
+def _decide_def_factories(factories, steps, found, creators, settle, texts, files, outside):
+  """Def factories (``def get_optimizer(cfg): return optim.Adam(...)``): convert those whose
+  every caller in the run ``.create`` s what they return and converts, one decision per
+  factory for the whole run. ``(factories, steps, found, scanned)``: the tables, each
+  scanned file's :func:`_scan` and the files scanned."""
   candidates = {f.qualified: False for f in factories.values() if isinstance(f, DefFactory)}
-  if not candidates:
-    return factories, steps
+  if not candidates:  # (qualified name -> its file must inject the rate)
+    return factories, steps, found, creators
   called = [(path, names, shown) for path, names, shown in files
             if texts.get(path) is not None and (path, names, shown) not in creators
             and any(_calls(texts[path], q) for q in candidates)]
@@ -362,16 +390,62 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
     seed = {key: dataclasses.replace(f, allowed=True, inject_required=candidates[f.qualified])
             if isinstance(f, DefFactory) and f.qualified in candidates else f
             for key, f in factories.items()}
-    tried, tried_steps, found = settle(creators + called, seed=seed)
-    failing, inject = _def_verdicts(candidates, tried, found, texts, files, outside)
+    tried, tried_steps, tried_found = settle(creators + called, seed=seed)
+    failing, inject = _def_verdicts(candidates, tried, tried_found, texts, files, outside)
     if not failing and not inject:
-      return tried, tried_steps
+      return tried, tried_steps, tried_found, creators + called
     for q in failing:
       del candidates[q]
     candidates.update(dict.fromkeys(inject, True))
     if not candidates:
       break
-  return factories, steps  # no def factory converts: each keeps its file legacy (OM114)
+  return factories, steps, found, creators  # none converts: each keeps its file legacy (OM114)
+
+
+def _decide_factories(factories, steps, found, scanned, settle, texts, files, sources, options,
+                      outside):
+  """Factories the run converts (``create_optimizer(p)`` returning a TrainState) whose users
+  in other files cannot take one: a user that keeps its legacy code holds the factory legacy
+  too (:attr:`Factory.held`: both then run on the shim, no TrainState reaches flax.optim
+  code), and a user passing a learning rate at apply time makes it inject its rate
+  (:attr:`Factory.inject_required`), decided again until nothing changes."""
+  held: dict[str, str] = {}
+  inject: set[str] = set()
+  for _ in range(2 * len(factories) + 1):  # (each round holds or injects one more, at least)
+    converted = {q: f for q, f in factories.items()
+                 if isinstance(f, Factory) and f.converted and not f.migrated}
+    if not converted:
+      break
+    uses: dict[str, list[DefUse]] = {}
+    for _, _, file_uses in found.values():
+      for use in file_uses:
+        uses.setdefault(use.qualified, []).append(use)
+    for path, names, shown in files:  # the users no pre-pass scan saw
+      if texts.get(path) is None or (path, names, shown) in scanned or not any(
+          _calls(texts[path], q) for q in converted):
+        continue
+      flow = Flow(factories, *(names[0] if names else (None, False)), steps)
+      if flow.mentioned(texts[path]):
+        for use in _scan(sources[path], names, shown, options, flow, path in outside)[2]:
+          uses.setdefault(use.qualified, []).append(use)
+    new_held, new_inject = {}, set()
+    for q, entry in converted.items():
+      for use in uses.get(q, []):
+        if use.inject and not entry.inject_lr and q not in inject:
+          new_inject.add(q)
+        elif not use.converted and q not in new_inject:
+          new_held.setdefault(q, f'{use.where or use.path}, which keeps its legacy code ({use.why})')
+    new_held = {q: why for q, why in new_held.items() if q not in new_inject}
+    if not new_held and not new_inject:
+      break
+    held.update(new_held)
+    inject |= new_inject
+    seed = {key: dataclasses.replace(f, held=held.get(f.qualified, ''),
+                                     inject_required=f.qualified in inject)
+            if isinstance(f, Factory) and f.qualified in held.keys() | inject else f
+            for key, f in factories.items()}
+    factories, steps, found = settle(scanned, seed=seed)
+  return factories, steps
 
 
 @functools.lru_cache(maxsize=1)
@@ -519,8 +593,16 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   else:  # already migrated: functions returning TrainState.create(...)
     found = {function: (True, inject, '')
              for function, inject in migrated_factories(source.module, source.text).items()}
+  own = {} if flow_file is None else flow_file.factories
+  migrated = not summary.factories
+
+  def decided(key: str) -> dict:  # what the pre-pass decided of one of them, kept
+    entry = own.get(key)
+    return {'held': entry.held, 'inject_required': entry.inject_required} if (
+        isinstance(entry, Factory)) else {}
   bundles = [Factory(f'{name}.{function}', shown, converted and changes, None,
-                     '' if converted and changes else why, bundle=True)
+                     '' if converted and changes else why, bundle=True,
+                     **decided(f'{name}.{function}'))
              for function, converted in summary.bundles.items() for name, _ in names]
   steps = []
   for function, (params, converted) in summary.steps.items():
@@ -533,7 +615,6 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   classes += [Fields(f'{name}.{cls}', shown, tuple(fields), True)  # migrated before this run
               for cls, fields in migrated_field_classes(source.module, source.text).items()
               if cls not in summary.fields for name, _ in names]
-  own = {} if flow_file is None else flow_file.factories
   def_factories = [DefFactory(f'{name}.{function}', shown, converted and changes,
                                '' if converted and changes else why, inject_lr=summary.inject_lr,
                                allowed=getattr(own.get(f'{name}.{function}'), 'allowed', False),
@@ -541,9 +622,18 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                                                        'inject_required', False))
                     for function, converted in summary.def_factories.items()
                     for name, _ in names]
-  uses = [DefUse(q, shown, ok and changes, inject) for q, (ok, inject) in summary.def_uses.items()]
+  # (why a user keeps its legacy code: its own first reason, not what the factory's TrainState
+  # meets there, OM123, which holding the factory removes)
+  first = None if outside else next(
+      (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
+  where = shown if first is None else f'{shown}:{first.line}'
+  use_why = why if first is None else first.why
+  uses = [DefUse(q, shown, ok and changes, inject, '' if ok and changes else use_why,
+                 where=where)
+          for q, (ok, inject) in [*summary.def_uses.items(), *summary.factory_uses.items()]]
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
              if summary.defs and changes and plan.converts else [])
-  return ([Factory(f'{name}.{function}', shown, converted, inject, why)
+  return ([Factory(f'{name}.{function}', shown, converted, inject, why, migrated=migrated,
+                   **decided(f'{name}.{function}'))
            for function, (converted, inject, why) in found.items() for name, _ in names]
           + bundles + classes + def_factories + layouts, steps, uses)

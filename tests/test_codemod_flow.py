@@ -153,8 +153,9 @@ def test_check_diff_and_stdin_agree_with_write(tmp_path):
 
 
 def test_pre_pass_parses_only_creators_that_are_imported(monkeypatch, tmp_path):
-  """The pre-pass plans the creators (it rewrites nothing: the plan says what the rewrite
-  will make of their functions) and parses each once; the main pass reuses the parse."""
+  """The pre-pass plans the creators and the users of their factories (it rewrites nothing:
+  the plan says what the rewrite will make of them) and parses each once; the main pass
+  reuses the parse."""
   import libcst as cst
   from codemod import rewrite
   parsed, rewritten = [], []
@@ -171,8 +172,11 @@ def test_pre_pass_parses_only_creators_that_are_imported(monkeypatch, tmp_path):
   files = runner.iter_python_files([str(tree)])
   sources = {}
   flows = runner.tree_flows(files, [str(tree)], Options(), sources)
-  assert sorted(set(parsed)) == ['opt.py', 'sched.py']  # not the users, not the unrelated module
-  assert len(parses) == 2 and not rewritten
+  # the creators, then the users of the factories they convert (does each user convert, does
+  # it set a rate at apply time?), never the unrelated module; each file parsed once
+  assert sorted(set(parsed)) == ['eval_model.py', 'loop.py', 'opt.py', 'sched.py',
+                                 'scheduled.py', 'train_steps.py']
+  assert len(parses) == 6 and not rewritten
   results = runner.run_files(files, Options(), 1, flows, sources)
   assert all(r.error is None for r in results) and rewritten
   texts = [p.read_text() for p in files]
@@ -333,8 +337,10 @@ def test_a_container_migrated_earlier_still_proves_its_readers(tmp_path):
 
 def test_a_factory_built_on_another_modules_factory(tmp_path):
   """models/wrapped.py never imports flax.optim: its factory is proven by the next pre-pass
-  round (through models/base.py's), so its user converts; one whose conversion the flow blocks
-  (an apply-time learning rate base.py does not inject) proves nothing."""
+  round (through models/base.py's), so its user converts. A second user of base.py passing a
+  learning rate at apply time makes base.py inject it; wrapped.py (no rate) cannot take an
+  injected one, so base.py keeps its legacy code for it (OM123), and every file that builds on
+  it stays legacy with it, on the shim: no TrainState reaches flax.optim code."""
   tree = tmp_path / 'tree' / 'models'
   tree.mkdir(parents=True)
   (tree / 'base.py').write_text('from flax import optim\n\n\ndef create_base(params):\n'
@@ -342,26 +348,34 @@ def test_a_factory_built_on_another_modules_factory(tmp_path):
   (tree / 'wrapped.py').write_text(
       'from models.base import create_base\n\n\ndef create_warm(params, g):\n'
       '  opt = create_base(params)\n  return opt.apply_gradient(g)\n')
-  (tree / 'wrapped_lr.py').write_text(
-      'from models.base import create_base\n\n\ndef create_warm_lr(params, g):\n'
-      '  opt = create_base(params)\n  return opt.apply_gradient(g, learning_rate=0.5)\n')
-  for name in ('wrapped', 'wrapped_lr'):
-    function = {'wrapped': 'create_warm', 'wrapped_lr': 'create_warm_lr'}[name]
-    (tmp_path / 'tree' / f'use_{name}.py').write_text(
-        f'from models import {name}\n\n\ndef f(p, g):\n  a = {name}.{function}(p, g)\n'
-        '  return a.target\n')
+  (tmp_path / 'tree' / 'use_wrapped.py').write_text(
+      'from models import wrapped\n\n\ndef f(p, g):\n  a = wrapped.create_warm(p, g)\n'
+      '  return a.target\n')
   files = runner.iter_python_files([str(tmp_path / 'tree')])
   factories = runner.tree_flows(files, [str(tmp_path / 'tree')], Options())[0].factories
   assert factories['models.wrapped.create_warm'].converted
-  assert not factories['models.wrapped_lr.create_warm_lr'].converted
+  original = _files(tmp_path / 'tree')
+  kept = tmp_path / 'kept'
+  shutil.copytree(tmp_path / 'tree', kept)
   proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
   assert proc.returncode == 1, proc.stderr
   assert 'return a.params' in (tmp_path / 'tree' / 'use_wrapped.py').read_text()
-  out = (tmp_path / 'tree' / 'use_wrapped_lr.py').read_text()
-  assert 'return a.target' in out
-  assert 'created by models/wrapped_lr.py:create_warm_lr, which keeps its legacy' in out
   assert 'return opt.apply_gradients(grads=g)' in (tree / 'wrapped.py').read_text()
-  assert 'opt.apply_gradient(g, learning_rate=0.5)' in (tree / 'wrapped_lr.py').read_text()
+  (kept / 'models' / 'wrapped_lr.py').write_text(
+      'from models.base import create_base\n\n\ndef create_warm_lr(params, g):\n'
+      '  opt = create_base(params)\n  return opt.apply_gradient(g, learning_rate=0.5)\n')
+  files = runner.iter_python_files([str(kept)])
+  factories = runner.tree_flows(files, [str(kept)], Options())[0].factories
+  base = factories['models.base.create_base']
+  assert not base.converted and base.inject_required and 'wrapped.py:6' in base.held
+  assert not factories['models.wrapped.create_warm'].converted
+  proc = _cli('rewrite', '--write', 'kept', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  out = _files(kept)
+  assert 'OM123' in out['models/base.py'] and 'optim_compat.install()' in out['models/base.py']
+  for name, text in original.items():
+    assert kept_lines(out[name]) == text, name  # legacy code, TODOs only
+  assert 'return opt.apply_gradient(g, learning_rate=0.5)' in out['models/wrapped_lr.py']
 
 
 def test_files_named_one_by_one_get_the_flow_of_the_working_directory(tmp_path):
@@ -753,3 +767,59 @@ def test_a_def_factory_its_own_module_calls_converts_with_the_agent_that_uses_it
   text = (kept / 'train.py').read_text()
   assert 'optim_compat.install()' in text and 'OM114' in text
   assert 'create_optimizer(learning_rate=learning_rate).create(params)' in text
+
+
+FACTORY_LR = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_factory_lr'
+
+
+def test_a_factory_whose_user_sets_the_rate_at_apply_time_injects_it(legacy_python, tmp_path):
+  """Flax v0.3 ppo's shape: agent/models.py's `create_optimizer` returns an Adam optimizer,
+  train.py (no flax.optim import) passes a decaying `learning_rate` at every apply_gradient.
+  One run converts both with nothing flagged: the factory's tx is built with
+  `optax.inject_hyperparams` because its user sets the rate (before: a plain `optax.adam`, the
+  user kept legacy code, OM102 + OM123, and `.target` failed on the TrainState), and the
+  program trains on the modern stack to real flax.optim 0.5.3's numbers (old stack)."""
+  new = tmp_path / 'new'
+  shutil.copytree(FACTORY_LR, new)
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1 and '0 flagged' in proc.stderr, proc.stderr
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  assert rows and all(r['applied'] for r in rows), [r for r in rows if not r['applied']]
+  models = (new / 'agent' / 'models.py').read_text()
+  assert 'optax.inject_hyperparams(optax.adam' in models and 'flax.optim' not in models
+  train = (new / 'train.py').read_text()
+  assert 'optax.tree_utils.tree_set(optimizer.opt_state, learning_rate=lr)' in train
+  assert '.target' not in train and 'apply_gradient(' not in train
+  old, new_ = _run_on_both_stacks(legacy_python, FACTORY_LR, new, tmp_path)
+  assert int(old['step']) == int(new_['step']) == 40
+  assert old['losses'][-1] < 0.8 * old['losses'][0]  # it trained
+
+
+def test_a_factory_with_a_user_kept_legacy_stays_legacy_with_it(legacy_python, tmp_path):
+  """A second user of the factory reads `optimizer_def.hyper_params` (no conversion: OM119).
+  The factory must not hand it a TrainState: its file keeps its legacy code too, on the shim,
+  flagged OM123 at its `def` naming that user and why; train.py stays legacy with them. The
+  whole program then runs on the modern stack, through the shim, to flax.optim's numbers."""
+  kept = tmp_path / 'kept'
+  shutil.copytree(FACTORY_LR, kept)
+  (kept / 'evaluate.py').write_text(
+      'from agent import models\n\n\ndef initial_rate(params):\n'
+      '  optimizer = models.create_optimizer(params, learning_rate=1e-2)\n'
+      '  return optimizer.optimizer_def.hyper_params.learning_rate\n')
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'kept', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  models = (kept / 'agent' / 'models.py').read_text()
+  assert 'optim_compat.install()' in models and 'optim.Adam(learning_rate=' in models
+  todo = [line for line in models.splitlines() if 'OM123' in line]
+  assert len(todo) == 1, models
+  assert models.index('OM123') < models.index('def create_optimizer')
+  assert kept_lines(models) == (FACTORY_LR / 'agent' / 'models.py').read_text()
+  train = (kept / 'train.py').read_text()
+  assert kept_lines(train) == (FACTORY_LR / 'train.py').read_text()
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  assert ' evaluate.py:6, which keeps its legacy code (OM119' in todo[0]  # (its site)
+  assert not any('now returns a TrainState' in r['message'] for r in rows), rows
+  old, new_ = _run_on_both_stacks(legacy_python, FACTORY_LR, kept, tmp_path)
+  assert int(new_['step']) == 40
+  again = _cli('rewrite', '--check', 'kept', cwd=tmp_path)
+  assert again.stdout == '' and again.returncode == 1, again.stderr  # idempotent, still flagged

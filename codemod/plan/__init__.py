@@ -13,7 +13,7 @@ from typing import Optional
 from codemod.failures import failure
 from codemod.findings import Finding
 from codemod.plan import sites, verdict
-from codemod.rules import fallback
+from codemod.rules import crossmodule, fallback
 from codemod.plan.queries import Queries
 
 #: Fixes that change optimizer code (OM005 imports and OM006 DynamicScale paths do not).
@@ -39,6 +39,9 @@ class Summary:
   #: qualified name of a def factory the run converts -> (this module's ``.create`` s of it
   #: convert, this module passes a learning rate at apply time) (codemod.flow.DefUse)
   def_uses: dict = dataclasses.field(default_factory=dict)
+  #: qualified name of another module's factory the run converts -> (this module converts,
+  #: this module passes a learning rate at apply time to what it returns) (codemod.flow)
+  factory_uses: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -114,7 +117,8 @@ def make_plan(analysis, options) -> Plan:
       def_factories=dict.fromkeys(sorted(f.def_factories), converts),
       defs=bool(f.def_calls),
       def_uses={name: (converts and name not in f.def_misused, q.inject_lr)
-                for name in sorted(f.def_uses)})
+                for name in sorted(f.def_uses)},
+      factory_uses={name: (converts, given) for name, given in crossmodule.factory_lr(q).items()})
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
@@ -145,4 +149,6 @@ def _unselected(plan: Plan, options) -> None:
                          dict.fromkeys(plan.summary.bundles, False), plan.summary.inject_lr,
                          {cls: (fields, False) for cls, (fields, _) in plan.summary.fields.items()},
                          dict.fromkeys(plan.summary.def_factories, False),
-                         def_uses={k: (False, i) for k, (_, i) in plan.summary.def_uses.items()})
+                         def_uses={k: (False, i) for k, (_, i) in plan.summary.def_uses.items()},
+                         factory_uses={k: (False, i)
+                                       for k, (_, i) in plan.summary.factory_uses.items()})

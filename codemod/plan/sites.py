@@ -175,6 +175,9 @@ class SitePlanner(cst.CSTVisitor):
   def visit_ClassDef(self, node) -> None:
     references.visit_class(self, node)
 
+  def visit_FunctionDef(self, node) -> None:
+    crossmodule.visit_function(self, node)
+
   def visit_Import(self, node) -> bool:
     imports.visit_import(self, node)
     return False

@@ -31,6 +31,9 @@ def prepare(q) -> None:
     q.inject_lr = True  # one layout with the module it exchanges optimizers with
   if not q.inject_lr and q.f.def_calls and _own_def_factory_injects(q):
     q.inject_lr = True  # a caller of its def factory sets the rate at apply time
+  if not q.inject_lr and q.f.def_calls and _own_factory_injects(q):
+    q.inject_lr = True  # a user of its factory's optimizer sets the rate at apply time
+    q.mixed_lr = bool(overrides)  # (its own calls pass none: they would keep the last one)
   _find_group_applies(q)
 
 
@@ -42,6 +45,16 @@ def _own_def_factory_injects(q) -> bool:
     return False
   return any((found := flow.resolve_def(f'{flow.module}.{name}')) is not None
              and found.allowed and found.inject_required for name in q.f.def_factories)
+
+
+def _own_factory_injects(q) -> bool:
+  """A factory of this module that the run converts must inject its learning rate: a module
+  using the optimizer it returns passes one at apply time (``codemod.flow``)."""
+  flow = q.f.flow
+  if flow is None or not flow.module:
+    return False
+  return any(getattr(flow.factories.get(f'{flow.module}.{name}'), 'inject_required', False)
+             for name in q.f.module_factories)
 
 
 def _hands_optimizer_to_injecting_module(q) -> bool:

@@ -412,13 +412,18 @@ MANUAL = (
                 'optimizer whose creating module keeps its legacy code (the file keeps its '
                 'legacy code too)'),
     Rule('OM123', 'manual', family='crossmodule', summary=
-         'a converted factory\'s TrainState reaching legacy code in a file that keeps it',
+         'a factory\'s TrainState would reach legacy code in a file that keeps it',
          why='In a file kept legacy, `.target`, `.state`, `.apply_gradient`, ... on what another '
-             'module\'s converted factory returns fail at run time.',
-         readme='in a file that keeps its legacy code for another reason, each legacy use '
-                '(`.target`, `.state`, `.apply_gradient`, `.replicate()`, ...) of a value that '
-                "holds, or may hold, another module's converted factory's `TrainState`: it "
-                'would fail at run time'),
+             'module\'s converted factory returns fail at run time. So a factory the run would '
+             'convert stays legacy (on the shim) when a file using what it returns keeps its '
+             'legacy code; a factory migrated before the run cannot, and its users are flagged.',
+         readme='at the `def` of a factory (`def create_optimizer(p): return ...create(p)`) '
+                'that another file of the run uses and keeps its legacy code for (named, with '
+                'its line and reason): the factory\'s file keeps its legacy code too, on the '
+                'shim. In a file that keeps its legacy code, each legacy use (`.target`, '
+                '`.state`, `.apply_gradient`, `.replicate()`, ...) of a value that holds, or may '
+                'hold, the `TrainState` of a factory migrated before this run: it would fail at '
+                'run time'),
     Rule('OM124', 'manual', family='crossmodule', summary=
          'a call or use of another module\'s step function that would hand it the wrong kind '
          'of optimizer',

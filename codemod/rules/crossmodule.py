@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.names import call_argument, code, named_like_optimizer
+from codemod.names import call_argument, code, kwargs, named_like_optimizer
 
 _APPLY = m.Attribute(attr=m.Name('apply_gradient'))
 
@@ -67,11 +67,15 @@ def unproven_message(q, recv, what='`.apply_gradient`') -> tuple[str, bool]:
   if factory is not None:
     return (f'`{excerpt}` is created by {factory.where}, which keeps its legacy optimizer code '
             f'({factory.why}): migrate it there first'), True
-  if q.f.flow_used:
+  unknown = ('nothing proves `{}` holds a flax.optim Optimizer (function parameters, attributes '
+             'and values from unknown modules are not followed); if it is the one created by {}')
+  if converted := [fac.where for fac in q.f.flow_used.values() if fac.converted]:
+    return (unknown.format(excerpt, ', '.join(converted)) + ', that now returns a TrainState: '
+            f'convert {what} here by hand'), True
+  if q.f.flow_used:  # (only factories kept legacy: what they return stays a shim Optimizer)
     where = ', '.join(fac.where for fac in q.f.flow_used.values())
-    return (f'nothing proves `{excerpt}` holds a flax.optim Optimizer (function parameters, '
-            'attributes and values from unknown modules are not followed); if it is the one '
-            f'created by {where}, that now returns a TrainState: convert {what} here by hand'), True
+    return (unknown.format(excerpt, where) + ', which keeps its legacy optimizer code, it stays '
+            'a flax.optim Optimizer (on the shim): migrate them together'), True
   return ('this file never imports flax.optim: if this is a flax.optim Optimizer, migrate it '
           'where it is created'), False
 
@@ -177,10 +181,36 @@ def step_value_problem(q, node) -> Optional[tuple[str, bool]]:
   return None
 
 
+def factory_lr(q) -> dict:
+  """``{qualified name: passes a learning rate}`` of each factory of another module that the
+  run converts and this file uses (``codemod.flow`` decides with it whether the factory
+  converts: every file using it must, and it injects its rate when one of them passes one at
+  ``apply_gradient`` / ``optimize`` time)."""
+  f = q.f
+  found = {fac.qualified: False for fac in f.flow_used.values() if fac.converted}
+  for call in [*f.apply_calls, *f.optimize_calls]:
+    fac = q.factory_of(call.func.value)
+    if fac is not None and fac.qualified in found and 'learning_rate' in kwargs(call):
+      found[fac.qualified] = True
+  return found
+
+
+def held_factory(q, function: str):
+  """This module's factory ``function`` when the run keeps it legacy for a file using it
+  (``codemod.flow.Factory.held``), else None."""
+  flow = q.f.flow
+  if flow is None or not flow.module or function not in q.f.module_factories:
+    return None
+  found = flow.factories.get(f'{flow.module}.{function}')
+  return found if getattr(found, 'held', '') else None
+
+
 def blocks(q) -> bool:
   """A step kept legacy that would get this file's optimizer as a TrainState; a use of an
   optimizer nothing proves, or that another module's factory kept legacy makes."""
   f = q.f
+  if any(held_factory(q, fn.name.value) for fn in f.top_functions):
+    return True
   if any(not step.converted and q.own_optimizer(arg)
          for uses in q.step_calls.values() for step, _, arg in uses):
     return True
@@ -195,6 +225,16 @@ def blocks(q) -> bool:
 
 
 # -- sites ------------------------------------------------------------------------------------
+def visit_function(p, node) -> None:
+  """A factory of this module kept legacy for a file that uses it: flagged at its ``def``."""
+  if p.q.f.flow is None or not any(node is fn for fn in p.q.f.top_functions):
+    return
+  if (found := held_factory(p.q, node.name.value)) is not None:
+    p.flag(node, 'OM123', f'what `{node.name.value}` returns is used by {found.held}: kept a '
+                          'flax.optim Optimizer with it, on the shim (a TrainState would fail '
+                          'there); migrate them together', blocks=True)
+
+
 def visit_name(p, node) -> None:
   q = p.q
   if q.step_calls_enabled and (found := step_value_problem(q, node)):
