@@ -1,5 +1,6 @@
 """Codemod: before/after fixture pairs, idempotence, CLI exit codes, bad input."""
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -876,6 +877,74 @@ def test_replicated_program_resumes_a_real_legacy_checkpoint(legacy_python, tmp_
       np.testing.assert_allclose(new[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
 
 
+#: program -> what one run must make of it (program fixtures that save and resume checkpoints)
+_RESUMING = {
+    # Flax v0.3 pixelcnn: `(optimizer, ema)` through the file's checkpoint helpers and
+    # `jax_utils.replicate((optimizer, ema))` (before: `int(optimizer.state.step)` after the
+    # restore was flagged OM117, and failed on the TrainState)
+    'legacy_ema_checkpoint.py': ('optim_compat.checkpoint.restore_legacy(workdir, (optimizer, ema))',
+                                 'step_offset = int(optimizer.step)'),
+    # Flax v0.3 imagenet: the program's own struct.dataclass train state, made by
+    # `create_train_state`, restored by `restore_checkpoint(state, workdir)` (before: that
+    # restore was flagged OM013, and a legacy checkpoint did not load)
+    'legacy_container_checkpoint.py': ('optim_compat.checkpoint.restore_legacy(workdir, state)',
+                                       'state.optimizer.params'),
+}
+
+
+@pytest.mark.parametrize('name', sorted(_RESUMING))
+def test_a_program_resumes_a_legacy_checkpoint_then_its_own(legacy_python, tmp_path, name):
+  """One run converts the program with nothing flagged. Lifecycle: real flax.optim 0.5.3
+  trains and saves at step 6 (pmap on 2 devices, an apply-time rate); the migrated program
+  resumes that legacy checkpoint to flax.optim's numbers; then, fresh, it saves its own and a
+  second run resumes it, bitwise equal to its uninterrupted run."""
+  import numpy as np
+  program = PROGRAMS / name
+  result = engine.rewrite_source(program.read_text(), 'p.py')
+  assert result.error is None and not result.manual, [f.message for f in result.manual]
+  for expected in _RESUMING[name]:
+    assert expected in result.new, expected
+  assert '.target' not in result.new and 'flax.optim' not in result.new
+  migrated = tmp_path / 'migrated.py'
+  migrated.write_text(result.new)
+  (tmp_path / 'runold.py').write_text(
+      'import runpy, sys\n'
+      f'sys.path.insert(0, {str(PROGRAMS / "lifecycle")!r})\n'
+      'import old_stack\nold_stack.install()\n'
+      'runpy.run_path(sys.argv.pop(1), run_name="__main__")\n')
+  env = {**os.environ, 'PYTHONPATH': str(ROOT), 'JAX_PLATFORMS': 'cpu',
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
+
+  def run(python, *args):
+    proc = subprocess.run([python, *map(str, args)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+  for d in ('old', 'new', 'own'):
+    (tmp_path / d).mkdir()
+  run(legacy_python, tmp_path / 'runold.py', program, tmp_path / 'old', tmp_path / 'old.npz')
+  legacy = sorted(p.relative_to(tmp_path / 'old') for p in (tmp_path / 'old').rglob('*'))
+  assert [str(p) for p in legacy] == ['checkpoint_6']
+  shutil.copy(tmp_path / 'old' / 'checkpoint_6', tmp_path / 'new' / 'checkpoint_6')
+  run(sys.executable, migrated, tmp_path / 'new', tmp_path / 'new.npz')
+  assert (tmp_path / 'new' / 'checkpoint_6').read_bytes() == (
+      tmp_path / 'old' / 'checkpoint_6').read_bytes()  # the legacy checkpoint is never modified
+  old, new = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
+  assert int(old['step']) == int(new['step']) == 12
+  np.testing.assert_allclose(new['losses'], old['losses'][6:], rtol=2e-6)
+  for key in old.files:
+    if key not in ('losses', 'step'):
+      np.testing.assert_allclose(new[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  run(sys.executable, migrated, tmp_path / 'own', tmp_path / 'fresh.npz')  # saves at step 6
+  run(sys.executable, migrated, tmp_path / 'own', tmp_path / 'resumed.npz')  # resumes from it
+  fresh, resumed = np.load(tmp_path / 'fresh.npz'), np.load(tmp_path / 'resumed.npz')
+  assert int(resumed['step']) == 12
+  np.testing.assert_array_equal(resumed['losses'], fresh['losses'][6:])
+  for key in fresh.files:
+    if key not in ('losses', 'step'):
+      np.testing.assert_array_equal(resumed[key], fresh[key], err_msg=key)
+
+
 NOTEBOOKS = FIXTURES.parent / 'notebooks'
 
 
@@ -1331,3 +1400,40 @@ def test_an_instance_of_a_class_of_the_file_holds_the_optimizer_its_methods_set(
     assert 'return t.opt.params, t.opt.step\n' in result.new
   else:
     assert 'return t.opt.target, t.opt.state.step\n' in result.new
+
+
+def test_names_unpacked_from_a_call_given_them_as_one_tuple_keep_what_they_held():
+  """`opt, ema = jax_utils.replicate((opt, ema))` and `opt, ema = helper(d, (opt, ema))`: each
+  name keeps what it held (the optimizer stays one); a tuple in another order, or a call given
+  other names, proves nothing (the `.target` after it is flagged, not converted)."""
+  head = ('from flax import jax_utils, optim\n\n\ndef f(p, g, restore):\n'
+          '  opt = optim.Adam(1e-3).create(p)\n  ema = p\n')
+  for line, converted in (('  opt, ema = jax_utils.replicate((opt, ema))\n', True),
+                          ('  opt, ema = restore("d", (opt, ema))\n', True),
+                          ('  opt, ema = restore("d", (ema, opt))\n', False),
+                          ('  opt, ema = restore("d", (p, ema))\n', False)):
+    result = engine.rewrite_source(head + line + '  return opt.target, ema\n', 'f.py')
+    assert result.error is None, line
+    assert ('return opt.params, ema' in result.new) == converted, (line, result.new)
+
+
+def test_a_container_reaches_a_restore_through_its_maker_and_a_helper_parameter():
+  """`state = create_state(p)` (every return of it gives the file's container) then
+  `restore(state, d)`, whose parameter every call fills with a container: its
+  restore_checkpoint converts (OM013 -> restore_legacy). A maker that may return something
+  else, or a helper also called with another value, proves nothing (flagged, not converted)."""
+  head = ('import flax\nfrom flax import optim\nfrom flax.training import checkpoints\n\n\n'
+          '@flax.struct.dataclass\nclass State:\n  optimizer: optim.Optimizer\n\n\n'
+          'def restore(state, workdir):\n  return checkpoints.restore_checkpoint(workdir, state)\n\n\n')
+  maker = ('def create_state(p):\n  s = State(optimizer=optim.Adam(1e-3).create(p))\n'
+           '  return s\n\n\n')
+  maybe = ('def create_state(p):\n  if p is None:\n    return None\n'
+           '  s = State(optimizer=optim.Adam(1e-3).create(p))\n  return s\n\n\n')
+  main = 'def main(p, d):\n  state = create_state(p)\n  state = restore(state, d)\n  return state\n'
+  other = main + '\n\ndef other(d):\n  return restore({}, d)\n'
+  for text, converted in ((head + maker + main, True), (head + maybe + main, False),
+                          (head + maker + other, False)):
+    result = engine.rewrite_source(text, 'f.py')
+    assert result.error is None
+    assert ('restore_legacy(workdir, state)' in result.new) == converted, result.new
+    assert ('OM013' in [f.rule for f in result.manual]) == (not converted), result.new

@@ -277,6 +277,11 @@ class Analyzer(cst.CSTVisitor):
 
   def visit_Return(self, node: cst.Return) -> None:
     f, value = self.f, node.value
+    if len(self._function_stack) == 1 and not self._class_depth:  # (settled after the visit)
+      made = value is not None and (self.makes_container(value) or (
+          isinstance(value, cst.Name) and self.n.binding(value) in f.container_vars))
+      name = self._function_stack[0]
+      f.container_returns[name] = f.container_returns.get(name, True) and made
     if value is not None and self.n.is_def(value):
       self.placed_defs.add(id(value))  # escaping below, or a def factory's (codemod.flow)
       top = len(self._function_stack) == 1 and not self._class_depth
@@ -545,7 +550,8 @@ class Analyzer(cst.CSTVisitor):
             f.opt_vars.add(b)
             continue
         elif values is None and (_passes_name_through(value, [name]) or (
-            i == 0 and m.matches(value, m.Call(func=m.Attribute(attr=m.Name('optimize')))))):
+            i == 0 and m.matches(value, m.Call(func=m.Attribute(attr=m.Name('optimize')))))
+            or _passes_tuple_through(value, elements, i)):
           continue  # (`new, loss = opt.optimize(f)`: the first is an optimizer)
         elif (values is None and isinstance(element, cst.Name) and f.uses_legacy
               and i in f.bundle_positions.get(_own_function(value), ())):
@@ -665,6 +671,18 @@ def _passes_name_through(value, targets) -> bool:
   if m.matches(value.func, m.Attribute(value=m.Name())) and value.func.value.value in names:
     return True  # `x = x.method(...)`
   return any(isinstance(a.value, cst.Name) and a.value.value in names for a in value.args)
+
+
+def _passes_tuple_through(value, elements, i: int) -> bool:
+  """``opt, ema = f((opt, ema))``: a call given the targets, in their order, as one tuple
+  argument (``jax_utils.replicate((opt, ema))``, a helper restoring ``(opt, ema)`` from a
+  checkpoint), so that element ``i`` keeps what it held."""
+  if not isinstance(value, cst.Call) or not isinstance(elements[i], cst.Name):
+    return False
+  names = [e.value if isinstance(e, cst.Name) else None for e in elements]
+  return any(isinstance(a.value, cst.Tuple) and not a.star and [
+      e.value.value if isinstance(e.value, cst.Name) else None for e in a.value.elements] == names
+      for a in value.args)
 
 
 # -- flax.optim reached by name at run time -------------------------------------------------

@@ -29,6 +29,8 @@ def settle(analyzer) -> None:
   _follow_instances(analyzer)
   if f.uses_legacy or f.flow_vars:
     _follow_parameters(n)
+  if f.container_vars:
+    _follow_containers(analyzer)
   f.steps = _step_params(n)
 
 
@@ -61,6 +63,61 @@ def _follow_instances(analyzer) -> None:
 
 
 # -- a name holding a def, then the optimizer its create returns ---------------------------
+def _follow_containers(analyzer) -> None:
+  """Instances of a class with optimizer fields (``f.container_vars``, read by the checkpoint
+  rules: ``restore_checkpoint(d, state)`` restores a legacy optimizer inside it) reach more
+  names: ``state = create_train_state(...)`` (one such assignment, as for ``state =
+  TrainState(...)``), a module-level function of this file whose every ``return`` gives one
+  (Flax v0.3 imagenet), and a parameter of a function (not a method) this
+  file only ever calls, every call passing one (``def restore_checkpoint(state, workdir)``).
+  Repeated until nothing changes."""
+  n, f = analyzer.n, analyzer.f
+  makers = {name for name, made in f.container_returns.items() if made}
+  sites = [(fn, calls) for fn in f.functions if (calls := _call_sites(n, fn.name))]
+  changed = True
+  while changed:
+    changed = False
+    for b, assigned in analyzer.assign_sites.items():
+      if b not in f.container_vars and any(  # (as `state = TrainState(...)`: any assignment)
+          isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in makers
+          for _, v, _ in assigned):
+        f.container_vars.add(b)
+        changed = True
+    for fn, calls in sites:
+      for param in _parameters(fn):
+        b = n.binding(param.name)
+        if b is None or b in f.container_vars:
+          continue
+        args = [_argument(fn, param, call) for call in calls]
+        if all(isinstance(a, cst.Name) and n.binding(a) in f.container_vars for a in args):
+          f.container_vars.add(b)
+          changed = True
+    new = {fn.name.value for fn in f.top_functions if fn.name.value not in makers
+           and _returns_only(n, fn, f.container_vars)}
+    if new:
+      makers |= new
+      changed = True
+
+
+def _returns_only(n: Names, fn: cst.FunctionDef, bindings: set) -> bool:
+  """Every ``return`` of ``fn`` (not of a function nested in it) gives a name bound in
+  ``bindings``; at least one does."""
+  found = []
+
+  class Returns(cst.CSTVisitor):
+    def visit_FunctionDef(self, node) -> bool:
+      return node is fn
+
+    def visit_Lambda(self, node) -> bool:
+      return False
+
+    def visit_Return(self, node) -> None:
+      found.append(node.value)
+
+  fn.visit(Returns())
+  return bool(found) and all(isinstance(v, cst.Name) and n.binding(v) in bindings for v in found)
+
+
 def _split_def_rebinds(n: Names, assign_sites: dict) -> None:
   """``opt = Adam(1e-3)`` then ``opt = opt.create(p)``: one name, two values in time.
 
