@@ -168,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
   runner.add_arguments(p)
   p.set_defaults(func=cmd_rewrite)
   p = sub.add_parser('run', help='run an unmodified legacy script with the shim installed')
-  p.add_argument('script')
-  p.add_argument('args', nargs=argparse.REMAINDER)
+  p.add_argument('script', help='the legacy script, run as `python SCRIPT` runs it')
+  p.add_argument('args', nargs=argparse.REMAINDER, metavar='ARGS',
+                 help="the script's own arguments (optional; everything after SCRIPT)")
   p.set_defaults(func=cmd_run)
   p = sub.add_parser('demo', help='migrate the bundled example and train both versions')
   p.add_argument('--steps', type=int, default=200)
@@ -195,6 +196,11 @@ def main(argv=None) -> int:
       return cmd_run(argparse.Namespace(script=argv[1], args=argv[2:]))
     except OSError as e:
       return _os_error('run', e)
+  if argv and argv[0].startswith('-') and argv[0] not in ('-h', '--help', '--version'):
+    # (argparse would report the missing command, not the option it does not know)
+    parser.error(f'unrecognized option {argv[0]!r}: options go after a command '
+                 f'(optim-migrate COMMAND {argv[0]} ...); commands: '
+                 f'{", ".join(_commands(parser))}')
   args = parser.parse_args(argv)
   try:
     return args.func(args)
@@ -205,6 +211,12 @@ def main(argv=None) -> int:
     return _reader_left()
   except OSError as e:  # e.g. a path inside a directory this user cannot enter
     return _os_error(args.command, e)
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+  """The subcommand names of ``parser``, in their order."""
+  return [name for action in parser._subparsers._group_actions  # (argparse keeps them there)
+          for name in action.choices]
 
 
 def _reader_left() -> int:

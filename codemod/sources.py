@@ -118,7 +118,14 @@ def decode_source(data: bytes) -> tuple[str, str]:
     raise SyntaxError(f'a NUL byte at offset {nul}: binary data or UTF-16/32 text, not Python '
                       'source (CPython runs UTF-8 or a PEP 263 encoding)')
   encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-  return data.decode(encoding), encoding
+  try:
+    return data.decode(encoding), encoding
+  except UnicodeDecodeError as e:  # named by line and column, as an editor shows them
+    line = data.count(b'\n', 0, e.start) + 1
+    column = e.start - (data.rfind(b'\n', 0, e.start) + 1) + 1
+    raise SyntaxError(f'line {line}, column {column} (byte {e.start}): {data[e.start:e.end]!r} '
+                      f'is not {encoding} ({e.reason}); CPython refuses the file too (declare '
+                      'its encoding with a PEP 263 coding line, or convert it)') from e
 
 
 def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None:

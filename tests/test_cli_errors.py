@@ -77,3 +77,32 @@ def test_files_a_run_cannot_take_are_errors_not_rewrites_nor_silent_passes(tmp_p
   assert '3 file(s) scanned: 0 would be rewritten, 0 flagged (0 manual item(s)), 2 failed' in err
   # a suffix-less script with a python shebang, named on the command line, is Python
   assert cli.main(['rewrite', '--check', str(tmp_path / 'script')]) == cli.EXIT_CHANGES
+
+
+def test_an_unknown_option_before_the_command_is_named(capsys):
+  """Before: `optim-migrate --bogus` said only that a command is required."""
+  with pytest.raises(SystemExit) as e:
+    cli.main(['--bogus'])
+  assert e.value.code == cli.EXIT_ERROR
+  err = capsys.readouterr().err
+  assert "unrecognized option '--bogus'" in err and 'rewrite, run, demo' in err
+  with pytest.raises(SystemExit) as e:
+    cli.main(['--version'])
+  assert e.value.code == 0
+
+
+def test_run_usage_says_the_scripts_arguments_are_optional(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(['run', '--help'])
+  out = capsys.readouterr().out
+  assert "the script's own arguments (optional" in out
+
+
+def test_a_file_that_does_not_decode_is_named_by_line_and_column(tmp_path, capsys):
+  """Before: "can't decode byte 0xff in position 34" (a byte offset)."""
+  bad = tmp_path / 'bad.py'
+  bad.write_bytes(b'from flax import optim\nx = 1\ny = "\xff"\n')
+  assert cli.main(['rewrite', str(bad)]) == cli.EXIT_ERROR
+  err = capsys.readouterr().err
+  assert f'{bad}: cannot read: line 3, column 6 (byte 34): ' in err
+  assert bad.read_bytes() == b'from flax import optim\nx = 1\ny = "\xff"\n'  # untouched
