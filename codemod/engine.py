@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import functools
 import pathlib
 from typing import Optional
 
@@ -214,7 +215,7 @@ def rewrite_file(path: pathlib.Path, options: Options | None = None, flow=None,
   """
   source = source or SourceFile(path)
   if path.suffix == '.ipynb':
-    return _rewrite_notebook_file(path, options, source)
+    return _rewrite_notebook_file(path, options, source, flow)
   try:
     text, encoding = source.text, source.encoding
   except (OSError, UnicodeDecodeError, SyntaxError) as e:
@@ -248,7 +249,26 @@ def plan_file(source: SourceFile, options: Options | None = None, flow=None):
   return plan_parsed(module, source.text, options, flow, source.cache)
 
 
-def _rewrite_notebook_file(path: pathlib.Path, options, source: SourceFile) -> FileResult:
+def plan_notebook(source: SourceFile, options: Options | None = None, flow=None):
+  """``(analysis, plan)`` of a notebook's code cells, joined as its rewrite joins them
+  (``codemod.notebook``); None when it cannot be read or parsed, or when IPython lines
+  mention flax.optim (the rewrite then keeps the notebook as it is)."""
+  from codemod import notebook
+  joined = []
+
+  def capture(module_text, path, _options):
+    joined.append(module_text)
+    return FileResult(path, module_text)  # (unchanged: nothing is rewritten)
+  try:
+    notebook.rewrite_notebook(source.data.decode('utf-8'), str(source.path), options, capture)
+    module = cst.parse_module(joined[0]) if joined else None
+  except (OSError, UnicodeDecodeError, notebook.NotebookError, cst.ParserSyntaxError):
+    return None
+  return None if module is None else plan_parsed(module, joined[0], options, flow)
+
+
+def _rewrite_notebook_file(path: pathlib.Path, options, source: SourceFile,
+                           flow=None) -> FileResult:
   from codemod import notebook  # (its JSON handling is needed for notebooks only)
   try:
     text = source.data.decode('utf-8')
@@ -257,11 +277,12 @@ def _rewrite_notebook_file(path: pathlib.Path, options, source: SourceFile) -> F
   result = FileResult(str(path), text)
   # the prefilter reads the code cells (in the JSON, `...inline\nfrom flax import optim`
   # has no word boundary before `from`: a string source with a magic line was skipped)
-  if not wanted(source.words()):
+  if not wanted(source.words(), flow):
     result.new = text
     return result
-  try:
-    new, findings, error = notebook.rewrite_notebook(text, str(path), options, rewrite_source)
+  try:  # (the cells get the tree's flow: a notebook at the root imports the tree's modules)
+    new, findings, error = notebook.rewrite_notebook(
+        text, str(path), options, functools.partial(rewrite_source, flow=flow))
   except notebook.NotebookError as e:
     result.error = str(e)
     return result

@@ -426,7 +426,11 @@ def _decide_factories(factories, steps, found, scanned, settle, texts, files, so
         continue
       flow = Flow(factories, *(names[0] if names else (None, False)), steps)
       if flow.mentioned(texts[path]):
-        for use in _scan(sources[path], names, shown, options, flow, path in outside)[2]:
+        found_uses = _scan(sources[path], names, shown, options, flow, path in outside)[2]
+        if not found_uses and path.suffix == '.ipynb':  # (IPython lines, or no parse)
+          found_uses = [DefUse(q, shown, False, why=_NOTEBOOK_KEPT) for q in converted
+                        if _calls(texts[path], q)]
+        for use in found_uses:
           uses.setdefault(use.qualified, []).append(use)
     new_held, new_inject = {}, set()
     for q, entry in converted.items():
@@ -551,6 +555,10 @@ def _merge(found: dict, aliases: Mapping[str, str]) -> tuple[dict[str, Factory],
   return factories, steps
 
 
+#: Why a notebook calling a factory is taken for a user that keeps its legacy code.
+_NOTEBOOK_KEPT = ('its cells cannot be planned (IPython lines that mention flax.optim, or code '
+                  'that does not parse), so the rewrite leaves them as they are')
+
 #: Why a legacy module the run reads but does not rewrite keeps its legacy code.
 NOT_IN_RUN = 'it is not among the files this run rewrites'
 
@@ -568,6 +576,26 @@ def _why(source: SourceFile, plan, options) -> str:
   return 'see its report'
 
 
+def _uses(plan, shown, changes, outside, why, lines=True) -> list[DefUse]:
+  """One file's uses of (def) factories, from its plan. Why a user keeps its legacy code: its
+  own first reason, not what the factory's TrainState meets there (OM123, which holding the
+  factory removes); ``lines``: name its line (not for a notebook: the plan numbers the lines
+  of its cells joined)."""
+  first = None if outside else next(
+      (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
+  where = shown if first is None or not lines else f'{shown}:{first.line}'
+  use_why = why if first is None else first.why
+  summary = plan.summary
+  return [DefUse(q, shown, ok and changes, inject, '' if ok and changes else use_why,
+                 where=where)
+          for q, (ok, inject) in [*summary.def_uses.items(), *summary.factory_uses.items()]]
+
+
+def _why_of_notebook(plan) -> str:
+  first = next((f for f in plan.findings if not f.fixed), None)
+  return 'see its report' if first is None else first.why
+
+
 def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
           ) -> tuple[list[Factory], list[Step], list[DefUse]]:
   """The factories and step functions one file defines, as the run's rewrite makes them:
@@ -575,14 +603,17 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   whose legacy code therefore stays)."""
   from codemod import engine
   from codemod.facts.migrated import migrated_factories, migrated_field_classes
+  notebook = source.path.suffix == '.ipynb'  # (it defines nothing others import: uses only)
   try:
-    planned = engine.plan_file(source, options, flow_file)
+    planned = (engine.plan_notebook if notebook else engine.plan_file)(source, options, flow_file)
   except Exception:  # noqa: BLE001 - a failing rule: the per-file run reports it
     return [], [], []
   if planned is None:
     return [], [], []
   _, plan = planned
   changes = plan.changes and not outside  # read, never written: what it holds is what stays
+  if notebook:
+    return [], [], _uses(plan, shown, changes, outside, _why_of_notebook(plan), lines=False)
   why = NOT_IN_RUN if outside else _why(source, plan, options)
   summary = plan.summary
   found = {}
@@ -622,15 +653,7 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                                                        'inject_required', False))
                     for function, converted in summary.def_factories.items()
                     for name, _ in names]
-  # (why a user keeps its legacy code: its own first reason, not what the factory's TrainState
-  # meets there, OM123, which holding the factory removes)
-  first = None if outside else next(
-      (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
-  where = shown if first is None else f'{shown}:{first.line}'
-  use_why = why if first is None else first.why
-  uses = [DefUse(q, shown, ok and changes, inject, '' if ok and changes else use_why,
-                 where=where)
-          for q, (ok, inject) in [*summary.def_uses.items(), *summary.factory_uses.items()]]
+  uses = _uses(plan, shown, changes, outside, why)
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
              if summary.defs and changes and plan.converts else [])
   return ([Factory(f'{name}.{function}', shown, converted, inject, why, migrated=migrated,

@@ -823,3 +823,48 @@ def test_a_factory_with_a_user_kept_legacy_stays_legacy_with_it(legacy_python, t
   assert int(new_['step']) == 40
   again = _cli('rewrite', '--check', 'kept', cwd=tmp_path)
   assert again.stdout == '' and again.returncode == 1, again.stderr  # idempotent, still flagged
+
+
+def _notebook(path: pathlib.Path, *cells: str) -> None:
+  path.write_text(json.dumps({'cells': [
+      {'cell_type': 'code', 'metadata': {}, 'execution_count': None, 'outputs': [],
+       'source': cell.splitlines(keepends=True)} for cell in cells],
+      'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}, indent=1) + '\n')
+
+
+def _cells(path: pathlib.Path) -> list[str]:
+  return [''.join(c['source']) for c in json.loads(path.read_text())['cells']]
+
+
+@pytest.mark.parametrize('extra, converts', [
+    ('', True),
+    ('print(opt.optimizer_def.hyper_params.learning_rate)\n', False),  # OM119: kept legacy
+    ('!echo flax.optim {opt.target}\n', False),  # an IPython line the codemod cannot see into
+])
+def test_a_notebook_using_a_factory_gets_the_flow_and_holds_it_when_kept_legacy(
+    tmp_path, extra, converts):
+  """A notebook beside the package calls `create_optimizer` (it never imports flax.optim).
+  Before: it got no flow, its `opt.target` was flagged OM122 and failed on the TrainState the
+  converted factory returned. Now its cells convert with the factory; a notebook that keeps
+  its legacy code (for any reason) holds the factory legacy with it, on the shim (OM123)."""
+  tree = tmp_path / 'tree'
+  (tree / 'pkg').mkdir(parents=True)
+  (tree / 'pkg' / '__init__.py').write_text('')
+  (tree / 'pkg' / 'opt.py').write_text(
+      'from flax import optim\n\n\ndef create_optimizer(params):\n'
+      '  return optim.Momentum(learning_rate=0.1, beta=0.9).create(params)\n')
+  cells = ['import jax.numpy as jnp\nfrom pkg.opt import create_optimizer\n',
+           "opt = create_optimizer({'w': jnp.ones(3)})\nprint(opt.target)\n"]
+  _notebook(tree / 'use.ipynb', *cells, *([extra] if extra else []))
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  opt = (tree / 'pkg' / 'opt.py').read_text()
+  got = _cells(tree / 'use.ipynb')
+  if converts:
+    assert 'train_state.TrainState.create(' in opt and 'flax' not in opt.replace('flax.training', '')
+    assert got[1] == "opt = create_optimizer({'w': jnp.ones(3)})\nprint(opt.params)\n"
+    assert '0 flagged' in proc.stderr
+  else:
+    assert 'optim.Momentum(' in opt and 'optim_compat.install()' in opt
+    assert 'OM123' in opt and 'used by use.ipynb, which keeps its legacy code' in opt
+    assert 'print(opt.target)' in got[1]  # a shim Optimizer: `.target` runs
