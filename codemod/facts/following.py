@@ -62,7 +62,6 @@ def _follow_instances(analyzer) -> None:
           f.attr_flow.setdefault(chain, f.attr_flow[inner])
 
 
-# -- a name holding a def, then the optimizer its create returns ---------------------------
 def _follow_containers(analyzer) -> None:
   """Instances of a class with optimizer fields (``f.container_vars``, read by the checkpoint
   rules: ``restore_checkpoint(d, state)`` restores a legacy optimizer inside it) reach more
@@ -118,6 +117,7 @@ def _returns_only(n: Names, fn: cst.FunctionDef, bindings: set) -> bool:
   return bool(found) and all(isinstance(v, cst.Name) and n.binding(v) in bindings for v in found)
 
 
+# -- a name holding a def, then the optimizer its create returns ---------------------------
 def _split_def_rebinds(n: Names, assign_sites: dict) -> None:
   """``opt = Adam(1e-3)`` then ``opt = opt.create(p)``: one name, two values in time.
 
