@@ -189,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
   parser = build_parser()
   argv = sys.argv[1:] if argv is None else list(argv)
+  if argv == ['run']:  # (argparse would call the script's optional arguments required too)
+    print('optim-migrate run: give the SCRIPT to run (then its own arguments, if any)',
+          file=sys.stderr)
+    return EXIT_ERROR
   if argv[:1] == ['run'] and len(argv) > 1 and not argv[1].startswith('-'):
     # everything after SCRIPT belongs to the script, `--` included (an error the script
     # itself raises is reported by cmd_run as python would, never here)

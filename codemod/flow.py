@@ -224,28 +224,28 @@ class Flow:
 
   def resolve(self, qname: str) -> Optional[Factory]:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
-    found = self.factories.get(self._absolute(qname) or '')
+    found = self._find(self.factories, qname)
     return None if isinstance(found, (Fields, DefFactory, Layout)) else found
 
   def layout(self, module_qname: str) -> Optional[Layout]:
     """The :class:`Layout` of the module ``module_qname`` names, if the run converts it."""
-    found = self.factories.get(self._absolute(f'{module_qname}.{LAYOUT}') or '')
+    found = self._find(self.factories, f'{module_qname}.{LAYOUT}')
     return found if isinstance(found, Layout) else None
 
   def resolve_def(self, qname: str) -> Optional[DefFactory]:
     """The function returning a legacy def ``qname`` names (:class:`DefFactory`), if any."""
-    found = self.factories.get(self._absolute(qname) or '')
+    found = self._find(self.factories, qname)
     return found if isinstance(found, DefFactory) else None
 
   def resolve_fields(self, qname: str) -> Optional[Fields]:
     """The class with optimizer fields ``qname`` names (:class:`Fields`), if any."""
-    found = self.factories.get(self._absolute(qname) or '')
+    found = self._find(self.factories, qname)
     return found if isinstance(found, Fields) else None
 
   def fields_of_module(self, qname: str) -> list[Fields]:
     """The classes with optimizer fields (:class:`Fields`) the module ``qname`` (absolute,
     or relative to this file's package) declares."""
-    return self._fields_by_module.get(self._absolute(qname), [])
+    return self._find(self._fields_by_module, qname) or []
 
   @functools.cached_property
   def _fields_by_module(self) -> dict:
@@ -273,10 +273,25 @@ class Flow:
 
   def resolve_step(self, qname: str) -> Optional[Step]:
     """The step function ``qname`` names (absolute, or relative to this file's package)."""
-    return self.steps.get(self._absolute(qname) or '')
+    return self._find(self.steps, qname)
 
   def _absolute(self, qname: str) -> Optional[str]:
     return absolute_name(qname, self.module, self.is_package)
+
+  def _find(self, table: Mapping, qname: str):
+    """``table``'s entry for ``qname``: by its absolute name, else as a sibling of this file
+    (``models.create_optimizer`` written in ``ppo/ppo_lib.py`` is ``ppo.models.create_optimizer``:
+    a script run from its directory imports the modules beside it by their bare names, as
+    Flax's own examples do)."""
+    name = self._absolute(qname)
+    if name is None:
+      return None
+    if name in table:
+      return table[name]
+    if qname.startswith('.') or not self.module or '.' not in self.module:
+      return None
+    directory = self.module if self.is_package else self.module.rsplit('.', 1)[0]
+    return table.get(f'{directory}.{qname}')
 
   def mentioned(self, text: str) -> bool:
     """Could ``text`` call a factory or step function (its function and its module's last
@@ -409,45 +424,55 @@ def _decide_factories(factories, steps, found, scanned, settle, texts, files, so
   too (:attr:`Factory.held`: both then run on the shim, no TrainState reaches flax.optim
   code), and a user passing a learning rate at apply time makes it inject its rate
   (:attr:`Factory.inject_required`), decided again until nothing changes."""
-  held: dict[str, str] = {}
-  inject: set[str] = set()
+  # one decision per factory, whatever name a user calls it by (a module is named from each
+  # root above it: `ppo.models` and `models`): keyed by (defining file, function)
+  held: dict[tuple[str, str], str] = {}
+  inject: set[tuple[str, str]] = set()
   for _ in range(2 * len(factories) + 1):  # (each round holds or injects one more, at least)
     converted = {q: f for q, f in factories.items()
                  if isinstance(f, Factory) and f.converted and not f.migrated}
     if not converted:
       break
-    uses: dict[str, list[DefUse]] = {}
+    uses: dict[tuple[str, str], list[DefUse]] = {}
+
+    def add(use):
+      if use.qualified in converted:
+        entry = converted[use.qualified]
+        uses.setdefault((entry.path, entry.function), []).append(use)
     for _, _, file_uses in found.values():
       for use in file_uses:
-        uses.setdefault(use.qualified, []).append(use)
+        add(use)
     for path, names, shown in files:  # the users no pre-pass scan saw
       if texts.get(path) is None or (path, names, shown) in scanned or not any(
           _calls(texts[path], q) for q in converted):
         continue
       flow = Flow(factories, *(names[0] if names else (None, False)), steps)
       if flow.mentioned(texts[path]):
-        found_uses = _scan(sources[path], names, shown, options, flow, path in outside)[2]
-        if not found_uses and path.suffix == '.ipynb':  # (IPython lines, or no parse)
-          found_uses = [DefUse(q, shown, False, why=_NOTEBOOK_KEPT) for q in converted
-                        if _calls(texts[path], q)]
-        for use in found_uses:
-          uses.setdefault(use.qualified, []).append(use)
+        for use in _scan(sources[path], names, shown, options, flow, path in outside)[2]:
+          if use.qualified:
+            add(use)
+          else:  # a notebook that cannot be planned: a legacy user of each factory it calls
+            for q in converted:
+              if _calls(texts[path], q):
+                add(dataclasses.replace(use, qualified=q))
     new_held, new_inject = {}, set()
-    for q, entry in converted.items():
-      for use in uses.get(q, []):
-        if use.inject and not entry.inject_lr and q not in inject:
-          new_inject.add(q)
-        elif not use.converted and q not in new_inject:
-          new_held.setdefault(q, f'{use.where or use.path}, which keeps its legacy code ({use.why})')
-    new_held = {q: why for q, why in new_held.items() if q not in new_inject}
+    for entry in converted.values():
+      key = (entry.path, entry.function)
+      for use in uses.get(key, []):
+        if use.inject and not entry.inject_lr and key not in inject:
+          new_inject.add(key)
+        elif not use.converted and key not in new_inject:
+          new_held.setdefault(key, f'{use.where or use.path}, which keeps its legacy code '
+                                   f'({use.why})')
+    new_held = {key: why for key, why in new_held.items() if key not in new_inject}
     if not new_held and not new_inject:
       break
     held.update(new_held)
     inject |= new_inject
-    seed = {key: dataclasses.replace(f, held=held.get(f.qualified, ''),
-                                     inject_required=f.qualified in inject)
-            if isinstance(f, Factory) and f.qualified in held.keys() | inject else f
-            for key, f in factories.items()}
+    seed = {q: dataclasses.replace(f, held=held.get((f.path, f.function), ''),
+                                   inject_required=(f.path, f.function) in inject)
+            if isinstance(f, Factory) and (f.path, f.function) in held.keys() | inject else f
+            for q, f in factories.items()}
     factories, steps, found = settle(scanned, seed=seed)
   return factories, steps
 
@@ -556,8 +581,9 @@ def _merge(found: dict, aliases: Mapping[str, str]) -> tuple[dict[str, Factory],
 
 
 #: Why a notebook calling a factory is taken for a user that keeps its legacy code.
-_NOTEBOOK_KEPT = ('its cells cannot be planned (IPython lines that mention flax.optim, or code '
-                  'that does not parse), so the rewrite leaves them as they are')
+_NOTEBOOK_KEPT = ('its cells cannot be planned (IPython syntax, a magic or shell line, that may '
+                  'use flax.optim or an optimizer, or code that does not parse), so the rewrite '
+                  'leaves them as they are')
 
 #: Why a legacy module the run reads but does not rewrite keeps its legacy code.
 NOT_IN_RUN = 'it is not among the files this run rewrites'
@@ -586,9 +612,12 @@ def _uses(plan, shown, changes, outside, why, lines=True) -> list[DefUse]:
   where = shown if first is None or not lines else f'{shown}:{first.line}'
   use_why = why if first is None else first.why
   summary = plan.summary
-  return [DefUse(q, shown, ok and changes, inject, '' if ok and changes else use_why,
-                 where=where)
-          for q, (ok, inject) in [*summary.def_uses.items(), *summary.factory_uses.items()]]
+  # (a def factory's user converts only with changes: its `.create`s are rewritten; a
+  # factory's user may have nothing to rewrite, `main.py` calling `train_and_evaluate(cfg)`)
+  kept = [(q, ok and changes, inject) for q, (ok, inject) in summary.def_uses.items()] + [
+      (q, ok and not outside, inject) for q, (ok, inject) in summary.factory_uses.items()]
+  return [DefUse(q, shown, ok, inject, '' if ok else use_why, where=where)
+          for q, ok, inject in kept]
 
 
 def _why_of_notebook(plan) -> str:
@@ -608,8 +637,8 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
     planned = (engine.plan_notebook if notebook else engine.plan_file)(source, options, flow_file)
   except Exception:  # noqa: BLE001 - a failing rule: the per-file run reports it
     return [], [], []
-  if planned is None:
-    return [], [], []
+  if planned is None:  # (a notebook that cannot be planned: it stays as it is, a legacy user)
+    return [], [], [DefUse('', shown, False, why=_NOTEBOOK_KEPT)] if notebook else []
   _, plan = planned
   changes = plan.changes and not outside  # read, never written: what it holds is what stays
   if notebook:

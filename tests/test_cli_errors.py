@@ -106,3 +106,10 @@ def test_a_file_that_does_not_decode_is_named_by_line_and_column(tmp_path, capsy
   err = capsys.readouterr().err
   assert f'{bad}: cannot read: line 3, column 6 (byte 34): ' in err
   assert bad.read_bytes() == b'from flax import optim\nx = 1\ny = "\xff"\n'  # untouched
+
+
+def test_run_without_a_script_says_so(capsys):
+  """Before: argparse said both `script` and the optional `ARGS` were required."""
+  assert cli.main(['run']) == cli.EXIT_ERROR
+  assert capsys.readouterr().err == (
+      'optim-migrate run: give the SCRIPT to run (then its own arguments, if any)\n')

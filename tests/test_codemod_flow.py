@@ -868,3 +868,46 @@ def test_a_notebook_using_a_factory_gets_the_flow_and_holds_it_when_kept_legacy(
     assert 'optim.Momentum(' in opt and 'optim_compat.install()' in opt
     assert 'OM123' in opt and 'used by use.ipynb, which keeps its legacy code' in opt
     assert 'print(opt.target)' in got[1]  # a shim Optimizer: `.target` runs
+
+
+def test_a_script_directory_imports_its_siblings_by_bare_name(tmp_path):
+  """Flax v0.3's examples run from their own directory: `ppo/ppo_lib.py` does `import models`
+  for `ppo/models.py`. A run over the directory above (`rewrite linen_examples`, or `.` from a
+  repository root) names that module `ppo.models`; the bare import still resolves to it, so the
+  factory's users are found: one that sets the rate at apply time makes it inject, one kept
+  legacy holds it (before: the users went unseen, the factory converted alone, and its users
+  failed on the TrainState). A user with nothing to rewrite (`main.py` discarding what
+  `train_and_evaluate` returns) holds nothing."""
+  tree = tmp_path / 'examples'
+  (tree / 'ppo').mkdir(parents=True)
+  (tree / 'ppo' / 'models.py').write_text(
+      'from flax import optim\n\n\ndef create_optimizer(params, learning_rate):\n'
+      '  return optim.Adam(learning_rate=learning_rate).create(params)\n')
+  (tree / 'ppo' / 'ppo_lib.py').write_text(
+      'import models\n\n\ndef train(params, g, lr):\n'
+      '  optimizer = models.create_optimizer(params, learning_rate=1e-3)\n'
+      '  optimizer = optimizer.apply_gradient(g, learning_rate=lr)\n'
+      '  return optimizer.target\n')
+  (tree / 'ppo' / 'main.py').write_text(
+      'import models\n\n\ndef main(params):\n  models.create_optimizer(params, learning_rate=1e-3)\n')
+  for root in ('examples', 'examples/ppo'):  # the same result, whatever the run's root
+    run = tmp_path / root.replace('/', '_')
+    shutil.copytree(tree, run / 'examples')
+    proc = _cli('rewrite', '--write', root, cwd=run)
+    assert proc.returncode == 1, proc.stderr
+    base = run / 'examples' / 'ppo'
+    assert 'optax.inject_hyperparams(optax.adam' in (base / 'models.py').read_text(), root
+    lib = (base / 'ppo_lib.py').read_text()
+    assert 'return optimizer.params' in lib and 'tree_set(optimizer.opt_state' in lib, root
+    assert '0 flagged' in proc.stderr, proc.stderr
+  kept = tmp_path / 'kept'
+  shutil.copytree(tree, kept / 'examples')
+  (kept / 'examples' / 'ppo' / 'ppo_lib_test.py').write_text(
+      'import flax\nimport models\n\n\ndef test(params):\n'
+      '  optimizer = models.create_optimizer(params, learning_rate=1e-3)\n'
+      '  assert isinstance(optimizer, flax.optim.Optimizer)\n')
+  proc = _cli('rewrite', '--write', 'examples', cwd=kept)
+  models = (kept / 'examples' / 'ppo' / 'models.py').read_text()
+  assert 'optim.Adam(' in models and 'used by ppo/ppo_lib_test.py:7' in models, models
+  assert 'optimizer.apply_gradient(g, learning_rate=lr)' in (
+      kept / 'examples' / 'ppo' / 'ppo_lib.py').read_text()
