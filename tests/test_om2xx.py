@@ -692,3 +692,20 @@ def test_fixes_keep_the_programs_results(legacy_python, tmp_path):
   assert old['pil/after']['pixels'] == [[0, 20, 40, 60], [80, 100, 120, 140], [160, 180, 200, 220]]
   assert old['device_array/before']['traced'] == [True] and new['device_array/after']['traced'] == [True]
   assert old['scatter/before']['add_dup']['values'] == [1.0, 0.0, 5.0, 0.0]
+
+
+def test_copy_with_a_dict_literal_is_frozendict_only_and_rewritten():
+  """Flax v0.3 imagenet's `state.model_state.copy({'batch_stats': ...})`: on today's dict
+  (`init` returns one) a TypeError, unflagged before. Only FrozenDict's `.copy` takes an
+  argument, so a dict-literal argument in a file importing flax is rewritten (OM207, safe);
+  `.copy()` / `.copy(order=...)` / a non-literal argument, or a file without flax, stay."""
+  source = ('import flax\n\n\ndef sync(state, stats):\n'
+            '  return state.model_state.copy({"batch_stats": stats})\n\n\n'
+            'def other(x, deep):\n  return x.copy(), x.copy(order="C"), x.copy(deep)\n')
+  result = _rewrite(source)
+  assert result.error is None
+  assert 'return flax.core.copy(state.model_state, {"batch_stats": stats})' in result.new
+  assert 'return x.copy(), x.copy(order="C"), x.copy(deep)' in result.new
+  assert [f.rule for f in result.findings] == ['OM207']
+  without = source.replace('import flax\n', 'import numpy\n')
+  assert _rewrite(without).new == without

@@ -79,6 +79,12 @@ class _Linen:
       proven = self.from_init(receiver)
       if not proven and not (self.facts.imports_flax and isinstance(key, cst.SimpleString)):
         return updated
+    elif attr == 'copy':  # `.copy({...})`: only a FrozenDict takes an argument there
+      if not (len(original.args) == 1 and original.args[0].keyword is None
+              and not original.args[0].star and isinstance(original.args[0].value, cst.Dict)
+              and self.facts.imports_flax):
+        return updated
+      proven = True
     else:
       if original.args:
         return updated
@@ -87,10 +93,12 @@ class _Linen:
         return updated
     api = _FROZEN[attr]
     rule = 'OM207' if proven else 'OM208'
-    shown = (f'`{_code(receiver)}.pop(...)` -> `flax.core.pop({_code(receiver)}, ...)`'
-             if attr == 'pop' else
+    shown = (f'`{_code(receiver)}.{attr}(...)` -> `flax.core.{attr}({_code(receiver)}, ...)`'
+             if attr in ('pop', 'copy') else
              f'`{_code(receiver)}.unfreeze()` -> `flax.core.unfreeze({_code(receiver)})`')
-    why = ('what Flax `init` returns is a dict since flax 0.7.1' if proven else
+    why = ('`.copy({...})` is FrozenDict-only (`dict.copy` takes no argument); what Flax `init` '
+           'returns is a dict since flax 0.7.1' if attr == 'copy' else
+           'what Flax `init` returns is a dict since flax 0.7.1' if proven else
            f'if `{_code(receiver)}` is what a Flax `init` returns (a dict since flax 0.7.1); '
            f'`flax.core.{attr}` takes a FrozenDict too ({_unsafe_why("OM208")})')
     if not self.opts.fixable(rule):

@@ -71,7 +71,9 @@ RULES = (
     ('OM206', 'safe', '`jax.ops.index_update(x, jax.ops.index[i], y)` (and `index_add` / `_mul` / '
                       '`_min` / `_max`) -> `x.at[i].set(y)` (`add`, `multiply`, `min`, `max`)'),
     ('OM207', 'safe', '`v.pop(k)` / `v.unfreeze()` on what a Flax `init` returns (a dict since '
-                      'flax 0.7.1) -> `flax.core.pop(v, k)` / `flax.core.unfreeze(v)`'),
+                      'flax 0.7.1) -> `flax.core.pop(v, k)` / `flax.core.unfreeze(v)`; '
+                      '`v.copy({...})` (a FrozenDict-only call: `dict.copy` takes no argument) -> '
+                      '`flax.core.copy(v, {...})`'),
     ('OM208', 'unsafe', '`a, b = v.pop(k)` / `v.unfreeze()` on a value not proven to come from '
                         '`init` -> `flax.core.pop` / `flax.core.unfreeze`'),
     ('OM209', 'safe', '`MultiHeadDotProductAttention(...)(q, kv, mask)` -> `(q, kv, mask=mask)` '
@@ -175,6 +177,11 @@ APIS: tuple[Api, ...] = (
         '`init` returns a dict since flax 0.7.1, which has no `.unfreeze()`',
         'variables.unfreeze()', 'flax.core.unfreeze(variables)',
         'flax.core.unfreeze: every flax version', words=(('flax', '.unfreeze('),), extra='unfreeze'),
+    Api('OM207', 'frozendict', (), 'flax.core.copy',
+        '`init` returns a dict since flax 0.7.1: `dict.copy()` takes no argument, only '
+        "FrozenDict's `.copy(add_or_replace)` did",
+        "state.copy({'batch_stats': stats})", "flax.core.copy(state, {'batch_stats': stats})",
+        'flax.core.copy: flax >= 0.6.6 (not in 0.5.3)', words=(('flax', '.copy({'),), extra='copy'),
     Api('OM209', 'mha', ('flax.linen.MultiHeadDotProductAttention',
                          'flax.linen.attention.MultiHeadDotProductAttention'), None,
         'flax 0.3-0.5: `(inputs_q, inputs_kv, mask=None, deterministic=None)`; now '
