@@ -589,12 +589,13 @@ _NOTEBOOK_KEPT = ('its cells cannot be planned (IPython syntax, a magic or shell
 NOT_IN_RUN = 'it is not among the files this run rewrites'
 
 
-def _why(source: SourceFile, plan, options) -> str:
-  """The first manual item of a file's report: its plan's, else an earlier run's TODO."""
+def _why(source: SourceFile, plan, options, todos: bool = True) -> str:
+  """The first manual item of a file's report: its plan's, else (``todos``) an earlier run's
+  TODO."""
   first = next((f for f in plan.findings if not f.fixed), None)
   if first is not None:
     return first.why
-  for _, _, rule, message in findings.todo_comments(source.text):
+  for _, _, rule, message in (findings.todo_comments(source.text) if todos else ()):
     if not options.enabled(rule) or (plan.converts and findings.stale_todo(
         findings.todo_text(rule, message))):
       continue  # ignored, or a stale "keeps its legacy code" TODO this run drops
@@ -620,11 +621,6 @@ def _uses(plan, shown, changes, outside, why, lines=True) -> list[DefUse]:
           for q, ok, inject in kept]
 
 
-def _why_of_notebook(plan) -> str:
-  first = next((f for f in plan.findings if not f.fixed), None)
-  return 'see its report' if first is None else first.why
-
-
 def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
           ) -> tuple[list[Factory], list[Step], list[DefUse]]:
   """The factories and step functions one file defines, as the run's rewrite makes them:
@@ -642,7 +638,8 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   _, plan = planned
   changes = plan.changes and not outside  # read, never written: what it holds is what stays
   if notebook:
-    return [], [], _uses(plan, shown, changes, outside, _why_of_notebook(plan), lines=False)
+    return [], [], _uses(plan, shown, changes, outside,  # (its text is JSON: no TODO read)
+                         _why(source, plan, options, todos=False), lines=False)
   why = NOT_IN_RUN if outside else _why(source, plan, options)
   summary = plan.summary
   found = {}

@@ -277,11 +277,8 @@ class Analyzer(cst.CSTVisitor):
 
   def visit_Return(self, node: cst.Return) -> None:
     f, value = self.f, node.value
-    if len(self._function_stack) == 1 and not self._class_depth:  # (settled after the visit)
-      made = value is not None and (self.makes_container(value) or (
-          isinstance(value, cst.Name) and self.n.binding(value) in f.container_vars))
-      name = self._function_stack[0]
-      f.container_returns[name] = f.container_returns.get(name, True) and made
+    if len(self._function_stack) == 1 and not self._class_depth:  # (read after the visit)
+      f.top_returns.setdefault(self._function_stack[0], []).append(value)
     if value is not None and self.n.is_def(value):
       self.placed_defs.add(id(value))  # escaping below, or a def factory's (codemod.flow)
       top = len(self._function_stack) == 1 and not self._class_depth

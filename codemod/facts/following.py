@@ -27,10 +27,13 @@ def settle(analyzer) -> None:
   f.attr_other.update(chain for chain, inner in analyzer.chain_copies
                       if inner not in f.attr_chains)
   _follow_instances(analyzer)
+  sites = None
+  if f.uses_legacy or f.flow_vars or f.container_vars:
+    sites = [(fn, calls) for fn in f.functions if (calls := _call_sites(n, fn.name))]
   if f.uses_legacy or f.flow_vars:
-    _follow_parameters(n)
+    _follow_parameters(n, sites)
   if f.container_vars:
-    _follow_containers(analyzer)
+    _follow_containers(analyzer, sites)
   f.steps = _step_params(n)
 
 
@@ -62,20 +65,28 @@ def _follow_instances(analyzer) -> None:
           f.attr_flow.setdefault(chain, f.attr_flow[inner])
 
 
-def _follow_containers(analyzer) -> None:
+def _follow_containers(analyzer, sites) -> None:
   """Instances of a class with optimizer fields (``f.container_vars``, read by the checkpoint
   rules: ``restore_checkpoint(d, state)`` restores a legacy optimizer inside it) reach more
   names: ``state = create_train_state(...)`` (one such assignment, as for ``state =
   TrainState(...)``), a module-level function of this file whose every ``return`` gives one
   (Flax v0.3 imagenet), and a parameter of a function (not a method) this
   file only ever calls, every call passing one (``def restore_checkpoint(state, workdir)``).
-  Repeated until nothing changes."""
+  ``sites``: each such function with its calls. Repeated until nothing changes."""
   n, f = analyzer.n, analyzer.f
-  makers = {name for name, made in f.container_returns.items() if made}
-  sites = [(fn, calls) for fn in f.functions if (calls := _call_sites(n, fn.name))]
+
+  def gives_one(value) -> bool:
+    return value is not None and (analyzer.makes_container(value) or (
+        isinstance(value, cst.Name) and n.binding(value) in f.container_vars))
+  makers: set = set()
   changed = True
   while changed:
     changed = False
+    new = {name for name, values in f.top_returns.items()
+           if name not in makers and all(gives_one(v) for v in values)}
+    if new:
+      makers |= new
+      changed = True
     for b, assigned in analyzer.assign_sites.items():
       if b not in f.container_vars and any(  # (as `state = TrainState(...)`: any assignment)
           isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in makers
@@ -91,30 +102,6 @@ def _follow_containers(analyzer) -> None:
         if all(isinstance(a, cst.Name) and n.binding(a) in f.container_vars for a in args):
           f.container_vars.add(b)
           changed = True
-    new = {fn.name.value for fn in f.top_functions if fn.name.value not in makers
-           and _returns_only(n, fn, f.container_vars)}
-    if new:
-      makers |= new
-      changed = True
-
-
-def _returns_only(n: Names, fn: cst.FunctionDef, bindings: set) -> bool:
-  """Every ``return`` of ``fn`` (not of a function nested in it) gives a name bound in
-  ``bindings``; at least one does."""
-  found = []
-
-  class Returns(cst.CSTVisitor):
-    def visit_FunctionDef(self, node) -> bool:
-      return node is fn
-
-    def visit_Lambda(self, node) -> bool:
-      return False
-
-    def visit_Return(self, node) -> None:
-      found.append(node.value)
-
-  fn.visit(Returns())
-  return bool(found) and all(isinstance(v, cst.Name) and n.binding(v) in bindings for v in found)
 
 
 # -- a name holding a def, then the optimizer its create returns ---------------------------
@@ -191,7 +178,7 @@ def _parameters(fn: cst.FunctionDef):
   return [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]
 
 
-def _follow_parameters(n: Names) -> None:
+def _follow_parameters(n: Names, sites) -> None:
   """Parameters proven to hold optimizers join ``opt_vars``.
 
   A parameter is proven when its function (not a method) is only ever called
@@ -200,17 +187,13 @@ def _follow_parameters(n: Names) -> None:
   after ``optimizer = Adam(...).create(p)``). A function used any other way
   (passed as a value, called with ``*args``) proves nothing. Repeated until
   nothing changes, so a helper called by a proven function is followed too.
+  ``sites``: each such function with its calls (``_call_sites``).
   """
   f = n.facts
-  sites = {}
-  for fn in f.functions:
-    calls = _call_sites(n, fn.name)
-    if calls:
-      sites[id(fn)] = (fn, calls)
   changed = True
   while changed:
     changed = False
-    for fn, calls in sites.values():
+    for fn, calls in sites:
       for param in _parameters(fn):
         b = n.binding(param.name)
         if b is None or b in f.rebound or b in f.flow_vars:
@@ -228,7 +211,7 @@ def _follow_parameters(n: Names) -> None:
   changed = True
   while changed:  # parameters every call passes an optimizer made in this file (or a factory's)
     changed = False
-    for fn, calls in sites.values():
+    for fn, calls in sites:
       for param in _parameters(fn):
         b = n.binding(param.name)
         if b is None or b in f.made_here_params:
