@@ -12,7 +12,7 @@ from typing import Optional
 
 import libcst as cst
 from libcst.codemod import CodemodContext
-from libcst.metadata import ImportAssignment, PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import ImportAssignment, PositionProvider, ScopeProvider
 
 from codemod.modern import table
 from codemod.rules import RULES, TODO_PREFIX, Options
@@ -48,11 +48,19 @@ _NUMPY_WRAPS = frozenset({'numpy.asarray', 'numpy.array', 'numpy.ascontiguousarr
 class _Base(cst.CSTTransformer):
   """The transformer's shared machinery (the fix families are mixins over it)."""
 
-  METADATA_DEPENDENCIES = (QualifiedNameProvider, ScopeProvider, PositionProvider)
+  # Only scopes are resolved for every file the pass parses; qualified names are asked of a
+  # node's scope when a fix asks (what QualifiedNameProvider does for every node), and
+  # positions are resolved on the first finding or value followed: on the ecosystem tree the
+  # two providers were a third of the pass, mostly over files with nothing to fix.
+  METADATA_DEPENDENCIES = (ScopeProvider,)
 
   def __init__(self, context: CodemodContext, facts: _Facts, options: Options,
-               module: cst.Module):
+               module: cst.Module, wrapper: Optional[cst.MetadataWrapper] = None):
     super().__init__()
+    self._wrapper = wrapper
+    self._positions = None
+    self._qnames: dict[int, set[str]] = {}  # id(original node) -> its qualified names
+    self._layer_values: Optional[bool] = None  # see _Linen._layers_assigned
     self.context, self.facts, self.opts = context, facts, options
     self.findings: list[Finding] = []
     self.adds: list[tuple[str, Optional[str], Optional[str]]] = []
@@ -107,8 +115,22 @@ class _Base(cst.CSTTransformer):
       self.flag(node, rule, todo)
     return False
 
+  def get_metadata(self, key, node, default=None):
+    if key is PositionProvider:
+      if self._positions is None:
+        self._positions = self._wrapper.resolve(PositionProvider) if self._wrapper else {}
+      return self._positions.get(node, default)
+    return super().get_metadata(key, node, default)
+
   def qnames(self, node) -> set[str]:
-    return {q.name for q in self.get_metadata(QualifiedNameProvider, node, set())}
+    """The qualified names ``node`` (an original node) has, as ``QualifiedNameProvider``
+    gives them (its scope's ``get_qualified_names_for``)."""
+    found = self._qnames.get(id(node))
+    if found is None:
+      scope = self.get_metadata(ScopeProvider, node, None)
+      found = {q.name for q in scope.get_qualified_names_for(node)} if scope else set()
+      self._qnames[id(node)] = found
+    return found
 
   def qname_in(self, node, names) -> Optional[str]:
     found = sorted(q for q in self.qnames(node) if q in names)

@@ -20,7 +20,7 @@ class _Linen:
     values = []
     if isinstance(func, cst.Call):
       values = [func]
-    elif isinstance(func, cst.Name):
+    elif isinstance(func, cst.Name) and self._layers_assigned():
       found = self.value_of(func)
       values = [found[0]] if found is not None and found[1] is None else []
     elif (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
@@ -39,6 +39,15 @@ class _Linen:
     if len(kinds) != 1 or (len(values) != 1 and kinds == {'dropout'}):
       return None
     return kinds.pop(), values[0]
+
+  def _layers_assigned(self) -> bool:
+    """Does any assignment of the module assign an attention or Dropout construction? Else a
+    name's reaching value (``value_of``, which needs every node's position) cannot be one."""
+    if self._layer_values is None:
+      self._layer_values = any(
+          isinstance(v, cst.Call) and (self.qname_in(v.func, _MHA) or self.qname_in(v.func, _DROPOUT))
+          for v, index, _ in self.facts.values.values() if index is None)
+    return self._layer_values
 
   def visit_ClassDef(self, node):
     self._classes.append(node)

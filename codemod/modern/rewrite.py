@@ -2,7 +2,7 @@
 
 Its own LibCST transformer over its own table (``codemod.modern.table``); the
 engine calls :func:`apply` once per file, after the ``flax.optim`` pass, with
-that pass's result. Names are resolved with ``QualifiedNameProvider`` (``from
+that pass's result. Names are resolved as ``QualifiedNameProvider`` resolves them (``from
 jax import tree_map``, ``import jax as J; J.tree_map`` and
 ``jax.tree_util.tree_multimap`` all resolve; a local ``tree_map`` or another
 library's does not) and ``ScopeProvider``; imports are added and dropped with
@@ -64,7 +64,7 @@ def rewrite_source(source: str, options: Options | None = None) -> tuple[str, li
   facts = _Facts()
   wrapper.visit(facts)
   context = CodemodContext()
-  rewriter = _Rewriter(context, facts, options, module)
+  rewriter = _Rewriter(context, facts, options, module, wrapper)
   new = wrapper.visit(rewriter)
   if rewriter.adds or rewriter.removes:
     for mod, obj, asname in rewriter.adds:

@@ -271,9 +271,11 @@ def spellings(qname: str) -> tuple[tuple, ...]:
 
 
 def _from_import(module, name: str) -> str:
-  """A regex of ``from module import ... name`` (over parentheses or backslashes)."""
-  return (r'from\s+' + _dotted(module) + r'\s+import\s+(?:\([^)]*?|(?:[^\n\\;]|\\\r?\n)*?)\b'
-          + re.escape(name) + r'\b')
+  """A regex of ``from module import ... name`` (over parentheses or backslashes), where
+  ``name`` is an imported name, not an ``as`` name (``from flax import linen as nn`` does not
+  import ``flax.nn``: on the ecosystem tree that form passed 36 files the pass left as they were)."""
+  return (r'from\s+' + _dotted(module) + r'\s+import\s+(?:\([^)]*?|(?:[^\n\\;]|\\\r?\n)*?)'
+          r'(?<!\bas\s)\b' + re.escape(name) + r'\b')
 
 
 def prefilter_words() -> tuple[tuple, ...]:
