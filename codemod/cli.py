@@ -205,7 +205,9 @@ def main(argv=None) -> int:
     parser.error(f'unrecognized option {argv[0]!r}: options go after a command '
                  f'(optim-migrate COMMAND {argv[0]} ...); commands: '
                  f'{", ".join(_commands(parser))}')
-  args = parser.parse_args(argv)
+  args, extra = parser.parse_known_args(argv)
+  if extra:  # the subcommand's usage and error, not the top level's
+    _unknown_arguments(parser, args.command, extra)
   try:
     return args.func(args)
   except KeyboardInterrupt:  # Ctrl-C: one line, no traceback (a pool's workers are ended)
@@ -215,6 +217,19 @@ def main(argv=None) -> int:
     return _reader_left()
   except OSError as e:  # e.g. a path inside a directory this user cannot enter
     return _os_error(args.command, e)
+
+
+def _unknown_arguments(parser: argparse.ArgumentParser, command: str, extra: list[str]):
+  """Exit 2 with ``command``'s usage and the arguments it does not take, each option with
+  its closest spelling ``command`` has (difflib), if any."""
+  import difflib
+  sub = next(action.choices[command] for action in parser._subparsers._group_actions)
+  known = [o for action in sub._actions for o in action.option_strings]
+  hints = [f'{arg} (did you mean {close[0]}?)' if close else arg
+           for arg in extra
+           for close in [difflib.get_close_matches(arg.split('=', 1)[0], known, n=1, cutoff=0.8)
+                         if arg.startswith('-') else []]]
+  sub.error(f'unrecognized arguments: {" ".join(hints)}')
 
 
 def _commands(parser: argparse.ArgumentParser) -> list[str]:

@@ -91,6 +91,27 @@ def test_an_unknown_option_before_the_command_is_named(capsys):
   assert e.value.code == 0
 
 
+def test_an_unknown_option_after_the_command_shows_that_commands_usage(capsys, tmp_path):
+  """Before: `rewrite --bogus x.py` printed the top-level usage (`optim-migrate [-h]
+  [--version] {rewrite,run,...}`), which does not list the options rewrite takes."""
+  legacy = tmp_path / 'x.py'
+  legacy.write_text('from flax import optim\n')
+  for argv, usage, said in (
+      (['rewrite', '--bogus', str(legacy)], 'usage: optim-migrate rewrite ',
+       'optim-migrate rewrite: error: unrecognized arguments: --bogus\n'),
+      (['rewrite', '--wrte', str(legacy)], 'usage: optim-migrate rewrite ',
+       'unrecognized arguments: --wrte (did you mean --write?)\n'),
+      (['check', '--devics=2'], 'usage: optim-migrate check ',
+       'unrecognized arguments: --devics=2 (did you mean --devices?)\n')):
+    with pytest.raises(SystemExit) as e:
+      cli.main(argv)
+    assert e.value.code == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith(usage) and '--jobs' in err if argv[0] == 'rewrite' else True, err
+    assert err.startswith(usage) and err.endswith(said), err
+  assert legacy.read_text() == 'from flax import optim\n'
+
+
 def test_run_usage_says_the_scripts_arguments_are_optional(capsys):
   with pytest.raises(SystemExit):
     cli.main(['run', '--help'])
