@@ -66,8 +66,9 @@ def cmd_run(args) -> int:
 
   As ``python SCRIPT`` would (``__file__`` absolute, ``sys.argv[0]`` as given): a syntax
   error in SCRIPT, or an exception it raises, prints the script's error (no frames of this
-  tool) and exits 1. A SCRIPT that is missing, a
-  directory or unreadable exits 2.
+  tool) and exits 1, as does a SCRIPT python would not decode (a byte its declared encoding,
+  UTF-8 by default, does not hold, or a NUL byte: named by line and column). A SCRIPT that
+  is missing, a directory or unreadable exits 2.
   """
   import optim_compat
   optim_compat.install()
@@ -88,14 +89,15 @@ def cmd_run(args) -> int:
   # sys.argv[0] is SCRIPT as given, sys.path[0] the script's directory (symlinks resolved).
   # runpy.run_path would set sys.argv[0] to the path, so the module is run here.
   path = args.script if os.path.isabs(args.script) else os.path.join(os.getcwd(), args.script)
+  problem = _undecodable(source)
+  if problem:  # as python refuses it (compile() of bytes would pass a bad comment over)
+    print(f'{script}: {problem}', file=sys.stderr)
+    return 1
   try:  # compiled here first, so a syntax error shows no frames of this tool
     code = compile(source, path, 'exec', dont_inherit=True)
   except SyntaxError as e:
     import traceback
     sys.stderr.write(''.join(traceback.format_exception_only(type(e), e)))
-    return 1
-  except ValueError as e:  # null bytes (a SyntaxError from Python 3.12)
-    print(f'{script}: SyntaxError: {e}', file=sys.stderr)
     return 1
   sys.argv = [args.script, *args.args]
   sys.path.insert(0, str(script.resolve().parent))
@@ -128,6 +130,39 @@ def cmd_run(args) -> int:
     if saved_main is not None:
       sys.modules['__main__'] = saved_main
   return 0
+
+
+def _undecodable(source: bytes) -> Optional[str]:
+  """Why python would not run ``source`` before parsing it, or None: a byte its declared
+  encoding (PEP 263; UTF-8 when none is declared) does not decode, an unknown encoding, or
+  a NUL byte; each named by line and column (1-based)."""
+  import io
+  import tokenize
+
+  def where(offset: int) -> str:
+    line, line_start = source.count(b'\n', 0, offset) + 1, source.rfind(b'\n', 0, offset) + 1
+    return f'line {line}, column {offset - line_start + 1}'
+
+  try:
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+  except SyntaxError as e:  # a first or second line that is not UTF-8 says this too
+    encoding, cookie_problem = 'utf-8', e
+  else:
+    cookie_problem = None
+  try:
+    source.decode(encoding)
+    if cookie_problem is not None:  # an unknown encoding, or a BOM against the cookie
+      return f'SyntaxError: {cookie_problem}'
+  except UnicodeDecodeError as e:
+    why = ('not UTF-8, and the file declares no other encoding' if encoding in
+           ('utf-8', 'utf-8-sig') else f'not valid {encoding}, the encoding the file declares')
+    return (f'SyntaxError: {where(e.start)}: byte 0x{source[e.start]:02x} is {why} (PEP 263); '
+            'save the file as UTF-8 or declare its encoding in a `# -*- coding: NAME -*-` line')
+  nul = source.find(b'\0')
+  if nul >= 0:
+    return (f'SyntaxError: {where(nul)}: a NUL byte (python runs no source with one; '
+            'UTF-16 text?)')
+  return None
 
 
 def _removed_api_hint(e: BaseException, script: str) -> Optional[str]:

@@ -204,6 +204,36 @@ def test_run_a_directory_or_a_script_with_an_error_reports_it_as_python_would(tm
     assert 'runpy' not in proc.stderr and 'codemod' not in proc.stderr
 
 
+def test_run_a_script_python_cannot_decode_is_refused_with_its_line_and_byte(tmp_path):
+  """Found by a new user: `run` of a Latin-1 script ran it anyway when the bad byte was in a
+  comment (compile() of bytes passes it over), where `python SCRIPT` refuses it; a UTF-16
+  script said only 'source code string cannot contain null bytes', naming no file."""
+  for name, data, said in [
+      ('comment.py', b'import sys\n# caf\xe9\nprint("ran")\n',
+       'comment.py: SyntaxError: line 2, column 6: byte 0xe9 is not UTF-8, and the file '
+       'declares no other encoding (PEP 263)'),
+      ('ascii.py', b'# coding: ascii\nx = "\xe9"\nprint("ran")\n',
+       'ascii.py: SyntaxError: line 2, column 6: byte 0xe9 is not valid ascii, the encoding '
+       'the file declares (PEP 263)'),
+      ('utf16.py', 'print("ran")\n'.encode('utf-16'),
+       'utf16.py: SyntaxError: line 1, column 1: byte 0xff is not UTF-8'),
+      ('nul.py', b'print("ran")\0\n', 'nul.py: SyntaxError: line 1, column 13: a NUL byte'),
+      ('cookie.py', b'# -*- coding: nope -*-\nprint("ran")\n',
+       'cookie.py: SyntaxError: unknown encoding: nope')]:
+    script = tmp_path / name
+    script.write_bytes(data)
+    proc = _cli('run', str(script))
+    python = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert proc.returncode == python.returncode == 1, (name, proc.stderr, python.stderr)
+    assert proc.stderr.startswith(f'{script}: ') and said in proc.stderr, proc.stderr
+    assert proc.stdout == python.stdout == '', name
+    assert script.read_bytes() == data
+  latin = tmp_path / 'latin.py'  # a declared encoding that holds the bytes runs
+  latin.write_bytes(b'# -*- coding: latin-1 -*-\nprint("caf\xe9" == "caf\\u00e9")\n')
+  proc = _cli('run', str(latin))
+  assert proc.returncode == 0 and proc.stdout == 'True\n', proc.stderr
+
+
 def test_run_a_relative_script_sets_an_absolute_file_as_python_does(tmp_path):
   """Issue 18: `run train_test.py` from the script's folder raised IndexError in code that
   walks `__file__`'s parents; `python SCRIPT` makes `__file__` absolute, argv[0] as given."""
