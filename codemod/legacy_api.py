@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Optional
+from typing import NamedTuple, Optional
 
 LEGACY = 'flax.optim'
 #: Legacy submodules (``flax.optim.<module>.<Name>``), flax.optim 0.5.3.
@@ -107,8 +107,23 @@ SAVES = {'flax.training.checkpoints.save_checkpoint': (0, 'ckpt_dir'),
          'flax.training.checkpoints.save_checkpoint_multiprocess': (0, 'ckpt_dir')}
 #: ``flax.jax_utils`` functions whose result is the optimizer they are given.
 REPLICATE_FNS = frozenset({'flax.jax_utils.replicate', 'flax.jax_utils.unreplicate'})
-#: Wrappers whose result takes the wrapped function's arguments unchanged (``p_step = jax.pmap(step)``).
-CALL_WRAPPERS = frozenset({'jax.jit', 'jax.pmap', 'jax.checkpoint', 'jax.remat'})
+class Wrapper(NamedTuple):
+  """A function wrapper whose result is called with the wrapped function's arguments."""
+  returns_result: bool  # calling it returns what the function returns (jit: yes; make_jaxpr: no)
+  methods: tuple[str, ...] = ()  # methods of the wrapped function taking the same arguments
+
+
+#: Wrappers whose result takes the wrapped function's arguments unchanged (``p_step =
+#: jax.pmap(step)``; called as ``W(step, ...)``, or configured first as ``W(**kw)(step)`` and
+#: ``@W(**kw)``). alpa's ``parallelize`` (``parax`` until 2021) is how alpa's tests and
+#: benchmarks call the flax.optim steps they were written with (``.get_executable(opt, b)``
+#: compiles for those arguments); ``jax._src.api`` is where alpa imported ``make_jaxpr`` from.
+WRAPPERS = {'jax.jit': Wrapper(True, ('lower',)), 'jax.pmap': Wrapper(True, ('lower',)),
+            'jax.checkpoint': Wrapper(True), 'jax.remat': Wrapper(True),
+            'jax.make_jaxpr': Wrapper(False), 'jax._src.api.make_jaxpr': Wrapper(False),
+            'alpa.parallelize': Wrapper(True, ('get_executable',)),
+            'parax.parallelize': Wrapper(True, ('get_executable',))}
+CALL_WRAPPERS = frozenset(WRAPPERS)
 #: Calls that return one bare array (``jnp.zeros(3)``, ``np.ones(...)``, ``jax.random.normal(...)``):
 #: by qualified-name prefix, less the exceptions. An optimizer on such a target cannot become a
 #: TrainState: Flax's ``TrainState.apply_gradients`` tests ``'overwrite_with_gradient' in

@@ -798,7 +798,7 @@ PROGRAMS = FIXTURES.parent / 'programs'
 
 @pytest.mark.parametrize('program', ['legacy_multi_frozen', 'legacy_user_def',
                                      'legacy_container_any_field',
-                                     'legacy_method_returns_tuple'])
+                                     'legacy_method_returns_tuple', 'legacy_wrapped_steps'])
 def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_python, tmp_path):
   """The legacy program on real flax.optim 0.5.3 (old stack) and its codemod output on the
   modern stack train to the same numbers; MultiOptimizer's unselected layer stays frozen."""
@@ -825,6 +825,35 @@ def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_pyth
       np.testing.assert_array_equal(new[leaf], new[f'init/{leaf}'])
       np.testing.assert_array_equal(old[leaf], old[f'init/{leaf}'])
     assert not np.array_equal(new['head/bias'], new['init/head/bias'])
+
+
+def test_steps_called_through_wrappers_lambdas_and_star_args_are_followed():
+  """Found on alpa (13 files of its tests and benchmarks flagged OM117): a step nested in a
+  test method, called through `parallelize(donate_argnums=())(lambda o, b: step(o, b))`,
+  `step.get_executable(o, b)`, `make_jaxpr(step, ...)(o, b)` or `p(*args)` with `args = (o,
+  b)`, and the result of a wrapped step, were values "nothing proves to be an optimizer"."""
+  head = ('import jax\nfrom flax import optim\nfrom parax import parallelize\n\n'
+          'def step(optimizer, batch):\n  return optimizer.apply_gradient(batch)\n\n')
+  for body, converted in [
+      ('p = parallelize(donate_argnums=())(lambda optimizer, b: step(optimizer, b))\n'
+       'new = p(opt, 1.0)\np.get_executable(opt, 1.0)\n', 'new.params'),
+      ('args = (opt, 1.0)\nf = jax.jit(lambda o, b: step(o, b))\nnew = f(*args)\n', 'new.params'),
+      ('jax.make_jaxpr(step)(opt, 1.0)\nnew = parallelize(step)(opt, 1.0)\n', 'new.params')]:
+    source = head + 'opt = optim.Adam(0.1).create({"w": 1.0})\n' + body + 'print(new.target)\n'
+    result = engine.rewrite_source(source, 'w.py')
+    assert result.manual == [] and converted in result.new, (body, result.new)
+    assert 'optimizer.apply_gradients(grads=batch)' in result.new
+  for body, why in [  # what proves nothing stays flagged
+      ('p = parallelize(lambda new, b: new.target)\np(opt, 1.0)\np(object(), 1.0)\n',
+       'a lambda one of whose calls passes something else'),
+      ('def peek(new):\n  return new.target\nargs = [opt]\nargs.append(2)\n'
+       'jax.jit(peek)(*args)\n', 'a list (it can change) given with *'),
+      ('new = jax.make_jaxpr(step)(opt, 1.0)\nprint(new.target)\n',
+       "make_jaxpr's result (a jaxpr)")]:
+    source = head + 'opt = optim.Adam(0.1).create({"w": 1.0})\n' + body
+    result = engine.rewrite_source(source, 'w.py')
+    assert [f.rule for f in result.manual] == ['OM117'], (why, result.new)
+    assert 'new.target' in result.new, why
 
 
 def test_a_program_kept_legacy_runs_on_the_shim_after_the_fallback(legacy_python, tmp_path):

@@ -17,7 +17,7 @@ from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
 from codemod.modern import table as modern_table
-from codemod.facts.values import makes_bare_array, produces_optimizer
+from codemod.facts.values import makes_bare_array, produces_optimizer, wrapper_of, wraps_factory
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
                            legacy_module_name, target_names)
 
@@ -54,6 +54,7 @@ class Analyzer(cst.CSTVisitor):
     self.n = names
     self.f: Facts = names.facts
     self._class_depth = 0
+    self._class_levels: list[int] = []  # len(_function_stack) at each enclosing class
     self._classes: list[str] = []  # names of the classes being visited
     flow = self.f.flow
     self._field_classes = flow.field_classes if flow is not None else frozenset()
@@ -132,6 +133,7 @@ class Analyzer(cst.CSTVisitor):
 
   def visit_ClassDef(self, node: cst.ClassDef) -> None:
     self._class_depth += 1
+    self._class_levels.append(len(self._function_stack))
     self._classes.append(node.name.value)
     if any(self.n.symbol(base.value) for base in node.bases):
       self.f.subclasses.append(node)
@@ -140,6 +142,7 @@ class Analyzer(cst.CSTVisitor):
 
   def leave_ClassDef(self, node: cst.ClassDef) -> None:
     self._class_depth -= 1
+    self._class_levels.pop()
     self._classes.pop()
     if any(node is c for c in self.f.subclasses):
       self._subclass_depth -= 1
@@ -253,8 +256,9 @@ class Analyzer(cst.CSTVisitor):
       # a method's receiver (`self`, `cls`) of a class that is no flax.optim subclass holds
       # no optimizer: its `.state` (an agent's frame stack) is no legacy member
       self._receivers.add(id(node.params.params[0]))
+    method = bool(self._class_levels) and self._class_levels[-1] == len(self._function_stack)
     self._function_stack.append(node.name.value)
-    if not self._class_depth:
+    if not method:  # (a function nested in a method is followed as any other: `def step` in a test)
       self.f.functions.append(node)
       if len(self._function_stack) == 1:
         self.f.top_functions.append(node)
@@ -425,10 +429,10 @@ class Analyzer(cst.CSTVisitor):
     for t in targets:
       if (chain := attr_chain(t)) is not None:
         self._chain_assigned(chain, value)
-    if (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
-        and value.args and value.args[0].keyword is None and not value.args[0].star
-        and n.qnames(value.func) & api.CALL_WRAPPERS):
+    if len(targets) == 1 and isinstance(targets[0], cst.Name) and wrapper_of(n, value):
       f.wrapped.append((node, value))  # (`jax.pmap(steps.train_step)` too: codemod.flow)
+      if wraps_factory(n, value):
+        f.opt_factories.add(targets[0].value)  # `p_step = jax.pmap(step)`: p_step(...) makes one
     f.assignments.append((targets, value))
     if len(targets) == 1 and isinstance(targets[0], cst.Name) and (b := n.binding(targets[0])):
       block = self._blocks[-1] if self._blocks else None

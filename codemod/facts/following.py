@@ -8,7 +8,8 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
-from codemod.facts.values import holds_optimizer, made_here
+from codemod import legacy_api as api
+from codemod.facts.values import holds_optimizer, made_here, wrapper_of
 from codemod.names import Names, call_argument
 
 
@@ -29,7 +30,12 @@ def settle(analyzer) -> None:
   _follow_instances(analyzer)
   sites = None
   if f.uses_legacy or f.flow_vars or f.container_vars:
-    sites = [(fn, calls) for fn in f.functions if (calls := _call_sites(n, fn.name))]
+    sites = [(fn, calls) for fn in f.functions
+             if (calls := _call_sites(n, fn.name, _decorator_methods(n, fn)))]
+    sites += [(call.args[0].value, calls) for assign, call in f.wrapped  # `W(lambda o, b: ...)`
+              if isinstance(call.args[0].value, cst.Lambda)
+              and (calls := _call_sites(n, assign.targets[0].target,
+                                        api.WRAPPERS[wrapper_of(n, call)].methods))]
   if f.uses_legacy or f.flow_vars:
     _follow_parameters(n, sites)
   if f.container_vars:
@@ -98,7 +104,7 @@ def _follow_containers(analyzer, sites) -> None:
         b = n.binding(param.name)
         if b is None or b in f.container_vars:
           continue
-        args = [_argument(fn, param, call) for call in calls]
+        args = [_argument(n, fn, param, call) for call in calls]
         if all(isinstance(a, cst.Name) and n.binding(a) in f.container_vars for a in args):
           f.container_vars.add(b)
           changed = True
@@ -174,7 +180,7 @@ def _optimizer_reads(n: Names, sites) -> Optional[set[int]]:
 
 
 # -- parameters that receive optimizers -------------------------------------------------------
-def _parameters(fn: cst.FunctionDef):
+def _parameters(fn):  # a FunctionDef or a Lambda
   return [*fn.params.posonly_params, *fn.params.params, *fn.params.kwonly_params]
 
 
@@ -198,7 +204,7 @@ def _follow_parameters(n: Names, sites) -> None:
         b = n.binding(param.name)
         if b is None or b in f.rebound or b in f.flow_vars:
           continue
-        args = [_argument(fn, param, call) for call in calls]
+        args = [_argument(n, fn, param, call) for call in calls]
         sources = {n.name_factory(a) for a in args}
         if len(sources) == 1 and (factory := sources.pop()) is not None and factory.converted:
           f.flow_vars[b] = factory  # `step(opt, g)` with `opt = create_optimizer(p)`
@@ -216,49 +222,123 @@ def _follow_parameters(n: Names, sites) -> None:
         b = n.binding(param.name)
         if b is None or b in f.made_here_params:
           continue
-        args = [_argument(fn, param, call) for call in calls]
+        args = [_argument(n, fn, param, call) for call in calls]
         if all(a is not None and (made_here(n, a) or n.name_factory(a) is not None)
                for a in args):
           f.made_here_params.add(b)
           changed = True
 
 
-def _call_sites(n: Names, name: cst.Name) -> Optional[list[cst.Call]]:
-  """Every call of the function ``name`` defines, or None when it is used otherwise."""
+def _call_sites(n: Names, name: cst.Name, methods=()) -> Optional[list[cst.Call]]:
+  """Every call of the function ``name`` defines, or None when it is used otherwise.
+
+  A call of ``name``, of a name a wrapper bound it to (``p_step = jax.pmap(step)``), of a
+  wrapper inline (``jax.make_jaxpr(step)(opt, b)``), or of one of ``methods`` on it (the
+  wrapper's methods that take its arguments: ``train_step.get_executable(opt, b)`` under
+  alpa's ``@parallelize``) counts (:data:`codemod.legacy_api.WRAPPERS`)."""
   scope = n.scope(name)
   assignments = list(scope[name.value]) if scope is not None else []
   if len(assignments) != 1:
     return None  # redefined or rebound: cannot tell which one a call reaches
+  f = n.facts
   calls = []
   for access in assignments[0].references:
-    call = n.facts.calls_by_func.get(id(access.node))
+    node = access.node
+    call = f.calls_by_func.get(id(node))
     if call is not None:
       calls.append(call)
       continue
-    alias = _wrapper_alias(n, access.node)
+    if (via := _method_call(n, node, methods)) is not None:
+      calls.append(via)
+      continue
+    if (inline := _inline_wrapper_call(n, node)) is not None:
+      calls.append(inline)
+      continue
+    alias = _wrapper_alias(n, node)
     if alias is None:
       return None
-    more = _call_sites(n, alias)
+    assign, wrap = alias
+    more = _call_sites(n, assign.targets[0].target, api.WRAPPERS[wrapper_of(n, wrap)].methods)
     if more is None:
       return None
     calls.extend(more)
   return calls
 
 
-def _wrapper_alias(n: Names, node) -> Optional[cst.Name]:
-  """``p_step`` in ``p_step = jax.pmap(step, ...)`` when ``node`` is that ``step``."""
+def _decorator_methods(n: Names, fn: cst.FunctionDef) -> tuple[str, ...]:
+  """The argument-taking methods the wrappers decorating ``fn`` give it (``@jax.jit``:
+  ``lower``; ``@parallelize(donate_argnums=())``: ``get_executable``)."""
+  out = []
+  for d in fn.decorators:
+    expr = d.decorator
+    if isinstance(expr, cst.Call) and all(a.keyword is not None for a in expr.args):
+      expr = expr.func
+    for q in sorted(n.qnames(expr) & api.CALL_WRAPPERS):
+      out.extend(api.WRAPPERS[q].methods)
+  return tuple(out)
+
+
+def _method_call(n: Names, node, methods) -> Optional[cst.Call]:
+  """The call ``node.METHOD(...)`` for a METHOD in ``methods``, or None."""
+  if not methods:
+    return None
+  f = n.facts
+  if f.receiver_calls is None:
+    f.receiver_calls = {}
+    for call in f.calls_by_func.values():
+      if isinstance(call.func, cst.Attribute):
+        f.receiver_calls.setdefault(id(call.func.value), []).append(call)
+  return next((c for c in f.receiver_calls.get(id(node), ()) if c.func.attr.value in methods),
+              None)
+
+
+def _inline_wrapper_call(n: Names, node) -> Optional[cst.Call]:
+  """``jax.make_jaxpr(step, ...)(opt, b)`` when ``node`` is that ``step``: the outer call."""
+  f = n.facts
+  if f.wrapper_calls is None:
+    f.wrapper_calls = {id(c.args[0].value): c for c in f.calls_by_func.values()
+                       if wrapper_of(n, c) is not None}
+  wrap = f.wrapper_calls.get(id(node))
+  return None if wrap is None else f.calls_by_func.get(id(wrap))
+
+
+def _wrapper_alias(n: Names, node):
+  """``(assignment, wrapper call)`` of ``p_step = jax.pmap(step, ...)`` when ``node`` is that
+  ``step``, else None."""
   for (assign, call) in n.facts.wrapped:
     if call.args and call.args[0].value is node and call.args[0].keyword is None:
-      return assign.targets[0].target
+      return assign, call
   return None
 
 
-def _argument(fn: cst.FunctionDef, param: cst.Param, call: cst.Call):
-  """The expression ``call`` passes to ``param`` (None: a default, or cannot tell)."""
+def _argument(n: Names, fn, param: cst.Param, call: cst.Call):
+  """The expression ``call`` passes to ``param`` (None: a default, or cannot tell); a call
+  ``step(*args)`` with ``args`` a tuple display assigned once passes its items."""
   positional = [*fn.params.posonly_params, *fn.params.params]
   index = next((i for i, p in enumerate(positional) if p is param), None)
   keyword = None if any(param is p for p in fn.params.posonly_params) else param.name.value
+  if (index is not None and len(call.args) == 1 and call.args[0].star == '*'
+      and isinstance(call.args[0].value, cst.Name)
+      and (items := _tuple_items(n, call.args[0].value)) is not None):
+    return items[index] if index < len(items) else None
   return call_argument(call, index, keyword)
+
+
+def _tuple_items(n: Names, name: cst.Name):
+  """The items of the tuple display ``name`` is bound to by its only assignment (``args =
+  (opt, batch)``), or None."""
+  scope = n.scope(name)
+  assignments = list(scope[name.value]) if scope is not None else []
+  if len(assignments) != 1:
+    return None
+  target = assignments[0].node
+  for targets, value in n.facts.assignments:
+    if any(t is target for t in targets):
+      if isinstance(value, cst.Tuple) and not any(isinstance(e, cst.StarredElement)
+                                                   for e in value.elements):
+        return [e.value for e in value.elements]
+      return None
+  return None
 
 
 def _step_params(n: Names) -> dict[str, tuple[tuple[Optional[int], str], ...]]:

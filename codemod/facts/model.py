@@ -80,6 +80,9 @@ class Facts:
   call_funcs: set = _field(set)       # ids of every call's func node
   calls_by_func: dict = _field()      # id(call.func) -> call
   wrapped: list = _field(list)        # (assignment, call): `p_step = jax.pmap(step, ...)`
+  #: built on first use, after the visit (codemod.facts.following)
+  receiver_calls: Optional[dict] = None  # id(receiver) -> calls of a method on it
+  wrapper_calls: Optional[dict] = None  # id(function given first) -> the wrapper call
 
   # -- functions ----------------------------------------------------------------------------
   functions: list = _field(list)      # functions outside classes (parameter following)

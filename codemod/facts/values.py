@@ -15,6 +15,32 @@ _METHOD_ON_CALL = m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name(
                               | m.Name('replace'))
 
 
+def wrapper_of(n: Names, call) -> str | None:
+  """The qualified name of the wrapper (:data:`codemod.legacy_api.WRAPPERS`) when
+  ``call`` wraps the function it is given first: ``jax.pmap(step, ...)``, or a configured
+  wrapper ``parallelize(donate_argnums=())(step)``; else None."""
+  if not isinstance(call, cst.Call) or not call.args or call.args[0].keyword is not None \
+      or call.args[0].star:
+    return None
+  func = call.func
+  if isinstance(func, cst.Call) and all(a.keyword is not None for a in func.args):
+    func = func.func  # `W(**options)(step)`
+  found = sorted(n.qnames(func) & api.CALL_WRAPPERS)
+  return found[0] if found else None
+
+
+def wraps_factory(n: Names, call) -> bool:
+  """``call`` wraps a function of this file that returns an optimizer (``jax.jit(step)``,
+  or a lambda whose body is a call making one): what it returns, called, is one too."""
+  wrapper = wrapper_of(n, call)
+  if wrapper is None or not api.WRAPPERS[wrapper].returns_result:
+    return False
+  fn = call.args[0].value
+  if isinstance(fn, cst.Lambda):
+    return produces_optimizer(n, fn.body)
+  return isinstance(fn, cst.Name) and fn.value in n.facts.opt_factories
+
+
 def produces_optimizer(n: Names, value) -> bool:
   """``value`` is a call that returns a (legacy) optimizer: a create, an apply, a replicate
   or ``replace`` of one, a function of this file returning one, another module's converted
@@ -48,6 +74,8 @@ def produces_optimizer(n: Names, value) -> bool:
     return produces_optimizer(n, func.value)  # `Adam(...).create(p).replicate()`
   if isinstance(func, cst.Name) and func.value in f.opt_factories:
     return True  # a function of this module that returns `Def(...).create(...)`
+  if wraps_factory(n, func):
+    return True  # `jax.jit(step)(opt, batch)`
   factory = n.factory_of_call(value)
   return factory is not None and factory.converted  # another module's, converted there
 
