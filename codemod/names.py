@@ -85,6 +85,23 @@ class Names:
       return None
     return (id(assignments[0].scope), name.value)
 
+  def is_function(self, expr) -> bool:
+    """``expr`` is a Python function: a ``lambda``, or a name every binding of which is a
+    ``def`` (``def loss_fn(params): ...`` then ``model.apply_gradient(loss_fn)``)."""
+    if isinstance(expr, cst.Lambda):
+      return True
+    scope = self.scope(expr) if isinstance(expr, cst.Name) else None
+    if scope is None:
+      return False
+    assignments = list(scope[expr.value])
+    return bool(assignments) and all(
+        isinstance(getattr(a, 'node', None), cst.FunctionDef) for a in assignments)
+
+  def given_a_function(self, call: cst.Call) -> bool:
+    """The first argument of ``call`` is a Python function (:meth:`is_function`)."""
+    return bool(call.args) and call.args[0].keyword is None and call.args[0].star == '' \
+        and self.is_function(call.args[0].value)
+
   def name_bindings(self, targets: Iterable):
     """Bindings of the plain-name assignment targets among ``targets``."""
     for t in targets:

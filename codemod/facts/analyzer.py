@@ -614,8 +614,10 @@ class Analyzer(cst.CSTVisitor):
         # (a parameter, or a name another library's function gave: `optimizer_def =
         # dqn_agent.create_optimizer(...)` from a package outside the run)
         f.flow_def_creates.append((node, made))
-    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and not self._subclass_depth:
-      # (inside a user OptimizerDef subclass it is the def's own method: kept on the shim)
+    if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))) and not self._subclass_depth \
+        and not n.given_a_function(node):
+      # (inside a user OptimizerDef subclass it is the def's own method: kept on the shim;
+      # given a Python function, `model.apply_gradient(loss_fn)`, it is the user's own class's)
       f.apply_calls.append(node)
       recv = func.value
       if isinstance(recv, cst.Name) and (b := n.binding(recv)):

@@ -11,6 +11,8 @@ from typing import Optional
 
 import libcst as cst
 
+from codemod.legacy_api import DYNAMIC_SCALE
+
 
 def _field(kind=dict):
   return dataclasses.field(default_factory=kind)
@@ -112,6 +114,17 @@ class Facts:
   #: like a def, `optimizer_def.create(p)`, that nothing here proves, flagged where the
   #: file never imports flax.optim)
   flow_def_creates: list = _field(list)
+
+  @property
+  def handles_optimizers(self) -> bool:
+    """Anything here makes, takes or reads a flax.optim Optimizer or def (this module's
+    legacy code, or another module's through the flow): False where flax.optim is used
+    only for something else (``flax.optim.dynamic_scale`` beside an Optax ``TrainState``)."""
+    return bool(self.def_calls or self.create_calls or self.apply_calls or self.optimize_calls
+                or self.opt_vars or self.escaping or self.annotated_fields or self.flow_used
+                or self.flow_def_creates or self.def_uses or self.flow_classes
+                or self.flow_def_vars or self.subclasses or self.star_imports
+                or any(sym.split('.', 1)[0] not in DYNAMIC_SCALE for sym in self.refs.values()))
 
   @property
   def only_imports(self) -> bool:  # (a star import's names are never seen as used)

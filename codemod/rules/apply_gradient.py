@@ -211,6 +211,97 @@ def _converted_unproven(q, call) -> bool:
           and id(call) not in q.group_applies)
 
 
+def stepped_here(q, recv) -> bool:
+  """``recv`` (a name whose ``.target`` / ``.state.step`` is read) holds, at the read, the
+  very value an ``.apply_gradient`` call of the same block is given, or that call's result,
+  and this rewrite converts that call though nothing proves its receiver
+  (:func:`_converted_unproven`): the read is converted on the same evidence, not flagged
+  beside a converted step (``optimizer, key = carry`` in a ``lax.scan`` body, then
+  ``optimizer.target`` and ``optimizer = optimizer.apply_gradient(g)``). Both must be
+  simple statements of one statement list with no other assignment of the name from one
+  to the other (a branch or a rebinding in between keeps the flag)."""
+  if not (q.converts and isinstance(recv, cst.Name)) or (b := q.n.binding(recv)) is None:
+    return False
+  return any(isinstance(c.func.value, cst.Name) and q.n.binding(c.func.value) == b
+             and _converted_unproven(q, c) and not _unconvertible(c)
+             and _same_value(q, recv, c) for c in q.f.apply_calls)
+
+
+def _same_value(q, recv: cst.Name, call: cst.Call) -> bool:
+  """No assignment of ``recv``'s name separates the read ``recv`` from ``call`` (see
+  :func:`stepped_here`) but the one ``call``'s result is assigned by."""
+  n = q.n
+  scope = n.scope(recv)
+  if scope is None or scope is not n.scope(call.func.value):
+    return False  # (a read in a nested function runs at another time)
+  owner = getattr(scope, 'node', None)
+  body = owner.body.body if isinstance(owner, cst.FunctionDef) and isinstance(
+      owner.body, cst.IndentedBlock) else (owner.body if isinstance(owner, cst.Module) else None)
+  read, step = _position(n, recv), _position(n, call)
+  if body is None or read is None or step is None:
+    return False
+  at_read, at_step = _innermost(n, body, read), _innermost(n, body, step)
+  if at_read is None or at_step is None or at_read[0] is not at_step[0]:
+    return False
+  stmts = at_read[0]
+  lo, hi = sorted((at_read[1], at_step[1]))
+  if not all(isinstance(stmts[i], cst.SimpleStatementLine) for i in (lo, hi)):
+    return False
+  own = {id(t) for targets, value in q.f.assignments if value is call
+         for t in targets if isinstance(t, cst.Name)}
+  span = [_range(n, s) for s in stmts[lo:hi + 1]]
+  for assignment in scope.assignments[recv.value]:
+    where = _position(n, assignment.node)
+    if id(assignment.node) in own or where is None:
+      continue
+    if any(r is None or r[0] <= where <= r[1] for r in span):
+      return False
+  return True
+
+
+def _position(n, node):
+  pos = n.position(node)
+  return (pos.start.line, pos.start.column) if pos else None
+
+
+def _range(n, node):
+  pos = n.position(node)
+  return ((pos.start.line, pos.start.column), (pos.end.line, pos.end.column)) if pos else None
+
+
+def _suites(stmt) -> list:
+  """The statement lists directly inside a compound statement (bodies, branches, handlers)."""
+  found = []
+  for part in (getattr(stmt, 'body', None), getattr(stmt, 'orelse', None),
+               getattr(stmt, 'finalbody', None), *getattr(stmt, 'handlers', ()),
+               *getattr(stmt, 'cases', ())):
+    while part is not None and not isinstance(part, (cst.IndentedBlock,
+                                                     cst.SimpleStatementSuite)):
+      if isinstance(part, cst.If):
+        found.extend(_suites(part))  # `elif`: its own bodies
+        part = None
+      else:
+        part = getattr(part, 'body', None)
+    if isinstance(part, cst.IndentedBlock):
+      found.append(part.body)
+  return found
+
+
+def _innermost(n, stmts, pos):
+  """``(statement list, index)`` of the innermost statement list with a statement holding
+  ``pos``; None outside ``stmts``."""
+  for i, stmt in enumerate(stmts):
+    r = _range(n, stmt)
+    if r is not None and r[0] <= pos <= r[1]:
+      if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+        return stmts, i
+      for suite in _suites(stmt):
+        if (found := _innermost(n, suite, pos)) is not None:
+          return found
+      return stmts, i
+  return None
+
+
 def blocks(q) -> bool:
   """Overrides Optax cannot take: on a proven optimizer, or on a call the rewrite would
   convert otherwise (converting the file's other calls around it would half-migrate it)."""

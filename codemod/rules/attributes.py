@@ -16,6 +16,7 @@ import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.names import code, named_like_optimizer
+from codemod.rules.apply_gradient import stepped_here
 
 #: keyword renames of ``replace(...)``: legacy field -> TrainState field
 _FIELD_RENAMES = {mem.path[0]: mem.train_state for mem in api.OPTIMIZER_MEMBERS
@@ -130,7 +131,7 @@ def leave_rename(p, original) -> None:
   member, recv = _member(original)
   if member is None:
     return
-  if q.is_optimizer(recv):
+  if q.is_optimizer(recv) or stepped_here(q, recv):
     p.fix(original, apply_rename, [(member.rule, member.fixed)], data={'member': member})
     if id(original) in q.f.step_array_uses:
       p.flag(original, 'OM120', '`.step` is a Python int on a TrainState fresh from '

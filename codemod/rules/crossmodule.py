@@ -81,10 +81,12 @@ def unproven_message(q, recv, what='`.apply_gradient`') -> tuple[str, bool]:
 
 
 def unproven_apply(q, call: cst.Call) -> bool:
-  """``x.apply_gradient(...)`` on something no module proves an optimizer (flagged)."""
+  """``x.apply_gradient(...)`` on something no module proves an optimizer (flagged). Not when
+  it is given a Python function (``model.apply_gradient(loss_fn)``): a flax.optim Optimizer
+  takes gradients, so ``x`` is the user's own class (a ``Model`` wrapping one)."""
   f = q.f
   return (m.matches(call.func, _APPLY) and not f.defines_apply_gradient
-          and not q.is_optimizer(call.func.value)
+          and not q.is_optimizer(call.func.value) and not q.n.given_a_function(call)
           and (not f.uses_legacy or q.unconverted(call.func.value) is not None))
 
 

@@ -45,7 +45,7 @@ def leave_restore(p, original) -> bool:
     return True
   short = qname.rsplit('.', 1)[1]
   if not q.mentions_optimizer(o_target) and not q.mentions(o_target, q.is_container):
-    if q.converts and q.mentions(o_target, lambda e: q.maybe_optimizer(e) and isinstance(
+    if q.converts and q.f.handles_optimizers and q.mentions(o_target, lambda e: q.maybe_optimizer(e) and isinstance(
         e, cst.Name) and _OPTIMIZER_LOOKING.search(e.value) is not None):
       p.flag(original, 'OM013', f'{short} restores into `{code(o_target)}`, which nothing here '
                                 'proves to hold an optimizer (a parameter, a container item): '
