@@ -17,7 +17,8 @@ file, or a git checkout) must be at the table's commit.
 Per repository, on a fresh temporary copy of the tree, run the codemod as a user does
 (``optim-migrate rewrite --write --report r.json .`` from the tree's root, with this
 checkout's ``codemod`` package), then classify each *legacy file* (one whose original code
-imports or names ``flax.optim``, or uses the Optimizer API: ``.apply_gradient(``,
+imports or names ``flax.optim``, or uses the Optimizer API: ``.apply_gradient(`` (not
+given a Python function: ``model.apply_gradient(loss_fn)`` is the user's own method),
 ``.target`` / ``.state.step`` / ``.optimizer_def`` on an optimizer-looking value,
 ``.create(`` on a def-looking one such as ``optimizer_def`` or ``get_optimizer(config)``):
 
@@ -458,6 +459,12 @@ def legacy_sites(cell: Optional[int], src: str, tree: ast.Module,
              isinstance(n.ctx, ast.Store)}
   locally |= {(a.asname or a.name).split('.')[0] for n in ast.walk(tree)
               if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+  # `model.apply_gradient(loss_fn)`: a flax.optim Optimizer takes gradients, never a Python
+  # function, so a call given a lambda or a name only a `def` binds is the user's own method
+  functions = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+                                                                ast.AsyncFunctionDef))}
+  functions -= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+                and isinstance(n.ctx, ast.Store)}
   lines = src.split('\n')
   sites = []
 
@@ -471,7 +478,10 @@ def legacy_sites(cell: Optional[int], src: str, tree: ast.Module,
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
       attr, recv = node.func.attr, node.func.value
       if attr in ('apply_gradient', 'compute_gradient'):
-        add(node.func, attr)
+        first = node.args[0] if node.args else None
+        if not (attr == 'apply_gradient' and (isinstance(first, ast.Lambda) or (
+            isinstance(first, ast.Name) and first.id in functions))):
+          add(node.func, attr)
       elif attr in ('replicate', 'unreplicate') and not node.args and not node.keywords and \
           _optimizer_like(recv, roots):
         add(node.func, 'replicate')

@@ -135,7 +135,10 @@ NOT_ARRAY_CALLS = frozenset({'numpy.load', 'jax.numpy.load', 'numpy.savez', 'jax
 #: Reflection on an optimizer's fields by name (flagged on converted optimizers).
 REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
                             'builtins.delattr', 'dataclasses.replace',
-                            'flax.serialization.to_state_dict'})
+                            'flax.serialization.to_state_dict', *(PICKLERS := frozenset({
+                                'pickle.dump', 'pickle.dumps', 'joblib.dump'}))})
+#: Calls whose result is their argument, as pickled (``pickle.dump(unreplicate(opt), f)``).
+PICKLE_PASSTHROUGH = frozenset({'flax.jax_utils.unreplicate', 'jax.device_get'})
 #: Module names the rewrite may import and use.
 EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util',
                            'flax_train_state'})

@@ -97,6 +97,33 @@ class Names:
     return bool(assignments) and all(
         isinstance(getattr(a, 'node', None), cst.FunctionDef) for a in assignments)
 
+  def keyword_dict(self, name) -> Optional[list[tuple[str, cst.BaseExpression]]]:
+    """``[(key, value)]`` of the dict ``**name`` unpacks when that is known here: ``name`` is
+    bound once, by ``name = {'beta1': 0.9, ...}`` (string keys, literal values), and used
+    nowhere but as ``**name`` (so nothing mutates it); else None."""
+    scope = self.scope(name) if isinstance(name, cst.Name) else None
+    if scope is None:
+      return None
+    assignments = list(scope[name.value])
+    if len(assignments) != 1 or not all(id(access.node) in self.facts.double_starred
+                                        for access in assignments[0].references):
+      return None  # (every use of the binding, in any scope: `kw['lr'] = ...` is one)
+    owner = assignments[0].scope
+    if len(list(owner.assignments[name.value])) != 1:
+      return None
+    target = assignments[0].node
+    value = next((v for targets, v in self.facts.assignments
+                  if len(targets) == 1 and targets[0] is target), None)
+    if not isinstance(value, cst.Dict):
+      return None
+    found = []
+    for element in value.elements:
+      if not (isinstance(element, cst.DictElement) and isinstance(element.key, cst.SimpleString)
+              and _literal(element.value)):
+        return None
+      found.append((element.key.evaluated_value, element.value))
+    return found if len({k for k, _ in found}) == len(found) else None
+
   def given_a_function(self, call: cst.Call) -> bool:
     """The first argument of ``call`` is a Python function (:meth:`is_function`)."""
     return bool(call.args) and call.args[0].keyword is None and call.args[0].star == '' \
@@ -282,3 +309,11 @@ class Substitute(cst.CSTTransformer):
 def template(source: str, **subs) -> cst.BaseExpression:
   """``source`` parsed as an expression, its placeholder names replaced by ``subs``."""
   return cst.parse_expression(source).visit(Substitute(subs))
+
+
+def _literal(expr) -> bool:
+  """A number, string, ``True`` / ``False`` / ``None``, or a negated number."""
+  if isinstance(expr, cst.UnaryOperation) and isinstance(expr.operator, cst.Minus):
+    expr = expr.expression
+  return isinstance(expr, (cst.Integer, cst.Float, cst.SimpleString)) or (
+      isinstance(expr, cst.Name) and expr.value in ('True', 'False', 'None'))

@@ -153,6 +153,11 @@ def test_crash_and_unparsed_input():
     ('def f(batch):\n  return batch.target\n', False),
     ('def f(state):\n  return state.optimizer.target\n', True),
     ('def f(opt, g):\n  return opt.apply_gradient(g)\n', True),
+    # the user's own `Model.apply_gradient(loss_fn)`: an Optimizer takes gradients, not a function
+    ('def f(model, b):\n  def loss_fn(p):\n    return p * b\n  return model.apply_gradient(loss_fn)\n',
+     False),
+    ('def f(m):\n  return m.temp.apply_gradient(lambda t: t * 2)\n', False),
+    ('def f(m, loss_fn):\n  return m.apply_gradient(loss_fn)\n', True),
     ('import flax.optim as fo\n', True),
     ('import flax\nx = flax.optim.Adam(1e-3)\n', True),
     ('# from flax import optim\ns = "opt.apply_gradient(g)"\n', False),

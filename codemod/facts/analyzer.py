@@ -577,6 +577,8 @@ class Analyzer(cst.CSTVisitor):
       f.uses_legacy = True
       f.dynamic_imports[id(node)] = failure
     f.calls_by_func[id(node.func)] = node
+    f.double_starred.update(id(a.value) for a in node.args
+                            if a.star == '**' and isinstance(a.value, cst.Name))
     if (made := n.converted_def_factory(node)) is not None:
       f.uses_legacy = True  # it makes a flax.optim def today
       f.def_uses[made.qualified] = made

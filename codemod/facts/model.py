@@ -80,6 +80,7 @@ class Facts:
   hp_reads: dict = _field()           # id(attr) -> (receiver, name, via_optimizer)
   def_attrs: list = _field(list)      # attributes of a name that only a def has
   call_funcs: set = _field(set)       # ids of every call's func node
+  double_starred: set = _field(set)   # ids of names given as `**name` to a call
   calls_by_func: dict = _field()      # id(call.func) -> call
   wrapped: list = _field(list)        # (assignment, call): `p_step = jax.pmap(step, ...)`
   #: built on first use, after the visit (codemod.facts.following)

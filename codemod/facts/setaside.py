@@ -14,6 +14,7 @@ from codemod.names import target_names
 
 _KEEP = '__optim_migrate_kept_{}__'
 _WORD = re.compile(r'\w+')
+_STARRED = re.compile(r'\*\*\s*([A-Za-z_]\w*)')
 #: Top-level statements below which the whole module is analysed as is.
 MIN_STATEMENTS = 8
 
@@ -58,10 +59,22 @@ def reduce(tree: cst.Module) -> tuple[cst.Module, dict]:
       where.setdefault(word, []).append(i)
   bound: set[str] = set()
   frontier = [i for i, k in enumerate(keep) if k]
+  binders: dict[str, list[int]] = {}  # (built on the first `**name`)
   while frontier:
     new = set().union(*(_top_level_names(body[i]) for i in frontier)) - bound
     bound |= new
+    # `Adam(**adam_kwargs)`: the statements binding a name a kept one unpacks are kept too
+    # (codemod.names.Names.keyword_dict reads that dict)
+    starred = {name for i in frontier for name in _STARRED.findall(codes[i])}
     frontier = []
+    if starred and not binders:
+      for i, st in enumerate(body):
+        for name in _top_level_names(st):
+          binders.setdefault(name, []).append(i)
+    for i in (i for name in starred for i in binders.get(name, ())):
+      if not keep[i]:
+        keep[i] = True
+        frontier.append(i)
     for name in new:
       hits = where.get(name, ()) if _WORD.fullmatch(name) else [
           i for i, c in enumerate(codes) if re.search(r'\b' + re.escape(name) + r'\b', c)]

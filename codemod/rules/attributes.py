@@ -54,14 +54,25 @@ def method_reference(q, attr: cst.Attribute) -> bool:
 def reflection_problem(q, call: cst.Call) -> Optional[str]:
   """``getattr`` / ``hasattr`` / ``setattr`` / ``delattr`` / ``dataclasses.replace`` naming a
   legacy Optimizer field on a converted optimizer: no rule rewrites them, and on a
-  ``TrainState`` ``hasattr(x, 'target')`` is silently False."""
+  ``TrainState`` ``hasattr(x, 'target')`` is silently False. ``pickle.dump`` of one: a
+  ``TrainState``'s ``tx`` does not pickle."""
   fn = q.n.qnames(call.func) & api.REFLECTION_FNS
   if not fn or not call.args or call.args[0].keyword is not None:
     return None
   recv = call.args[0].value
+  if fn <= api.PICKLERS and isinstance(recv, cst.Call) and recv.args and (
+      q.n.qnames(recv.func) & api.PICKLE_PASSTHROUGH):
+    recv = recv.args[0].value
   if not (q.is_optimizer(recv) or q.maybe_optimizer(recv)):
     return None
   excerpt = code(call)
+  if fn <= api.PICKLERS:
+    return (f'`{excerpt}`: a TrainState holds its Optax transformation (`tx`: closures), which '
+            "pickle cannot serialize (AttributeError: Can't pickle local object; a flax.optim "
+            'Optimizer pickled): save `flax.serialization.to_bytes(...)` of it (or pickle '
+            '`jax.device_get(flax.serialization.to_state_dict(...))`) and restore into a fresh '
+            'TrainState; a pickle the legacy code wrote loads only with flax.optim (or '
+            'optim_compat.install())')
   if fn == {'flax.serialization.to_state_dict'}:
     return (f'`{excerpt}`: a TrainState\'s state dict has the keys `step`, `params`, `opt_state` '
             '(a flax.optim Optimizer\'s: `target`, `state` with `step` and `param_states`): '

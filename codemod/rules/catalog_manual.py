@@ -375,9 +375,11 @@ MANUAL = (
                 "converted `.step` can be a Python int; use `jnp.asarray(<state>.step, "
                 'jnp.int32)`'),
     Rule('OM121', 'manual', family='attributes', summary=
-         'reflection on the legacy fields by name (`hasattr(opt, "target")`, `to_state_dict`)',
+         'reflection on the legacy fields by name (`hasattr(opt, "target")`, `to_state_dict`), '
+         'and `pickle.dump` of an optimizer',
          why='No rule rewrites a field named in a string; on a TrainState `hasattr(x, '
-             '"target")` is silently False, and its state dict has other keys.',
+             '"target")` is silently False, and its state dict has other keys. A TrainState '
+             'holds its Optax transformation, whose closures pickle cannot serialize.',
          before=_IMPORT + 'def has_params(params):\n'
                 '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
                 '  return hasattr(opt, "target")\n',

@@ -31,16 +31,37 @@ class Problem(NamedTuple):
 
 
 # -- checks -----------------------------------------------------------------------------------
-def def_args(call: cst.Call, spec) -> dict[str, str]:
-  """Legacy keyword -> source text of the def call's arguments.
+def unpacked_dicts(n, call: cst.Call) -> dict:
+  """``{argument index: [(key, value)]}`` of the ``**name`` arguments of ``call`` whose dict is
+  known (:meth:`codemod.names.Names.keyword_dict`: ``adam_kwargs = {'beta1': 0.9}`` bound
+  once, used only so); read on the original call, passed to :func:`def_args`."""
+  found = {}
+  for i, a in enumerate(call.args):
+    if a.star == '**' and (items := n.keyword_dict(a.value)) is not None:
+      found[i] = items
+  return found
+
+
+def def_args(call: cst.Call, spec, unpacked=None) -> dict[str, str]:
+  """Legacy keyword -> source text of the def call's arguments (``unpacked``: what
+  :func:`unpacked_dicts` found of the original call).
 
   Raises:
-    TypeError: star-args, too many positionals or unknown keywords.
+    TypeError: star-args (other than a known dict), too many positionals, unknown or
+      repeated keywords.
   """
   args, names = {}, spec.hyper_param_names
   for i, a in enumerate(call.args):
+    if a.star == '**' and unpacked and i in unpacked:
+      for key, value in unpacked[i]:
+        if key in args:
+          raise TypeError(f'{spec.name}() got multiple values for argument {key!r}')
+        args[key] = code(value)
+      continue
     if a.star:
       raise TypeError(f'{spec.name}(*args/**kwargs) cannot be converted statically')
+    if a.keyword is not None and a.keyword.value in args:
+      raise TypeError(f'{spec.name}() got multiple values for argument {a.keyword.value!r}')
     if a.keyword is None and i >= len(names):
       raise TypeError(f'{spec.name}() takes at most {len(names)} arguments')
     key = a.keyword.value if a.keyword is not None else names[i]
@@ -63,7 +84,7 @@ def def_problem(q, call: cst.Call) -> Optional[Problem]:
     return def_problem(q, inner)
   spec = spec_lib.SPECS.get(name)
   try:
-    args = def_args(call, spec)
+    args = def_args(call, spec, unpacked_dicts(q.n, call))
   except TypeError as e:
     return Problem('OM118', str(e))
   if 'learning_rate' not in args and not q.inject_lr:
@@ -144,7 +165,7 @@ def hp_value(q, recv, name, via_opt) -> tuple[Optional[str], Optional[Problem]]:
                                   'value it is')
   spec = spec_lib.SPECS[n.legacy_def(calls[0])]
   try:
-    args = def_args(calls[0], spec)
+    args = def_args(calls[0], spec, unpacked_dicts(n, calls[0]))
   except TypeError as e:
     return None, Problem('OM119', str(e), note=False)
   if name not in spec.hyper_param_names:
@@ -326,7 +347,7 @@ def apply_def(ctx, original, updated, fix):
   name = fix.data['name']
   ctx.add_import('optax')
   spec = spec_lib.SPECS[name]
-  args = def_args(updated, spec)
+  args = def_args(updated, spec, unpacked_dicts(q.n, original))
   source = spec.emit(args, learning_rate_injected=q.inject_lr)
   stock = None
   if q.opts.prefer_stock_optax and 'optim_compat.' in source:
