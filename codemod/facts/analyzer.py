@@ -470,6 +470,8 @@ class Analyzer(cst.CSTVisitor):
     elif (isinstance(value, cst.Attribute) and value.attr.value in f.annotated_fields
           and (f.uses_legacy or value.attr.value in f.flow_fields)):
       f.opt_vars.update(n.name_bindings(targets))  # `optimizer = state.optimizer` (a field)
+      if value.attr.value in f.flow_fields:  # (of another module's class the run converts)
+        f.field_aliases.update(n.name_bindings(targets))
     elif not _passes_name_through(value, targets):
       # `opt = Thing()`: this name also holds something else; never rewrite it blindly
       f.rebound.update(n.name_bindings(targets))

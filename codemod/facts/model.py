@@ -108,6 +108,7 @@ class Facts:
   #: qualified name -> flow.Fields: another module's class with optimizer fields named here
   flow_classes: dict = _field()
   flow_fields: set = _field(set)      # the fields of those that their module converts
+  field_aliases: set = _field(set)    # bindings assigned one of those fields (`o = s.optimizer`)
   legacy_fields: dict = _field()      # field -> the class (flow.Fields) its module keeps legacy
   flow_def_vars: dict = _field()      # binding -> flow.DefFactory whose def it holds
   flow_def_chains: dict = _field()    # chain -> flow.DefFactory whose def `.create`d it

@@ -58,8 +58,9 @@ class Queries:
         return False
       if b in f.flow_vars:  # another module's optimizer: converted there or not at all
         return f.flow_vars[b].converted
-      # in a file without flax.optim only the flow proves anything
-      return b in f.opt_vars and f.uses_legacy
+      # in a file without flax.optim only the flow proves anything (a field of another
+      # module's converted class read into a name: `optimizer = state.optimizer`)
+      return b in f.opt_vars and (f.uses_legacy or b in f.field_aliases)
     if self.annotated_field(expr):
       return True
     if (chain := attr_chain(expr)) is not None:  # `self.optimizer`: apply_gradient'ed here
