@@ -498,6 +498,30 @@ PROGRAMS = {
         plain['Dense_0']['bias'] = plain['Dense_0']['bias'] + 1
         RESULT = {'rest': sorted(variables), 'params': plain, 'type': type(plain).__name__}
         ''', {'OM207'}, False),
+    'frozendict_partial': ('''
+        import functools
+
+        import jax
+        import jax.numpy as jnp
+        from flax import linen as nn
+
+        class Net(nn.Module):
+          features: int = 2
+
+          @nn.compact
+          def __call__(self, x):
+            x = nn.Dense(self.features, kernel_init=nn.initializers.ones)(x)
+            return nn.BatchNorm(use_running_average=False)(x)
+
+        def get_model(name):
+          return {'net': Net}[name]
+
+        model_def = functools.partial(get_model('net'), features=3)  # (score_sde's shape)
+        model = model_def()
+        variables = model.init(jax.random.PRNGKey(0), jnp.ones((2, 4)))
+        state, params = variables.pop('params')
+        RESULT = {'rest': sorted(state), 'params': params}
+        ''', {'OM207'}, False),
     'attention': ('''
         import jax
         import numpy as np
@@ -609,7 +633,7 @@ _DOCUMENTED = {
 #: The old stack has no flax.core.pop (flax >= 0.6.6); the modern one has no Pillow; a jax
 #: array has had no __array_interface__ since jax 0.4.1 (jax.Array), so no stack runs the
 #: PIL 'before': its reference is the image of a NumPy copy the program makes itself.
-_AFTER_NOT_ON_OLD = {'frozendict'}
+_AFTER_NOT_ON_OLD = {'frozendict', 'frozendict_partial'}
 _NOT_ON_MODERN = {'pil'}
 _BEFORE_RUNS_NOWHERE = {'pil'}
 

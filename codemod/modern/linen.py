@@ -181,7 +181,11 @@ class _Linen:
     if depth < 4 and root is expr:
       found = self.value_of(root)
       if found is not None and isinstance(found[0], cst.Call):
-        return self._flax_receiver(found[0].func, depth + 1)
+        call = found[0]
+        if call.args and self.qname_in(call.func, {'functools.partial'}):
+          # `model_def = functools.partial(Model, config=c)`: what `model_def()` builds
+          return self._flax_receiver(call.args[0].value, depth + 1)
+        return self._flax_receiver(call.func, depth + 1)
     return True
 
   def _init_function(self, name: cst.Name, depth: int) -> bool:
