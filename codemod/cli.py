@@ -3,7 +3,11 @@
     optim-migrate rewrite PATH... [--write|--check] [--diff] [--select/--ignore RULES]
         [--unsafe-fixes] [--prefer-stock-optax] [--jobs N] [--report FILE.json] [-]   # diff by default; exit 0/1/2
         [--output-format full|concise|json|github|sarif] [--statistics] [--show-fixes]  # docs/ci.md
+        [--no-cache] [--no-shim-fallback]      # (docs/cli.md: every option)
     optim-migrate run SCRIPT [ARGS...]        # run a legacy script on the shim
+    optim-migrate convert-checkpoint SRC DST --optimizer "Adam(...)"  # a legacy checkpoint -> TrainState
+    optim-migrate check --legacy "Adam(...)" --tx "optax.adam(...)" --params shapes.json  # prove a migration
+    optim-migrate record ...                  # record a legacy def's trajectory (old stack)
     optim-migrate demo [--steps N] [--devices N] [--examples DIR]  # the bundled example, end to end
     optim-migrate rule [OM0xx | --all]        # a rule's documentation (as docs/rules/<id>.md)
     optim-migrate --version                   # the installed package's version

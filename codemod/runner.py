@@ -154,7 +154,7 @@ def cmd_rewrite(args) -> int:
   files = iter_python_files(paths, config.get('exclude', ()))
   # a directory with nothing to take is a wrong path far more often than a finished job
   missing.update((p, 'no .py or .ipynb file in this directory (hidden folders, virtualenvs, '
-                  'build/dist and --exclude globs are skipped)')
+                  'build/dist and the config\'s `exclude` globs are skipped)')
                  for p in paths if pathlib.Path(p).is_dir() and not iter_python_files(
                      [p], config.get('exclude', ())))
   for p, why in missing.items():
