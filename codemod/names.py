@@ -111,9 +111,10 @@ class Names:
     owner = assignments[0].scope
     if len(list(owner.assignments[name.value])) != 1:
       return None
-    target = assignments[0].node
-    value = next((v for targets, v in self.facts.assignments
-                  if len(targets) == 1 and targets[0] is target), None)
+    target = getattr(assignments[0], 'node', None)  # (a builtin has no node)
+    value = None if target is None else next(
+        (v for targets, v in self.facts.assignments if len(targets) == 1 and targets[0] is target),
+        None)
     if not isinstance(value, cst.Dict):
       return None
     found = []

@@ -949,6 +949,11 @@ _RESUMING = {
     # restore was flagged OM013, and a legacy checkpoint did not load)
     'legacy_container_checkpoint.py': ('optim_compat.checkpoint.restore_legacy(workdir, state)',
                                        'state.optimizer.params'),
+    # meliad: parameters annotated with the container, which has a field named `state` (before:
+    # each `tstate.state` was flagged OM117 and the restore into `state: TrainState` OM013)
+    'legacy_annotated_container_checkpoint.py': (
+        'optim_compat.checkpoint.restore_legacy(workdir, state)', 'tstate.optimizer.params',
+        'mutable = [k for k in tstate.state]'),
 }
 
 

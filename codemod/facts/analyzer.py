@@ -278,6 +278,30 @@ class Analyzer(cst.CSTVisitor):
         self.f.opt_vars.add(b)
       if annotation is not None and self.n.symbol(annotation) == 'OptimizerDef':
         self.f.def_vars[b] = None  # a def of unknown kind: `.create` on it is still converted
+      if annotation is not None and self._names_container(annotation):
+        self.f.container_params.add(b)  # `tstate: TrainState`: its `.state` is its own field
+
+  def _names_container(self, annotation, depth: int = 0) -> bool:
+    """``annotation`` names a class with optimizer fields: this module's, another module's
+    (``codemod.flow.Fields``), or a module-level alias of one (``TrainState =
+    training_task.TrainState``)."""
+    f, n = self.f, self.n
+    if isinstance(annotation, cst.Name) and annotation.value in f.container_classes:
+      return True
+    if f.flow is None or not self._field_classes or not isinstance(
+        annotation, (cst.Name, cst.Attribute)):
+      return False
+    if any(f.flow.resolve_fields(q) is not None for q in n.qnames(annotation)):
+      return True
+    if depth == 0 and isinstance(annotation, cst.Name):
+      scope = n.scope(annotation)
+      assignments = list(scope[annotation.value]) if scope is not None else []
+      if len(assignments) == 1:
+        value = next((v for targets, v in f.assignments
+                      if len(targets) == 1
+                      and targets[0] is getattr(assignments[0], 'node', None)), None)
+        return value is not None and self._names_container(value, depth + 1)
+    return False
 
   def visit_Return(self, node: cst.Return) -> None:
     f, value = self.f, node.value

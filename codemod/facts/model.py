@@ -62,6 +62,7 @@ class Facts:
   declared_fields: dict = _field()     # module-level class -> its fields annotated so (flow)
   container_classes: set = _field(set)  # module-level classes with such fields (before the visit)
   container_vars: set = _field(set)   # bindings assigned an instance of one (`TrainState(opt)`)
+  container_params: set = _field(set)  # parameters annotated with one (`tstate: TrainState`)
   top_returns: dict = _field()        # module-level function -> the values its returns give
   assignments: list = _field(list)    # (targets, value) of every `=` statement
 

@@ -92,14 +92,16 @@ class Queries:
       return False
     if isinstance(value, cst.Subscript) or self.mixed_chain(value):
       return True
-    return isinstance(value, cst.Name) and (
+    return isinstance(value, cst.Name) and self.n.binding(value) not in f.container_params and (
         self.n.binding(value) in (f.params | f.loop_vars | self.maybe_vars)
         or self.n.binding(value) in (f.rebound & f.opt_vars))
 
   def is_container(self, expr) -> bool:
     """``expr`` holds an instance of a class with optimizer fields (``TrainState(optimizer=
     opt)`` of this module, or of another module the run converts), by name."""
-    return isinstance(expr, cst.Name) and self.n.binding(expr) in self.f.container_vars
+    return isinstance(expr, cst.Name) and (
+        self.n.binding(expr) in self.f.container_vars
+        or self.n.binding(expr) in self.f.container_params)  # (`train_state: TrainState`)
 
   def annotated_field(self, expr) -> bool:
     """``x.optimizer`` where this file's class declares ``optimizer: optim.Optimizer``
