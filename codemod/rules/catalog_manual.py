@@ -320,7 +320,9 @@ MANUAL = (
                 '(`opt, lr = make(p)`); the file is still converted, so check the report'),
     Rule('OM118', 'manual', family='defs', summary=
          'def, `MultiOptimizer` or `create` arguments the codemod cannot convert statically',
-         why='`*args`, a def without a learning rate (none at apply time either), a '
+         why='`*args` or `**kw` (a dict bound once with string keys and literal values and used '
+             'only as `**kw` is read and converted), a def without a learning rate (none at '
+             'apply time either), a '
              '`MultiOptimizer` group that is not a literal (traversal, def) pair, a `focus=` '
              'that is not a traversal built in the file. ' + _KEPT,
          before=_IMPORT + 'def make(params, kw):\n  return optim.Adam(**kw).create(params)\n',
