@@ -132,11 +132,12 @@ ARRAY_CALL_PREFIXES = ('jax.numpy.', 'numpy.', 'jax.random.')
 NOT_ARRAY_CALLS = frozenset({'numpy.load', 'jax.numpy.load', 'numpy.savez', 'jax.random.split',
                              'jax.random.PRNGKey', 'jax.random.key', 'numpy.random.default_rng',
                              'numpy.random.RandomState', 'numpy.random.seed'})
-#: Reflection on an optimizer's fields by name (flagged on converted optimizers).
+#: Serializers that pickle what they are given (a TrainState's Optax closures do not pickle).
+PICKLERS = frozenset({'pickle.dump', 'pickle.dumps', 'joblib.dump'})
+#: Reflection on an optimizer's fields by name (flagged on converted optimizers), and pickling.
 REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
                             'builtins.delattr', 'dataclasses.replace',
-                            'flax.serialization.to_state_dict', *(PICKLERS := frozenset({
-                                'pickle.dump', 'pickle.dumps', 'joblib.dump'}))})
+                            'flax.serialization.to_state_dict', *PICKLERS})
 #: Calls whose result is their argument, as pickled (``pickle.dump(unreplicate(opt), f)``).
 PICKLE_PASSTHROUGH = frozenset({'flax.jax_utils.unreplicate', 'jax.device_get'})
 #: Module names the rewrite may import and use.

@@ -97,6 +97,16 @@ class Names:
     return bool(assignments) and all(
         isinstance(getattr(a, 'node', None), cst.FunctionDef) for a in assignments)
 
+  def assignment(self, name: cst.Name):
+    """``(targets, value)`` of the ``=`` statement that is the only binding of ``name`` (the
+    analysis' :attr:`codemod.facts.model.Facts.assigned`), else None (bound otherwise, more
+    than once, or a builtin)."""
+    scope = self.scope(name)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if len(assignments) != 1:
+      return None
+    return self.facts.assigned.get(id(getattr(assignments[0], 'node', None)))
+
   def keyword_dict(self, name) -> Optional[list[tuple[str, cst.BaseExpression]]]:
     """``[(key, value)]`` of the dict ``**name`` unpacks when that is known here: ``name`` is
     bound once, by ``name = {'beta1': 0.9, ...}`` (string keys, literal values), and used
@@ -111,10 +121,8 @@ class Names:
     owner = assignments[0].scope
     if len(list(owner.assignments[name.value])) != 1:
       return None
-    target = getattr(assignments[0], 'node', None)  # (a builtin has no node)
-    value = None if target is None else next(
-        (v for targets, v in self.facts.assignments if len(targets) == 1 and targets[0] is target),
-        None)
+    found = self.assignment(name)
+    value = found[1] if found is not None and len(found[0]) == 1 else None
     if not isinstance(value, cst.Dict):
       return None
     found = []

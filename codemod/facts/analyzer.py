@@ -294,13 +294,8 @@ class Analyzer(cst.CSTVisitor):
     if any(f.flow.resolve_fields(q) is not None for q in n.qnames(annotation)):
       return True
     if depth == 0 and isinstance(annotation, cst.Name):
-      scope = n.scope(annotation)
-      assignments = list(scope[annotation.value]) if scope is not None else []
-      if len(assignments) == 1:
-        value = next((v for targets, v in f.assignments
-                      if len(targets) == 1
-                      and targets[0] is getattr(assignments[0], 'node', None)), None)
-        return value is not None and self._names_container(value, depth + 1)
+      found = n.assignment(annotation)
+      return found is not None and len(found[0]) == 1 and self._names_container(found[1], 1)
     return False
 
   def visit_Return(self, node: cst.Return) -> None:
@@ -458,6 +453,7 @@ class Analyzer(cst.CSTVisitor):
       if wraps_factory(n, value):
         f.opt_factories.add(targets[0].value)  # `p_step = jax.pmap(step)`: p_step(...) makes one
     f.assignments.append((targets, value))
+    f.assigned.update((id(t), (targets, value)) for t in targets if isinstance(t, cst.Name))
     if len(targets) == 1 and isinstance(targets[0], cst.Name) and (b := n.binding(targets[0])):
       block = self._blocks[-1] if self._blocks else None
       self.assign_sites.setdefault(b, []).append((targets[0], value, block))

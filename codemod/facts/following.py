@@ -327,17 +327,11 @@ def _argument(n: Names, fn, param: cst.Param, call: cst.Call):
 def _tuple_items(n: Names, name: cst.Name):
   """The items of the tuple display ``name`` is bound to by its only assignment (``args =
   (opt, batch)``), or None."""
-  scope = n.scope(name)
-  assignments = list(scope[name.value]) if scope is not None else []
-  if len(assignments) != 1:
-    return None
-  target = assignments[0].node
-  for targets, value in n.facts.assignments:
-    if any(t is target for t in targets):
-      if isinstance(value, cst.Tuple) and not any(isinstance(e, cst.StarredElement)
-                                                   for e in value.elements):
-        return [e.value for e in value.elements]
-      return None
+  found = n.assignment(name)
+  value = found[1] if found is not None else None
+  if isinstance(value, cst.Tuple) and not any(isinstance(e, cst.StarredElement)
+                                               for e in value.elements):
+    return [e.value for e in value.elements]
   return None
 
 

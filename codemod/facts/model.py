@@ -65,6 +65,7 @@ class Facts:
   container_params: set = _field(set)  # parameters annotated with one (`tstate: TrainState`)
   top_returns: dict = _field()        # module-level function -> the values its returns give
   assignments: list = _field(list)    # (targets, value) of every `=` statement
+  assigned: dict = _field()           # id(a plain-name target) -> its (targets, value)
 
   # -- uses of optimizers and defs ----------------------------------------------------------
   apply_calls: list = _field(list)    # `.apply_gradient(...)` calls (outside user defs)
