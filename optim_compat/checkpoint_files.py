@@ -9,6 +9,7 @@ whole checkpoint API live here (the lowest layer) and are exported by
 from __future__ import annotations
 
 import contextlib
+import logging
 import pathlib
 import re
 import sys
@@ -222,7 +223,8 @@ def _orbax_quiet():
   warnings (sharding info populated from file) are silenced, and ``sys.stderr`` is
   wrapped in :class:`_WithoutClosedLoopReports`, which drops absl ``WARNING`` lines
   meanwhile and, from then on, the ``RuntimeError: Event loop is closed`` tracebacks of
-  orbax's I/O threads. After a failed read those threads go on reporting for a while
+  orbax's I/O threads; after a failure, Python's ``coroutine ... was never awaited`` warnings
+  and asyncio's ``Task exception was never retrieved`` reports are dropped too. After a failed read those threads go on reporting for a while
   (their pending reads finish after the event loop has closed), writing to whatever
   ``sys.stderr`` is when they do: so after a failure the wrapper stays; after a success
   ``sys.stderr`` is restored. The error itself propagates."""
@@ -241,6 +243,10 @@ def _orbax_quiet():
     raise
   finally:
     wrapper.absl_quiet = was_quiet
+    if failed:  # its reads left pending: at exit Python warns of each coroutine never
+      # awaited, and asyncio logs each task whose exception was never retrieved
+      warnings.filterwarnings('ignore', r"coroutine '.*' was never awaited", RuntimeWarning)
+      logging.getLogger('asyncio').setLevel(logging.CRITICAL)
     if not failed and wrapper is not stderr:
       wrapper.close()
       sys.stderr = stderr
