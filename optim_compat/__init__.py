@@ -19,7 +19,9 @@ __all__ = ['AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'GradientDes
            'ModelParamTraversal', 'MultiOptimizer', 'WeightNorm',
            # the legacy view of a TrainState (optim_compat.legacy_view)
            'legacy_state', 'with_legacy_state', 'hyper_params', 'set_hyper_params',
-           'apply_gradients']
+           'apply_gradients',
+           # a TrainState whose params may be a bare array (optim_compat.array_state)
+           'ArrayTrainState']
 
 #: Where each public name lives (imported there at its first use).
 HOMES = {
@@ -31,6 +33,7 @@ HOMES = {
     **dict.fromkeys(('AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'GradientDescent',
                      'LAMB', 'LARS', 'Momentum', 'RMSProp'), 'optim_compat.defs'),
     'DynamicScale': 'optim_compat.dynamic_scale',
+    'ArrayTrainState': 'optim_compat.array_state',
     'WeightNorm': 'optim_compat.weight_norm',
     'SPECS': 'optim_compat.spec',
     'ModelParamTraversal': 'flax.traverse_util',
@@ -41,7 +44,7 @@ SUBMODULES = frozenset({
     'state_map', 'transforms', 'update_rules', 'weight_norm', 'checkpoint',
     'checkpoint_files', 'checkpoint_layout', 'checkpoint_convert', 'def_text', 'legacy_view',
     'adabelief', 'adadelta', 'adafactor', 'adagrad', 'adam', 'lamb', 'lars', 'momentum',
-    'rmsprop', 'sgd', 'restore_guard'})
+    'rmsprop', 'sgd', 'restore_guard', 'array_state'})
 #: Every name the package has (a test checks it against ``__all__`` and the modules); read
 #: by the codemod to tell whether the shim offers a legacy name, without importing jax.
 LOADED_NAMES = frozenset(__all__) | SUBMODULES

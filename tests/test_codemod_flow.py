@@ -769,6 +769,41 @@ def test_a_def_factory_its_own_module_calls_converts_with_the_agent_that_uses_it
   assert 'create_optimizer(learning_rate=learning_rate).create(params)' in text
 
 
+SAC = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'legacy_sac_array_alpha.py'
+
+
+def test_an_optimizer_on_a_bare_array_converts_to_an_array_train_state(legacy_python, tmp_path):
+  """dopamine's and brax's SAC: one def factory `.create`d on the network's params and on
+  `log_alpha = jnp.zeros(1)`, a bare array, on which Flax's TrainState.apply_gradients is a
+  TypeError. One run converts the whole file with nothing flagged: the bare-array create (and
+  the restore that re-creates the same attribute from a bundle's array) gives an
+  `optim_compat.ArrayTrainState`, the optimizers a jitted `train` returns in a dict and the
+  agent stores (`self.network_optimizer = train_returns['network_optim']`) are followed, so
+  their `.target` reads convert (before: OM118 kept the file legacy, and with it dopamine's
+  shared factory and its five agents). Same numbers as real flax.optim 0.5.3 (old stack)."""
+  new = tmp_path / 'new'
+  new.mkdir()
+  shutil.copy(SAC, new / 'train.py')
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1 and '0 flagged' in proc.stderr, proc.stderr  # (1: rewritten)
+  text = (new / 'train.py').read_text()
+  assert 'from flax import optim' not in text and 'optimizer.target' not in text
+  assert ('self.alpha_optimizer = optim_compat.ArrayTrainState.create(apply_fn=None, '
+          'params=log_alpha, tx=optimizer_def)') in text
+  assert ('self.alpha_optimizer = optim_compat.ArrayTrainState.create(apply_fn=None, '
+          "params=bundle_dictionary['log_alpha'], tx=optimizer_def)") in text
+  assert ('self.network_optimizer = train_state.TrainState.create(apply_fn=None, '
+          'params=network_params, tx=optimizer_def)') in text
+  assert 'return self.network_optimizer.params' in text
+  original = tmp_path / 'original'
+  original.mkdir()
+  shutil.copy(SAC, original / 'train.py')
+  old, new_ = _run_on_both_stacks(legacy_python, original, new, tmp_path)
+  assert int(old['alpha_step']) == int(new_['alpha_step']) == 10
+  assert old['log_alpha'].shape == (1,) and old['log_alpha'][0] != 0  # the temperature trained
+  assert old['losses'][14] < 0.8 * old['losses'][0]  # it trained
+
+
 FACTORY_LR = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_factory_lr'
 
 

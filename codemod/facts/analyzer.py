@@ -17,7 +17,8 @@ from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
 from codemod.modern import table as modern_table
-from codemod.facts.values import makes_bare_array, produces_optimizer, wrapper_of, wraps_factory
+from codemod.facts.values import (makes_bare_array, own_function as _own_function,
+                                  produces_optimizer, wrapper_of, wraps_factory)
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
                            legacy_module_name, target_names)
 
@@ -33,17 +34,6 @@ _DEF_LOOKING = api.DEF_LOOKING
 #: `momentum_clip.Optimizer(beta=0.9).create(p)` (another module's OptimizerDef subclass)
 _DEF_CALL_LOOKING = api.OPTIM_WORD
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
-
-
-def _own_function(value) -> str | None:
-  """The name of this file's function or method ``value`` calls (``f(...)``,
-  ``self.f(...)``), else None."""
-  if isinstance(value, cst.Call):
-    if isinstance(value.func, cst.Name):
-      return value.func.value
-    if m.matches(value.func, m.Attribute(value=m.Name('self') | m.Name('cls'), attr=m.Name())):
-      return value.func.attr.value
-  return None
 
 
 class Analyzer(cst.CSTVisitor):
@@ -316,6 +306,13 @@ class Analyzer(cst.CSTVisitor):
       if len(self._function_stack) == 1 and not self._class_depth:
         f.module_factories.add(self._function_stack[0])
     elif (value is not None and self._function_stack
+          and isinstance(returned := self._dict_of(value), cst.Dict)
+          and (keys := {e.key.evaluated_value for e in returned.elements
+                        if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+                        and self._holds_optimizer(e.value)})):
+      f.bundle_factories.add(self._function_stack[-1])  # `return {'optim': optim, ...}`
+      f.bundle_keys.setdefault(self._function_stack[-1], set()).update(keys)
+    elif (value is not None and self._function_stack
           and isinstance(value, (cst.Tuple, cst.List, cst.Dict))
           and any(produces_optimizer(self.n, v)
                   or (isinstance(v, cst.Name) and self.n.binding(v) in f.opt_vars)
@@ -326,6 +323,16 @@ class Analyzer(cst.CSTVisitor):
             i for i, e in enumerate(value.elements) if isinstance(e, cst.Element) and (
                 produces_optimizer(self.n, e.value) or (isinstance(e.value, cst.Name) and
                                                         self.n.binding(e.value) in f.opt_vars)))
+
+  def _holds_optimizer(self, value) -> bool:
+    return produces_optimizer(self.n, value) or (
+        isinstance(value, cst.Name) and self.n.binding(value) in self.f.opt_vars)
+
+  def _dict_of(self, value):
+    """``value``, or the dict display a name returned is bound to once (``returns = {...}``)."""
+    if isinstance(value, cst.Name) and (found := self.n.assignment(value)) is not None:
+      return found[1]
+    return value
 
   # -- bindings -------------------------------------------------------------------------------
   def _target_bindings(self, target):
@@ -448,6 +455,10 @@ class Analyzer(cst.CSTVisitor):
     for t in targets:
       if (chain := attr_chain(t)) is not None:
         self._chain_assigned(chain, value)
+    if m.matches(value, m.Call(func=m.Attribute(attr=m.Name('create')))):
+      f.create_keys[id(value)] = frozenset(
+          ('chain', chain) if (chain := attr_chain(t)) is not None else ('name', n.binding(t))
+          for t in targets if isinstance(t, (cst.Name, cst.Attribute)))
     if len(targets) == 1 and isinstance(targets[0], cst.Name) and wrapper_of(n, value):
       f.wrapped.append((node, value))  # (`jax.pmap(steps.train_step)` too: codemod.flow)
       if wraps_factory(n, value):

@@ -47,6 +47,9 @@ class Facts:
   wn_inner: set = _field(set)         # ids of def calls wrapped by WeightNorm(...)
   create_calls: list = _field(list)   # `<def>.create(...)`
   array_vars: dict = _field()         # binding -> every `=` gives it a bare array (`w = jnp.zeros(3)`)
+  #: id(`<def>.create(...)` assigned by `=`) -> where it is stored: ('name', binding) or
+  #: ('chain', 'self.alpha_optimizer') per target (codemod.rules.defs.array_create)
+  create_keys: dict = _field()
   traversal_vars: dict = _field()     # binding -> ModelParamTraversal call
   opt_vars: set = _field(set)         # bindings holding optimizers
   rebound: set = _field(set)          # bindings also assigned something else
@@ -96,6 +99,7 @@ class Facts:
   bundle_positions: dict = _field()   # function -> tuple positions it returns an optimizer at
   module_factories: set = _field(set)  # module-level ones
   bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
+  bundle_keys: dict = _field()        # function -> dict keys it returns an optimizer at
   def_factories: set = _field(set)    # module-level functions returning a legacy def
   #: qualified names of other modules' (or this one's) def factories the run converts, whose
   #: transformation this module ``.create`` s (codemod.flow: the callers' verdicts)

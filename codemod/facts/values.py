@@ -41,10 +41,39 @@ def wraps_factory(n: Names, call) -> bool:
   return isinstance(fn, cst.Name) and fn.value in n.facts.opt_factories
 
 
+def own_function(value) -> str | None:
+  """The name of this file's function or method ``value`` calls (``f(...)``,
+  ``self.f(...)``), else None."""
+  if isinstance(value, cst.Call):
+    if isinstance(value.func, cst.Name):
+      return value.func.value
+    if m.matches(value.func, m.Attribute(value=m.Name('self') | m.Name('cls'), attr=m.Name())):
+      return value.func.attr.value
+  return None
+
+
+def returned_item(n: Names, value) -> bool:
+  """``value`` is ``out['opt']``: ``out`` bound once, to a call of this file's function that
+  returns a dict with an optimizer at that key (dopamine's SAC ``train``: ``returns =
+  {'network_optim': optim, ...}; return returns``, then ``self.network_optimizer =
+  train_returns['network_optim']``)."""
+  if not (isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name)
+          and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index)
+          and isinstance(key := value.slice[0].slice.value, cst.SimpleString)):
+    return False
+  found = n.assignment(value.value)
+  if found is None or len(found[0]) != 1:
+    return False
+  function = own_function(found[1])
+  return function is not None and key.evaluated_value in n.facts.bundle_keys.get(function, ())
+
+
 def produces_optimizer(n: Names, value) -> bool:
   """``value`` is a call that returns a (legacy) optimizer: a create, an apply, a replicate
   or ``replace`` of one, a function of this file returning one, another module's converted
   factory."""
+  if isinstance(value, cst.Subscript):
+    return returned_item(n, value)
   if not isinstance(value, cst.Call):
     return False
   f = n.facts

@@ -8,6 +8,7 @@ from libcst.metadata import ImportAssignment, ScopeProvider
 
 from codemod.modern.base import _CELLS, _DROPOUT, _FLAGS, _FROZEN, _MHA
 from codemod.modern.helpers import _EQ, _code, _dotted, _names, _returns, _unsafe_why
+from codemod.modern.table import FLAX_TREE_CALLS
 
 
 class _Linen:
@@ -134,11 +135,14 @@ class _Linen:
     """``expr`` is proven to hold what a Flax ``init`` returned (its variables), or one part
     of it popped off: ``model.init(...)``, ``init_with_output(...)[1]`` (as the second target),
     a call of a local def or ``jax.jit(m.init)`` that returns one, or a name whose reaching
-    value is one of those."""
+    value is one of those; or a dict or FrozenDict a Flax function returns
+    (:data:`codemod.modern.table.FLAX_TREE_CALLS`: ``checkpoints.convert_pre_linen(p)``)."""
     if depth > 8 or not self.facts.imports_flax:
       return False
     if isinstance(expr, cst.Call):
       f = expr.func
+      if self.qname_in(f, FLAX_TREE_CALLS):
+        return True
       if isinstance(f, cst.Attribute) and f.attr.value == 'init':
         return self._flax_receiver(f.value)
       if isinstance(f, cst.Attribute) and f.attr.value == 'pop' and len(expr.args) == 1:

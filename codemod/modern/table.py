@@ -235,6 +235,16 @@ APIS: tuple[Api, ...] = (
 )
 
 #: ``jax.ops.index`` and its NumPy twins: ``jax.ops.index[i]`` is ``i``.
+#: Flax functions that return a ``dict`` or a ``FrozenDict`` (of the kind they are given, or
+#: always a FrozenDict): ``.unfreeze()`` / ``.pop(k)`` on what they return is OM207 (proven),
+#: as on an ``init`` result. (``checkpoints.convert_pre_linen`` returns a dict for a dict:
+#: dopamine's ``convert_pre_linen(bundle['online_params']).unfreeze()`` fails on today's
+#: checkpoints.)
+FLAX_TREE_CALLS = frozenset({
+    'flax.training.checkpoints.convert_pre_linen', 'flax.core.freeze', 'flax.core.unfreeze',
+    'flax.core.frozen_dict.freeze', 'flax.core.frozen_dict.unfreeze', 'flax.core.FrozenDict',
+    'flax.core.frozen_dict.FrozenDict', 'flax.core.copy', 'flax.core.frozen_dict.copy'})
+
 INDEX_HELPERS = frozenset({'jax.ops.index', 'jax.numpy.index_exp', 'numpy.index_exp'})
 #: Calls whose value is a jax array (for OM206 / OM223: ``x.at`` needs one).
 JAX_VALUE_PREFIXES = ('jax.numpy.', 'jax.lax.', 'jax.random.', 'jax.nn.', 'jax.ops.', 'jax.device_put')

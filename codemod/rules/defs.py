@@ -132,17 +132,28 @@ def create_problem(q, call: cst.Call) -> Optional[str]:
   if any(a.star for a in call.args) or set(kw) - {'target', 'focus'} or \
       len(positional) + len(kw) not in (1, 2) or len(positional) > 2:
     return 'create(...) with these arguments is not converted'
-  target = call_argument(call, 0, 'target')
-  if target is not None and is_bare_array(q.n, target):
-    return (f'create({code(target)}): the target is a bare array, not a pytree, and '
-            "TrainState.apply_gradients fails on one (`'overwrite_with_gradient' in grads` is "
-            "a TypeError on a jax.Array, Flax 0.12): to convert, make it a dict (`{'w': w}`)")
   focus = create_focus(call)
   if focus is not None and not m.matches(focus, m.Name('None')) and not q.n.is_traversal(focus):
     return (f'create(..., focus={code(focus)}): not a ModelParamTraversal built in this '
             'file (it may be None, which legacy read as "all params"), so its labels cannot '
             'be derived: convert by hand')
   return None
+
+
+def array_create(q, call: cst.Call) -> bool:
+  """``call`` (``<def>.create(target)``) is to give an ``optim_compat.ArrayTrainState``: its
+  target is a bare array (``jnp.zeros(1)``, or a name every ``=`` of which gives one), or it
+  is stored where such a create is stored too (``self.alpha_optimizer``, the same name), as
+  a restore re-creating the optimizer from a checkpoint's array does. Flax's
+  ``TrainState.apply_gradients`` is a TypeError on a bare array (Flax >= 0.8)."""
+  def bare(c) -> bool:
+    target = call_argument(c, 0, 'target')
+    return target is not None and is_bare_array(q.n, target)
+  if bare(call):
+    return True
+  keys = q.f.create_keys.get(id(call))
+  return bool(keys) and any(keys & q.f.create_keys.get(id(c), frozenset())
+                            for c in q.f.create_calls if c is not call and bare(c))
 
 
 def hp_value(q, recv, name, via_opt) -> tuple[Optional[str], Optional[Problem]]:
@@ -313,6 +324,11 @@ def leave_create(p, original) -> bool:
   elif not q.blocked:
     focus = create_focus(original)
     findings = [('OM001', '.create(params) -> train_state.TrainState.create(...)')]
+    if array_create(q, original):
+      findings = [('OM001', '.create(array) -> optim_compat.ArrayTrainState.create(...): the '
+                            "params are a bare array, on which Flax's "
+                            'TrainState.apply_gradients fails (a TypeError since Flax 0.8); '
+                            'ArrayTrainState is that TrainState, applying the same Optax update')]
     if focus is not None and not m.matches(focus, m.Name('None')):
       findings.insert(0, ('OM008', 'create(params, focus=traversal) -> optax.multi_transform, '
                                    'unfocused leaves frozen (set_to_zero)'))
@@ -428,6 +444,10 @@ def apply_create(ctx, original, updated, fix):
     tx = (f"optax.multi_transform({{'focus': {tx}, {api.FROZEN!r}: optax.set_to_zero()}}, "
           f"{labels_source(ctx, [(code(focus), 'focus')])})")
     ctx.add_import('optax')
+  if array_create(ctx.q, original):
+    ctx.add_import('optim_compat')
+    return template(f'optim_compat.ArrayTrainState.create(apply_fn=None, params=P, tx={tx})',
+                    P=target)
   ctx.add_import('flax.training', 'train_state')
   return template(f'train_state.TrainState.create(apply_fn=None, params=P, tx={tx})', P=target)
 
