@@ -3,6 +3,7 @@ receive optimizers, and the module's step functions."""
 from __future__ import annotations
 
 import collections
+import re
 from typing import Optional
 
 import libcst as cst
@@ -38,6 +39,8 @@ def settle(analyzer) -> None:
                                         api.WRAPPERS[wrapper_of(n, call)].methods))]
   if f.uses_legacy or f.flow_vars:
     _follow_parameters(n, sites)
+  if f.uses_legacy and f.create_calls:
+    _follow_uncalled(n)
   if f.container_vars:
     _follow_containers(analyzer, sites)
   f.steps = _step_params(n)
@@ -227,6 +230,35 @@ def _follow_parameters(n: Names, sites) -> None:
                for a in args):
           f.made_here_params.add(b)
           changed = True
+
+
+#: A parameter named as an optimizer is (``optimizer``, ``opt``, ``new_optimizer``, ``opt_g``).
+_OPTIMIZER_PARAM = re.compile(r'(?:\w+_)?(?:optimizer|opt)(?:_\w+)?')
+
+
+def _follow_uncalled(n: Names) -> None:
+  """A module-level function that nothing in this file names, in a file that creates its own
+  optimizers (alpa's benchmarks each define ``compute_data_parallel_cost(optimizer, ...)`` and
+  call none): a parameter named as an optimizer (:data:`_OPTIMIZER_PARAM`) holds this file's
+  kind of optimizer, a ``TrainState`` once rewritten, when it is used only for ``.target``
+  and ``.apply_gradient(...)`` (which convert: were OM117); any other use (``.state``, a
+  restore into it, passed on) proves nothing. Another module calling it is the flow's
+  (:class:`codemod.flow.Step`)."""
+  f = n.facts
+  members = {id(a.value) for a in f.member_attrs if a.attr.value in ('target', 'apply_gradient')}
+  for fn in f.top_functions:
+    if _call_sites(n, fn.name) != []:
+      continue  # called here (followed by its arguments), or used as a value
+    for param in _parameters(fn):
+      b = n.binding(param.name)
+      if (b is None or b in f.rebound or b in f.flow_vars
+          or not _OPTIMIZER_PARAM.fullmatch(param.name.value)):
+        continue
+      scope = n.scope(param.name)
+      uses = [a.node for binding in (scope[param.name.value] if scope is not None else ())
+              if getattr(binding, 'node', None) is param for a in binding.references]
+      if uses and all(id(u) in members for u in uses):
+        f.opt_vars.add(b)
 
 
 def _call_sites(n: Names, name: cst.Name, methods=()) -> Optional[list[cst.Call]]:

@@ -144,7 +144,7 @@ class _Linen:
       if self.qname_in(f, FLAX_TREE_CALLS):
         return True
       if isinstance(f, cst.Attribute) and f.attr.value == 'init':
-        return self._flax_receiver(f.value)
+        return self._flax_receiver(f.value) or _flax_rngs(expr)
       if isinstance(f, cst.Attribute) and f.attr.value == 'pop' and len(expr.args) == 1:
         return self.from_init(f.value, depth + 1)
       if isinstance(f, cst.Name):
@@ -168,7 +168,7 @@ class _Linen:
       return False
     return False
 
-  def _flax_receiver(self, expr, depth: int = 0) -> bool:
+  def _flax_receiver(self, expr, depth: int = 0) -> bool:  # (see also _flax_rngs)
     """``expr`` (what ``.init`` is called on) is not another library's object: its root name is
     a flax import, or a local whose reaching value is not a call into another imported
     library (``tx = optax.adam(...)``)."""
@@ -257,3 +257,14 @@ class _Linen:
     args = list(updated.args)
     args.append(cst.Arg(cst.Name('False'), keyword=cst.Name('deterministic'), equal=_EQ))
     return updated.with_changes(args=args)
+
+
+def _flax_rngs(call: cst.Call) -> bool:
+  """``call`` (``m.init(...)``) passes, first, a dict display naming the ``'params'`` rng
+  stream (``m.init({'params': key, 'dropout': k2}, x)``): Flax's ``Module.init`` signature,
+  whatever class ``m`` is built from (score_sde's ``WideResnet`` of its own models package)."""
+  first = call.args[0] if call.args else None
+  return (first is not None and first.keyword is None and not first.star
+          and isinstance(first.value, cst.Dict) and any(
+              isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+              and e.key.evaluated_value == 'params' for e in first.value.elements))

@@ -295,7 +295,8 @@ MANUAL = (
              'is (it fails until converted by hand) and the rest of the file is converted.',
          before=_IMPORT + 'def make(params):\n'
                 '  return optim.Adam(learning_rate=1e-3).create(params)\n\n\n'
-                'def export(optimizer):\n  return optimizer.target\n',
+                'def export(optimizer):\n  return optimizer.target\n\n\n'
+                'def save(thing):\n  return export(thing)\n',
          after='import optax\n'
                'from flax.training import train_state\n'
                '\n'
@@ -306,7 +307,11 @@ MANUAL = (
                '\n'
                'def export(optimizer):\n'
                '  # TODO(optim-migrate): OM117: if `optimizer` is a flax.optim Optimizer, `.target` is `.params` on a TrainState\n'
-               '  return optimizer.target\n',
+               '  return optimizer.target\n'
+               '\n'
+               '\n'
+               'def save(thing):\n'
+               '  return export(thing)\n',
          readme='`.target` / `.state.step` / `.replace(target=)` / a legacy-only member on a '
                 'value nothing proves is an optimizer: a function parameter of unknown origin, '
                 'an attribute (`self.optimizer`) that gets `.apply_gradient` but is also assigned '
