@@ -954,6 +954,11 @@ _RESUMING = {
     'legacy_annotated_container_checkpoint.py': (
         'optim_compat.checkpoint.restore_legacy(workdir, state)', 'tstate.optimizer.params',
         'mutable = [k for k in tstate.state]'),
+    # dopamine's / brax's SAC temperature: an optimizer over a bare array, checkpointed beside
+    # the network's (before: OM118 kept the file legacy)
+    'legacy_array_checkpoint.py': (
+        'alpha_opt = optim_compat.ArrayTrainState.create(apply_fn=None, params=log_alpha, tx=',
+        'optim_compat.checkpoint.restore_legacy(workdir, (network_opt, alpha_opt))'),
 }
 
 
