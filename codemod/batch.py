@@ -167,6 +167,8 @@ def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options,
   extra = flow_lib.outside_modules(named, [r for rs in roots.values() for r in rs], texts)
   factories, steps = flow_lib.build_flows(named + extra, options, [p for p, _, _ in extra],
                                           sources)
+  # another package's def factory that returns Optax today, unless the run has its source
+  factories = {**flow_lib.upstream_def_factories(texts.values()), **factories}
   if not factories and not steps:
     return [None] * len(files)
   return [flow_lib.Flow(factories, names[0][0] if names else None,

@@ -133,6 +133,8 @@ class DefFactory(_ModuleFunction):
       what it returns (directly, or through a name read only so) and converts
       (:func:`build_flows`).
     inject_required: a caller sets the learning rate at apply time, so its file injects it.
+    upstream: another package's (:data:`codemod.legacy_api.UPSTREAM_DEF_FACTORIES`): ``path``
+      names the release that returns Optax, ``why`` what its transformations are.
   """
   qualified: str
   path: str
@@ -142,6 +144,7 @@ class DefFactory(_ModuleFunction):
   inject_lr: Optional[bool] = None
   allowed: bool = False
   inject_required: bool = False
+  upstream: bool = False  # another package's, from the table (path: its release; why: a note)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -328,6 +331,24 @@ _FIELD_CLASS = re.compile(r'^class[ \t]+\w+[\s\S]*?^[ \t]+\w+[ \t]*:[^\n=]*Optim
 #: The same with a field annotated ``...TrainState`` (a container migrated before this run).
 _MIGRATED_FIELD_CLASS = re.compile(
     r'^class[ \t]+\w+[\s\S]*?^[ \t]+\w+[ \t]*:[^\n=]*\bTrainState\b', re.M)
+
+
+def upstream_def_factories(texts: Iterable[str]) -> dict[str, DefFactory]:
+  """:data:`codemod.legacy_api.UPSTREAM_DEF_FACTORIES` whose package some text of the run
+  imports (``from dopamine.jax.agents.dqn import dqn_agent``), as converted def factories: a
+  file outside their package ``.create`` s an Optax transformation from them today."""
+  wanted = {q.split('.', 1)[0]: q for q in legacy_api.UPSTREAM_DEF_FACTORIES}
+  found = {}
+  for text in texts:
+    if 'import' not in text:
+      continue
+    words = set(_WORD.findall(' '.join(_IMPORT_LINE.findall(import_lines(text)))))
+    for package in wanted.keys() & words:
+      for q, (release, note) in legacy_api.UPSTREAM_DEF_FACTORIES.items():
+        if q.startswith(package + '.'):
+          found[q] = DefFactory(q, release, converted=True, why=note, allowed=True,
+                                inject_lr=False, upstream=True)
+  return found
 
 
 #: Pre-pass rounds: a creator that itself uses another module's factory is planned again

@@ -216,6 +216,20 @@ NAMED_MEMBERS = {'target': '`.params`', 'state.step': '`.step`',
                  'optimizer_def': '`.tx` (an Optax transformation)',
                  'replace(target=...)': '`.replace(params=...)` (`state=` has no counterpart)'}
 DEF_LOOKING = re.compile(r'\w*opt\w*_def')
+
+#: Def factories of other packages that returned a flax.optim def and, in today's release,
+#: return an Optax transformation (qualified name -> the release, said in the report): code
+#: ``.create`` ing what they return converts to ``TrainState.create(..., tx=<it>)`` (a run
+#: that includes the package's own source decides from that source instead).
+#: dopamine: migrated in commit 810b72f (2021-09-07), released in dopamine-rl 4.0.0
+#: (2021-09-23); ``create_optimizer('adam', ...)`` is ``optax.adam(lr, b1, b2, eps)`` there.
+UPSTREAM_DEF_FACTORIES = {
+    'dopamine.jax.agents.dqn.dqn_agent.create_optimizer': (
+        'dopamine-rl >= 4.0.0',
+        "its 'adam' is optax.adam (as this codemod converts Adam: ulps from flax.optim), its "
+        "'rmsprop' is optax.rmsprop with eps inside the square root where flax.optim's RMSProp "
+        "added it outside (a numeric difference of dopamine's own migration)"),
+}
 _DEF_LOOKING_CREATE = re.compile(r'\b\w*opt\w*_def\s*\.\s*create\s*\(')
 _LEGACY_USE = re.compile(r'\boptim\b|' + '|'.join(
     re.escape(t) + ('' if t.endswith('(') else r'\b') for t in TELLTALES))

@@ -804,6 +804,54 @@ def test_an_optimizer_on_a_bare_array_converts_to_an_array_train_state(legacy_py
   assert old['losses'][14] < 0.8 * old['losses'][0]  # it trained
 
 
+UPSTREAM = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'upstream_def_factory'
+
+
+def test_a_def_factory_of_a_package_migrated_upstream_converts_its_users(legacy_python, tmp_path):
+  """revisiting_rainbow's shape: an agent `.create`s what an installed dopamine's
+  `dqn_agent.create_optimizer` returns; dopamine's source is not in the run. dopamine-rl
+  >= 4.0.0 returns an Optax transformation there (codemod.legacy_api.UPSTREAM_DEF_FACTORIES),
+  so one run converts the agent with nothing flagged (before: OM122 on each use), the report
+  names the release and what its transformations are, and the agent trains on the modern stack
+  with a stand-in of today's dopamine to the numbers of the legacy agent on real flax.optim
+  0.5.3 with a stand-in of the old dopamine."""
+  import numpy as np
+  new = tmp_path / 'new'
+  shutil.copytree(UPSTREAM / 'agent', new)
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1 and '0 flagged' in proc.stderr, proc.stderr
+  text = (new / 'train.py').read_text()
+  assert ('self.optimizer = train_state.TrainState.create(apply_fn=None, '
+          'params=online_network_params, tx=optimizer_def)') in text
+  assert 'return self.optimizer.params' in text and 'apply_gradients(grads=grad)' in text
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  create = [r for r in rows if r['rule'] == 'OM001']
+  assert len(create) == 1 and 'create_optimizer of dopamine-rl >= 4.0.0' in create[0]['message']
+  assert 'optax.rmsprop with eps inside the square root' in create[0]['message']
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  for python, script, site, out in (
+      (legacy_python, UPSTREAM / 'agent' / 'train.py', 'old_site', 'old.npz'),
+      (sys.executable, new / 'train.py', 'new_site', 'new.npz')):
+    env['PYTHONPATH'] = os.pathsep.join([str(ROOT), str(UPSTREAM / site)])
+    proc = subprocess.run([python, str(script), str(tmp_path / out)], capture_output=True,
+                          text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  old, new_ = np.load(tmp_path / 'old.npz'), np.load(tmp_path / 'new.npz')
+  for key in old.files:
+    np.testing.assert_allclose(new_[key], old[key], rtol=2e-5, atol=1e-7, err_msg=key)
+  assert old['losses'][-1] < 0.8 * old['losses'][0]  # it trained
+  # with dopamine's own (legacy) source in the run, that source decides: here it is handed
+  # to other code, so it stays legacy and so does the agent
+  both = tmp_path / 'both'
+  shutil.copytree(UPSTREAM / 'agent', both)
+  shutil.copytree(UPSTREAM / 'old_site' / 'dopamine', both / 'dopamine')
+  (both / 'dopamine' / 'jax' / 'agents' / 'dqn' / 'hand.py').write_text(
+      'from dopamine.jax.agents.dqn import dqn_agent\n\n\n'
+      'def handed(make):\n  return make(dqn_agent.create_optimizer())\n')
+  proc = _cli('rewrite', '--write', 'both', cwd=tmp_path)
+  assert 'optimizer_def.create(online_network_params)' in (both / 'train.py').read_text()
+
+
 FACTORY_LR = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_factory_lr'
 
 

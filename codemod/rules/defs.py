@@ -329,6 +329,11 @@ def leave_create(p, original) -> bool:
                             "params are a bare array, on which Flax's "
                             'TrainState.apply_gradients fails (a TypeError since Flax 0.8); '
                             'ArrayTrainState is that TrainState, applying the same Optax update')]
+    made = def_factory_of_create(q, original)
+    if made is not None and made.upstream:
+      findings = [('OM001', f'{findings[0][1]}: `{code(func.value)}` is what '
+                            f'{made.function} of {made.path} returns, an Optax transformation '
+                            f'there ({made.why})')]
     if focus is not None and not m.matches(focus, m.Name('None')):
       findings.insert(0, ('OM008', 'create(params, focus=traversal) -> optax.multi_transform, '
                                    'unfocused leaves frozen (set_to_zero)'))
