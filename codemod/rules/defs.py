@@ -324,7 +324,8 @@ def leave_create(p, original) -> bool:
   elif not q.blocked:
     focus = create_focus(original)
     findings = [('OM001', '.create(params) -> train_state.TrainState.create(...)')]
-    if array_create(q, original):
+    array = array_create(q, original)
+    if array:
       findings = [('OM001', '.create(array) -> optim_compat.ArrayTrainState.create(...): the '
                             "params are a bare array, on which Flax's "
                             'TrainState.apply_gradients fails (a TypeError since Flax 0.8); '
@@ -337,7 +338,7 @@ def leave_create(p, original) -> bool:
     if focus is not None and not m.matches(focus, m.Name('None')):
       findings.insert(0, ('OM008', 'create(params, focus=traversal) -> optax.multi_transform, '
                                    'unfocused leaves frozen (set_to_zero)'))
-    p.fix(original, apply_create, findings)
+    p.fix(original, apply_create, findings, data={'array': array})
     return True
   return False
 
@@ -449,7 +450,7 @@ def apply_create(ctx, original, updated, fix):
     tx = (f"optax.multi_transform({{'focus': {tx}, {api.FROZEN!r}: optax.set_to_zero()}}, "
           f"{labels_source(ctx, [(code(focus), 'focus')])})")
     ctx.add_import('optax')
-  if array_create(ctx.q, original):
+  if fix.data['array']:  # (decided once, by leave_create)
     ctx.add_import('optim_compat')
     return template(f'optim_compat.ArrayTrainState.create(apply_fn=None, params=P, tx={tx})',
                     P=target)
