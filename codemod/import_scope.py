@@ -12,7 +12,10 @@ statements, and puts the result back among the others unchanged.
 """
 from __future__ import annotations
 
+import io
 import re
+import symtable
+import tokenize
 from typing import Sequence
 
 import libcst as cst
@@ -350,3 +353,93 @@ def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
     return AddImportsVisitor(context).transform_module(tree)
   part = AddImportsVisitor(context).transform_module(cst.Module(body=rest[:n]))
   return tree.with_changes(body=[*body[:start], *part.body, *rest[n:]])
+
+
+def _globals_read(code: str) -> 'set[str] | None':
+  """The names some scope of ``code`` reads as module globals (CPython's own ``symtable``:
+  a read at module level, or an implicit or declared global read in a function or class),
+  plus every word of a string literal (an ``__all__`` entry, a string annotation); None
+  when ``code`` does not compile."""
+  try:
+    top = symtable.symtable(code, '<rewritten>', 'exec')
+    strings = [t.string for t in tokenize.generate_tokens(io.StringIO(code).readline)
+               if t.type == tokenize.STRING or t.type == getattr(tokenize, 'FSTRING_MIDDLE', -1)]
+  except (SyntaxError, ValueError, tokenize.TokenError):
+    return None
+  read, stack = set(), [top]
+  while stack:
+    table = stack.pop()
+    at_module = table.get_type() == 'module'
+    read.update(s.get_name() for s in table.get_symbols()
+                if s.is_referenced() and (at_module or s.is_global()))
+    stack.extend(table.get_children())
+  for text in strings:
+    read.update(re.findall(r'[A-Za-z_][A-Za-z0-9_]*', text))
+  return read
+
+
+class _DropAliases(cst.CSTTransformer):
+  """Drops the aliases in ``drop`` (ids) from the module's top-level import lines; a line
+  left without a name goes."""
+
+  def __init__(self, drop: set):
+    super().__init__()
+    self.drop = drop
+
+  def visit_FunctionDef(self, node) -> bool:
+    return False
+
+  def visit_ClassDef(self, node) -> bool:
+    return False
+
+  def _kept(self, original, names):
+    kept = [a for a, o in zip(names, original) if id(o) not in self.drop]
+    if kept and len(kept) != len(names):
+      kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return kept
+
+  def leave_Import(self, original, updated):
+    kept = self._kept(original.names, updated.names)
+    return updated.with_changes(names=kept) if kept else cst.RemoveFromParent()
+
+  def leave_ImportFrom(self, original, updated):
+    if isinstance(updated.names, cst.ImportStar):
+      return updated
+    kept = self._kept(original.names, updated.names)
+    if not kept:
+      return cst.RemoveFromParent()
+    return updated.with_changes(names=kept, lpar=updated.lpar if len(kept) > 1 else None,
+                                rpar=updated.rpar if len(kept) > 1 else None)
+
+
+def drop_unread_legacy_imports(tree: cst.Module, removals: Sequence[Removal]) -> cst.Module:
+  """``tree`` without the top-level flax.optim imports among ``removals`` that no code reads.
+
+  LibCST's scope analysis, which ``RemoveImportsVisitor`` asks, can take a parameter that is
+  rebound in its function (``def step(optim, g): optim = optim.apply_gradient(g)``) for a
+  read of the module's ``from flax import optim``; the import then stays in a converted
+  file and fails on Flax >= 0.6 (no ``flax.optim``). CPython's ``symtable`` decides here
+  whether each remaining legacy binding is read (string literals count as reads).
+  """
+  legacy = [r for r in removals if r[0].startswith('flax.optim') or r[:2] == ('flax', 'optim')]
+  module_aliases = {module: asname for module, obj, asname in legacy if obj is None}
+  objects: dict[str, set] = {}
+  for module, obj, asname in legacy:
+    if obj is not None:
+      objects.setdefault(module, set()).add((obj, asname))
+  found = []  # (alias node, the name it binds)
+  for stmt in tree.body:
+    for node in _import_nodes(stmt):
+      if isinstance(node, cst.ImportFrom) and (node.relative or node.module is None
+                                               or isinstance(node.names, cst.ImportStar)):
+        continue
+      for alias, hit in zip(node.names, _matches(node, module_aliases, objects)):
+        if hit:
+          found.append((alias, alias.evaluated_alias or alias.evaluated_name.split('.')[0]))
+  if not found:
+    return tree
+  read = _globals_read(tree.code)
+  if read is None:
+    return tree
+  drop = {id(alias) for alias, bound in found if bound not in read}
+  return tree.visit(_DropAliases(drop)) if drop else tree

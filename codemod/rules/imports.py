@@ -308,7 +308,8 @@ def fix_imports(context: CodemodContext, tree: cst.Module, drop) -> cst.Module:
     tree = _add_imports(context, tree, adds)  # scope-analysed pass, on the statements naming one
     n_head = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
                   len(tree.body))
-    return import_scope.remove_unused_imports(context, tree, n_head, drop)
+    tree = import_scope.remove_unused_imports(context, tree, n_head, drop)
+    return import_scope.drop_unread_legacy_imports(tree, drop)
   fast, slow = [], []
   for module, obj, asname in dict.fromkeys(drop):
     bound = asname or obj or module.split('.')[0]
@@ -323,6 +324,7 @@ def fix_imports(context: CodemodContext, tree: cst.Module, drop) -> cst.Module:
   tree = tree.with_changes(body=[*head.body, *tail])
   if slow:
     tree = import_scope.remove_unused_imports(context, tree, len(head.body), slow)
+    tree = import_scope.drop_unread_legacy_imports(tree, slow)
   return tree
 
 
