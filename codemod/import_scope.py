@@ -329,10 +329,11 @@ def _present(statements, item) -> bool:
   return False
 
 
-def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
+def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True) -> cst.Module:
   """``AddImportsVisitor``'s result (the imports to add are in ``context.scratch``, as
   LibCST keeps them), placed after the run of imports :func:`insertion_start` picks
-  rather than always after the module's leading run.
+  rather than always after the module's leading run (``anchored=False``: where the visitor
+  itself places them, after the leading run).
 
   LibCST's visitor copies and walks the whole module it is given, with a
   matcher transformer, to act on its first few statements; it is given those
@@ -340,7 +341,7 @@ def add_imports(context: CodemodContext, tree: cst.Module) -> cst.Module:
   statements before that run already make are not added again.
   """
   body = list(tree.body)
-  start = insertion_start(body)
+  start = insertion_start(body) if anchored else 0
   if start:
     key = AddImportsVisitor.CONTEXT_KEY
     context.scratch[key] = [i for i in context.scratch.get(key, [])

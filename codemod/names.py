@@ -11,12 +11,17 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 import libcst as cst
-from libcst.metadata import PositionProvider, QualifiedNameProvider, ScopeProvider
+from libcst.metadata import PositionProvider, ScopeProvider
 from libcst.metadata.base_provider import LazyValue
 
 from codemod import legacy_api as api
 
-METADATA = (QualifiedNameProvider, ScopeProvider, PositionProvider)
+#: The metadata the analysis resolves. Qualified names are asked of a node's scope when a
+#: rule asks (what LibCST's ``QualifiedNameProvider`` does lazily for every node, after a
+#: traversal of its own that cost 8% of a real-tree run). Positions are resolved for the
+#: whole (reduced) module: nearly all of its statements hold a finding (the OM2xx pass,
+#: over whole modules, resolves them per statement: ``codemod.positions``).
+METADATA = (ScopeProvider, PositionProvider)
 _EMPTY = cst.Module(body=[])
 
 
@@ -38,17 +43,22 @@ class Names:
   """What a module's names refer to (``facts``: the module's :class:`codemod.facts.Facts`)."""
 
   def __init__(self, metadata, facts):
-    self._qnames = metadata[QualifiedNameProvider]
+    self._qnames: dict = {}  # node -> its qualified names, once asked
     self._scopes = metadata[ScopeProvider]
     self._positions = metadata[PositionProvider]
     self.facts = facts
 
   # -- LibCST metadata ------------------------------------------------------------------
   def qnames(self, node) -> set[str]:
-    found = self._qnames.get(node, ())
-    if isinstance(found, LazyValue):
-      found = found()
-    return {q.name for q in found}
+    """The qualified names of ``node`` (a node of the analysed module), as
+    ``QualifiedNameProvider`` gives them: its scope's ``get_qualified_names_for``; empty
+    for a node without a scope (one built by a rule)."""
+    found = self._qnames.get(node)
+    if found is None:
+      scope = self.scope(node)
+      found = {q.name for q in scope.get_qualified_names_for(node)} if scope else set()
+      self._qnames[node] = found
+    return set(found)
 
   def scope(self, node):
     found = self._scopes.get(node)

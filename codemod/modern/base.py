@@ -8,6 +8,7 @@ there (scheduling its import), and values followed in straight-line code (see
 """
 from __future__ import annotations
 
+import builtins
 from typing import Optional
 
 import libcst as cst
@@ -15,6 +16,7 @@ from libcst.codemod import CodemodContext
 from libcst.metadata import ImportAssignment, PositionProvider, ScopeProvider
 
 from codemod.modern import table
+from codemod.positions import StatementPositions
 from codemod.rules import RULES, TODO_PREFIX, Options
 from codemod.findings import Finding, one_line
 from codemod.modern.helpers import _dotted, _names, _scope_chain_imports, _with_todos
@@ -40,6 +42,7 @@ _FROM_MOVES = {**{q: a.new for q, a in _RENAMES.items()},
 #: modules added when nothing in scope names them: module -> (import module, asname, local name)
 _ADDABLE = {'jax': ('jax', None, 'jax'), 'jax.numpy': ('jax.numpy', 'jnp', 'jnp'),
             'numpy': ('numpy', 'np', 'np'), 'flax': ('flax', None, 'flax')}
+_BUILTINS = frozenset(dir(builtins))
 _ARRAY_CTORS = frozenset({'jax.numpy.array', 'jax.numpy.asarray'})
 _NUMPY_WRAPS = frozenset({'numpy.asarray', 'numpy.array', 'numpy.ascontiguousarray',
                           'jax.device_get'})
@@ -50,15 +53,16 @@ class _Base(cst.CSTTransformer):
 
   # Only scopes are resolved for every file the pass parses; qualified names are asked of a
   # node's scope when a fix asks (what QualifiedNameProvider does for every node), and
-  # positions are resolved on the first finding or value followed: on the ecosystem tree the
-  # two providers were a third of the pass, mostly over files with nothing to fix.
+  # positions per top-level statement, when a finding or a value followed asks
+  # (codemod.positions): on the ecosystem tree the two providers were a third of the pass.
   METADATA_DEPENDENCIES = (ScopeProvider,)
 
   def __init__(self, context: CodemodContext, facts: _Facts, options: Options,
                module: cst.Module, wrapper: Optional[cst.MetadataWrapper] = None):
     super().__init__()
     self._wrapper = wrapper
-    self._positions = None
+    self._positions = StatementPositions(module)  # per top-level statement, when asked
+    self._top: Optional[int] = None  # index of the top-level statement being visited
     self._qnames: dict[int, set[str]] = {}  # id(original node) -> its qualified names
     self._layer_values: Optional[bool] = None  # see _Linen._layers_assigned
     self.context, self.facts, self.opts = context, facts, options
@@ -75,6 +79,8 @@ class _Base(cst.CSTTransformer):
   # -- bookkeeping -----------------------------------------------------------------------
   def on_visit(self, node):
     if isinstance(node, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+      if not self._pending:
+        self._top = self._positions.index(node)
       self._pending.append([])
     return super().on_visit(node)
 
@@ -117,20 +123,30 @@ class _Base(cst.CSTTransformer):
 
   def get_metadata(self, key, node, default=None):
     if key is PositionProvider:
-      if self._positions is None:
-        self._positions = self._wrapper.resolve(PositionProvider) if self._wrapper else {}
-      return self._positions.get(node, default)
+      return self._positions.get(node, default, self._top)
     return super().get_metadata(key, node, default)
 
   def qnames(self, node) -> set[str]:
     """The qualified names ``node`` (an original node) has, as ``QualifiedNameProvider``
     gives them (its scope's ``get_qualified_names_for``)."""
     found = self._qnames.get(id(node))
+    if found is None and not self._may_be_imported(node):
+      found = self._qnames[id(node)] = set()
     if found is None:
       scope = self.get_metadata(ScopeProvider, node, None)
       found = {q.name for q in scope.get_qualified_names_for(node)} if scope else set()
       self._qnames[id(node)] = found
     return found
+
+  def _may_be_imported(self, node) -> bool:
+    """False for a name, or an attribute chain on a name, that no import binds and no
+    builtin has: its qualified names are the module's own (``x``, ``f.<locals>.x``), never
+    one of the tables' (a cheap test that spares the scope lookup of most names)."""
+    while isinstance(node, cst.Attribute):
+      node = node.value
+    if not isinstance(node, cst.Name):
+      return True
+    return node.value in self.facts.import_roots or node.value in _BUILTINS
 
   def qname_in(self, node, names) -> Optional[str]:
     found = sorted(q for q in self.qnames(node) if q in names)

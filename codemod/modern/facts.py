@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
-from libcst.metadata import ScopeProvider
+from libcst.metadata import ImportAssignment, ScopeProvider
 
 from codemod.modern.helpers import _dotted_name
 
@@ -25,6 +25,10 @@ class _Facts(cst.CSTVisitor):
     self.self_attrs: dict[tuple[int, str], list[cst.BaseExpression]] = {}
     self.functions: dict[int, cst.FunctionDef] = {}  # id(def's Name) -> the def
     self.bound: set[str] = set()
+    #: first words of the names imports bind, in any scope (``jnp``, ``jax`` for ``import
+    #: jax.numpy``): only a name or attribute chain rooted at one (or at a builtin) can have
+    #: a qualified name the table knows
+    self.import_roots: set[str] = set()
     self.imports_flax = self.imports_jax = False
     self.plain_jax_import = False  # `import jax` at module level
     self._classes: list[cst.ClassDef] = []
@@ -97,6 +101,8 @@ class _Facts(cst.CSTVisitor):
     scopes = {s for s in self.metadata[ScopeProvider].values() if s is not None}
     for scope in scopes:
       self.bound.update(a.name for a in scope.assignments)
+      self.import_roots.update(a.name.split('.')[0] for a in scope.assignments
+                               if isinstance(a, ImportAssignment))
 
   def visit_ClassDef(self, node):
     self._classes.append(node)

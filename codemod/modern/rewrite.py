@@ -28,6 +28,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
+from codemod import import_scope
 from codemod.rules import Options
 from codemod.findings import Finding
 from codemod.modern.base import _DROP, _FROZEN, _GROUPS, _PIL, _SCATTER, _STATIC, _Base
@@ -71,10 +72,14 @@ def rewrite_source(source: str, options: Options | None = None) -> tuple[str, li
       AddImportsVisitor.add_needed_import(context, mod, obj, asname)
     for mod, obj, asname in rewriter.removes:
       RemoveImportsVisitor.remove_unused_import(context, mod, obj, asname)
+    # LibCST's visitors, given only the statements they can act on (codemod.import_scope)
     if rewriter.adds:
-      new = AddImportsVisitor(context).transform_module(new)
+      new = import_scope.add_imports(context, new, anchored=False)
     if rewriter.removes:
-      new = RemoveImportsVisitor(context).transform_module(new)
+      removals = context.scratch.pop(RemoveImportsVisitor.CONTEXT_KEY, [])
+      n_head = next((i for i, st in enumerate(new.body)
+                     if isinstance(st, cst.BaseCompoundStatement)), len(new.body))
+      new = import_scope.remove_unused_imports(context, new, n_head, removals)
   return new.code, rewriter.findings
 
 
