@@ -827,6 +827,9 @@ def test_a_def_factory_of_a_package_migrated_upstream_converts_its_users(legacy_
   rows = json.loads((tmp_path / 'r.json').read_text())
   create = [r for r in rows if r['rule'] == 'OM001']
   assert len(create) == 1 and 'create_optimizer of dopamine-rl >= 4.0.0' in create[0]['message']
+  # a second run changes nothing (it read `tx=optimizer_def` as a def handed on, OM114)
+  again = _cli('rewrite', '--check', 'new', cwd=tmp_path)
+  assert again.returncode == 0 and (new / 'train.py').read_text() == text, again.stderr
   assert 'optax.rmsprop with eps inside the square root' in create[0]['message']
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
   for python, script, site, out in (

@@ -53,6 +53,7 @@ class Analyzer(cst.CSTVisitor):
     self._state_step: set[int] = set()
     self._inner: set[int] = set()
     self._group_args: set[int] = set()
+    self._tx_args: set[int] = set()  # `tx=` arguments of `.create(...)` calls (TrainState's)
     self._function_stack: list[str] = []
     self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
@@ -600,7 +601,7 @@ class Analyzer(cst.CSTVisitor):
       self.f.dynamic_imports[id(node)] = failure
 
   def visit_Arg(self, node: cst.Arg) -> None:
-    if self.n.is_def(node.value) and id(node) not in self._group_args:
+    if self.n.is_def(node.value) and id(node) not in self._group_args | self._tx_args:
       self.f.escaping[id(node.value)] = node.value
 
   def visit_Call(self, node: cst.Call) -> None:
@@ -620,6 +621,14 @@ class Analyzer(cst.CSTVisitor):
       self.consumed_defs.add(id(node.func.value))
       if isinstance(node.func.value, cst.Name):
         self.create_receivers.add(id(node.func.value))
+      for arg in node.args:
+        if arg.keyword is not None and arg.keyword.value == 'tx':
+          # `TrainState.create(..., tx=opt_def)`: what this codemod writes for `opt_def.create(p)`
+          # (a second run over its output; a def factory that returns Optax today)
+          self.consumed_defs.add(id(arg.value))
+          self._tx_args.add(id(arg))
+          if isinstance(arg.value, cst.Name):
+            self.create_receivers.add(id(arg.value))
     if (factory := n.factory_of_call(node)) is not None:
       f.flow_used[factory.qualified] = factory
     elif (factory := n.factory_of_call(node, bundle=True)) is not None and factory.converted:
