@@ -804,6 +804,39 @@ def test_an_optimizer_on_a_bare_array_converts_to_an_array_train_state(legacy_py
   assert old['losses'][14] < 0.8 * old['losses'][0]  # it trained
 
 
+TEMPERATURE = (pathlib.Path(__file__).parent / 'fixtures' / 'programs' /
+               'legacy_sac_temperature_factory.py')
+
+
+def test_a_factory_every_call_of_which_gives_a_bare_array_makes_an_array_train_state(
+    legacy_python, tmp_path):
+  """brax's and jax-rl's shape: `make_temperature_optimizer(log_alpha)` `.create`s its
+  parameter, and every call of it in the module passes `jnp.zeros(1)`. That create gives an
+  `optim_compat.ArrayTrainState` (before: a plain TrainState, no TODO, and a TypeError at the
+  first `apply_gradients`); the critic's factory, given a dict, keeps Flax's TrainState. Same
+  numbers as real flax.optim 0.5.3 (old stack)."""
+  new = tmp_path / 'new'
+  new.mkdir()
+  shutil.copy(TEMPERATURE, new / 'train.py')
+  proc = _cli('rewrite', '--write', 'new', cwd=tmp_path)
+  assert proc.returncode == 1 and '0 flagged' in proc.stderr, proc.stderr
+  text = (new / 'train.py').read_text()
+  assert 'return optim_compat.ArrayTrainState.create(apply_fn=None, params=log_alpha, ' in text
+  assert 'return train_state.TrainState.create(apply_fn=None, params=params, ' in text
+  original = tmp_path / 'original'
+  original.mkdir()
+  shutil.copy(TEMPERATURE, original / 'train.py')
+  old, _ = _run_on_both_stacks(legacy_python, original, new, tmp_path)
+  assert old['log_alpha'].shape == (1,) and old['log_alpha'][0] != 0  # the temperature trained
+  assert old['losses'][-1] < 0.8 * old['losses'][0]  # the critic trained
+  # called once with something else as well: its value is not known, Flax's TrainState
+  (new / 'train.py').write_text(TEMPERATURE.read_text().replace(
+      '  losses, alpha_losses = [], []\n',
+      '  spare = make_temperature_optimizer(params)\n  losses, alpha_losses = [], []\n'))
+  _cli('rewrite', '--write', 'new', cwd=tmp_path)
+  assert 'ArrayTrainState' not in (new / 'train.py').read_text()
+
+
 UPSTREAM = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'upstream_def_factory'
 
 

@@ -148,12 +148,52 @@ def array_create(q, call: cst.Call) -> bool:
   ``TrainState.apply_gradients`` is a TypeError on a bare array (Flax >= 0.8)."""
   def bare(c) -> bool:
     target = call_argument(c, 0, 'target')
-    return target is not None and is_bare_array(q.n, target)
+    return target is not None and (is_bare_array(q.n, target)
+                                   or _parameter_given_bare_arrays(q, target))
   if bare(call):
     return True
   keys = q.f.create_keys.get(id(call))
   return bool(keys) and any(keys & q.f.create_keys.get(id(c), frozenset())
                             for c in q.f.create_calls if c is not call and bare(c))
+
+
+def _parameter_given_bare_arrays(q, name) -> bool:
+  """``name`` is a parameter of a function of this module (not a method) that every call of
+  it here gives a bare array (``def make_alpha_opt(log_alpha): return Adam(...).create(
+  log_alpha)`` called with ``jnp.zeros(1)``); False when the function is called nowhere
+  here, or once with anything else (its value is then unknown: a plain ``TrainState``)."""
+  if not isinstance(name, cst.Name):
+    return False
+  scope = q.n.scope(name)
+  assignments = list(scope[name.value]) if scope is not None else []
+  if len(assignments) != 1 or not isinstance(getattr(assignments[0], 'node', None), cst.Param):
+    return False
+  function = getattr(assignments[0].scope, 'node', None)
+  if not isinstance(function, cst.FunctionDef):
+    return False
+  params = list(function.params.params)
+  param = assignments[0].node
+  if param not in params and param not in function.params.kwonly_params:
+    return False
+  position = params.index(param) if param in params else None
+  fname, calls = function.name.value, []
+  for call in q.f.calls_by_func.values():
+    if not (isinstance(call.func, cst.Name) and call.func.value == fname):
+      continue
+    bound = q.n.scope(call.func)
+    defs = list(bound[fname]) if bound is not None else []
+    if len(defs) != 1 or getattr(defs[0], 'node', None) is not function:
+      continue
+    if any(a.star for a in call.args):
+      return False
+    calls.append(call)
+  if not calls:
+    return False
+  for call in calls:
+    given = call_argument(call, position, param.name.value)
+    if given is None or not is_bare_array(q.n, given):
+      return False
+  return True
 
 
 def hp_value(q, recv, name, via_opt) -> tuple[Optional[str], Optional[Problem]]:
