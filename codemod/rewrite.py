@@ -13,6 +13,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor
 
+from codemod.visiting import NoAttributeHooks
 from codemod.facts.setaside import restore
 from codemod.failures import failure
 from codemod.findings import stale_todo
@@ -32,7 +33,7 @@ class Context:
     AddImportsVisitor.add_needed_import(self.context, module, obj, asname)
 
 
-class _Apply(cst.CSTTransformer):
+class _Apply(NoAttributeHooks, cst.CSTTransformer):
   def __init__(self, plan, ctx: Context):
     super().__init__()
     self.plan, self.ctx = plan, ctx

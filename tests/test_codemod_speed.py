@@ -648,3 +648,20 @@ def test_a_notebooks_words_are_its_code_cells(tmp_path):
   py = tmp_path / 'm.py'
   py.write_bytes(b'# \xe9\nfrom flax import optim\n')
   assert SourceFile(py).words() == '# \xe9\nfrom flax import optim\n'
+
+
+def test_no_visitor_defines_the_attribute_hooks_it_skips():
+  """codemod.visiting.NoAttributeHooks skips LibCST's `visit_<Node>_<attribute>` lookups: no
+  visitor using it may define one (it would never be called)."""
+  import re
+  from codemod.facts.analyzer import Analyzer
+  from codemod.modern.facts import _Facts
+  from codemod.modern.rewrite import _Rewriter
+  from codemod.plan.sites import SitePlanner
+  from codemod.rewrite import _Apply
+  from codemod.visiting import NoAttributeHooks
+  hook = re.compile(r'^(visit|leave)_[A-Z][A-Za-z]*_[a-z_]+$')
+  for cls in (Analyzer, _Facts, _Rewriter, SitePlanner, _Apply):
+    assert issubclass(cls, NoAttributeHooks)
+    ours = [k for k in cls.__mro__ if k.__module__.startswith('codemod.')]
+    assert not [name for k in ours for name in vars(k) if hook.match(name)], cls

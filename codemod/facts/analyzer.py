@@ -13,6 +13,7 @@ from typing import Optional
 import libcst as cst
 import libcst.matchers as m
 
+from codemod.visiting import NoAttributeHooks
 from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
@@ -36,7 +37,7 @@ _DEF_CALL_LOOKING = api.OPTIM_WORD
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
 
 
-class Analyzer(cst.CSTVisitor):
+class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   """Collect def variables, optimizer variables, legacy references and their contexts."""
 
   def __init__(self, names: Names):

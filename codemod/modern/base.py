@@ -15,6 +15,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.metadata import ImportAssignment, PositionProvider, ScopeProvider
 
+from codemod.visiting import NoAttributeHooks
 from codemod.modern import table
 from codemod.positions import StatementPositions
 from codemod.rules import RULES, TODO_PREFIX, Options
@@ -48,7 +49,7 @@ _NUMPY_WRAPS = frozenset({'numpy.asarray', 'numpy.array', 'numpy.ascontiguousarr
                           'jax.device_get'})
 
 
-class _Base(cst.CSTTransformer):
+class _Base(NoAttributeHooks, cst.CSTTransformer):
   """The transformer's shared machinery (the fix families are mixins over it)."""
 
   # Only scopes are resolved for every file the pass parses; qualified names are asked of a

@@ -6,10 +6,11 @@ from typing import Optional
 import libcst as cst
 from libcst.metadata import ImportAssignment, ScopeProvider
 
+from codemod.visiting import NoAttributeHooks
 from codemod.modern.helpers import _dotted_name
 
 
-class _Facts(cst.CSTVisitor):
+class _Facts(NoAttributeHooks, cst.CSTVisitor):
   """Assignments (target -> value), ``self.x = ...`` per class, local functions, the
   module's imports, the names bound anywhere, and the little structure the rewrite asks
   about (statements and their blocks, assignment targets, annotations) in place of LibCST's

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import libcst as cst
 
+from codemod.visiting import NoAttributeHooks
 from codemod.failures import failure
 from codemod.findings import TODO_PREFIX, Finding, one_line, render, stale_todo, todo_text
 from codemod.rules import (references, apply_gradient, attributes, crossmodule, defs, imports,
@@ -68,7 +69,7 @@ CALL_CHAIN = (
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
 
 
-class SitePlanner(cst.CSTVisitor):
+class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
   """Walks the analysed module once, recording fixes, flags and the TODO lines of each
   statement in ``plan``."""
 
