@@ -245,6 +245,15 @@ class Flow:
     found = self._find(self.factories, qname)
     return found if isinstance(found, Fields) else None
 
+  def documented_fields(self, dotted: str) -> Optional[Fields]:
+    """The one class with optimizer fields that a type named in a docstring
+    (``model_utils.TrainState``: not imported by the file, so by its trailing names) can
+    be: the :class:`Fields` whose qualified name is ``dotted`` or ends in ``.<dotted>``;
+    None when none or several are."""
+    found = [f for f in self.factories.values() if isinstance(f, Fields)
+             and (f.qualified == dotted or f.qualified.endswith(f'.{dotted}'))]
+    return found[0] if len(found) == 1 else None
+
   def fields_of_module(self, qname: str) -> list[Fields]:
     """The classes with optimizer fields (:class:`Fields`) the module ``qname`` (absolute,
     or relative to this file's package) declares."""

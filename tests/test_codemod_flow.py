@@ -658,6 +658,31 @@ def test_a_field_read_where_nothing_says_whose_is_flagged_with_its_class(tmp_pat
   assert 'state.optimizer.target' in after  # not converted: nothing proves it
 
 
+@pytest.mark.parametrize('documented', ['model_utils.TrainState.', 'TrainState', 'other.TrainState.'])
+def test_a_field_read_whose_parameter_docstring_names_the_class_is_converted(tmp_path, documented):
+  """Found in nerfies (evaluation.py): `render_image(state, ...)` never imports model_utils
+  but documents `state: model_utils.TrainState.` and reads `state.optimizer.target`. It
+  was flagged (OM122) though its docstring names the class the run converts; now the
+  docstring is taken as the parameter's type, as an import of the module is. A type the
+  tree has no class for (`other.TrainState`) proves nothing: still flagged."""
+  tree = _container_tree(tmp_path, 'evaluation')
+  (tree / 'evaluation.py').write_text(
+      'import jax\n\n\ndef weights(state):\n  """Weights.\n\n  Args:\n'
+      f'    state: {documented}\n  """\n  return jax.device_get(state.optimizer.target)\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  after = (tree / 'evaluation.py').read_text()
+  if documented.startswith('other'):
+    assert 'evaluation.py:10:25: OM122 [manual]' in proc.stderr, proc.stderr
+    assert 'state.optimizer.target' in after
+    return
+  assert 'return jax.device_get(state.optimizer.params)\n' in after, after
+  assert 'evaluation.py' not in proc.stderr, proc.stderr
+  run = _run_tree(tree, 'import jax.numpy as jnp, train, evaluation\n'
+                        "print(evaluation.weights(train.make({'w': jnp.ones(2)}))['w'].tolist())")
+  assert run.returncode == 0 and run.stdout.strip() == '[1.0, 1.0]', run.stderr[-2000:]
+
+
 def test_a_helper_reading_the_field_of_a_container_from_a_module_nobody_imports(tmp_path):
   """Found by a new user: train.py (imported by nobody) declares the container and hands it
   to helper.py, which only reads `state.optimizer.target`. The pre-pass never read

@@ -14,6 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod.visiting import NoAttributeHooks
+from codemod import docstrings
 from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
@@ -256,6 +257,18 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
         self.f.top_functions.append(node)
     if node.name.value == 'apply_gradient':
       self.f.defines_apply_gradient = True
+    if self._field_classes:
+      self._documented_field_classes(node)
+
+  def _documented_field_classes(self, node: cst.FunctionDef) -> None:
+    """A parameter documented as another module's class with optimizer fields
+    (``state: model_utils.TrainState.`` in the docstring's ``Args:``, the file never
+    importing that module): ``<anything>.<field>`` holds that class's optimizer here, as
+    where the module is imported (:meth:`_imported_field_classes`)."""
+    for dotted in docstrings.parameter_types(node).values():
+      if dotted.rsplit('.', 1)[-1] in self._field_classes and (
+          found := self.f.flow.documented_fields(dotted)) is not None:
+        self._register_fields(found)
 
   def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
     self._function_stack.pop()

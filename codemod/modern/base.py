@@ -15,6 +15,7 @@ import libcst as cst
 from libcst.codemod import CodemodContext
 from libcst.metadata import ImportAssignment, PositionProvider, ScopeProvider
 
+from codemod import docstrings
 from codemod.visiting import NoAttributeHooks
 from codemod.modern import table
 from codemod.positions import StatementPositions
@@ -201,6 +202,42 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
         == {qname} for a in assignments)
 
   # -- values in straight-line code ------------------------------------------------------
+  def documented_param(self, name: cst.Name, last_names) -> Optional[str]:
+    """The type the docstring of ``name``'s function documents for it (a dotted name ending
+    in one of ``last_names``: ``frozen_dict.FrozenDict``), where ``name`` is that function's
+    parameter and nothing else assigned to it reaches the use (``p = p.unfreeze()`` reads
+    the parameter); else None (:mod:`codemod.docstrings`)."""
+    scope = self.get_metadata(ScopeProvider, name, None)
+    fn = getattr(scope, 'node', None)
+    if not isinstance(fn, cst.FunctionDef):
+      return None
+    pos = self.get_metadata(PositionProvider, name, None)
+    use_stmt = self._statement_of(name)
+    if pos is None or use_stmt is None:
+      return None
+    here = (pos.start.line, pos.start.column)
+    param, later = None, []
+    for a in scope[name.value]:
+      target = getattr(a, 'node', None)
+      if a.scope is not scope:
+        return None
+      if isinstance(target, cst.Param):
+        param = target
+        continue
+      entry = self.facts.values.get(id(target))
+      tpos = self.get_metadata(PositionProvider, target, None)
+      if entry is None or tpos is None:
+        return None  # a loop target, an import, a def ...: not followed
+      if entry[2] is not use_stmt and (tpos.start.line, tpos.start.column) < here:
+        return None  # assigned before the use
+      later.append(entry[2])
+    if param is None:
+      return None
+    loops = self._loops(use_stmt)
+    if any(loop in self._loops(stmt) for stmt in later for loop in loops):
+      return None
+    return docstrings.documents(fn, name.value, last_names)
+
   def value_of(self, name: cst.Name):
     """``(value, index)`` of the assignment that reaches ``name`` in straight-line code, or
     None (see the module docstring): the nearest earlier assignment in the name's scope (a

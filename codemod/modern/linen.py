@@ -8,7 +8,7 @@ from libcst.metadata import ImportAssignment, ScopeProvider
 
 from codemod.modern.base import _CELLS, _DROPOUT, _FLAGS, _FROZEN, _MHA
 from codemod.modern.helpers import _EQ, _code, _dotted, _names, _returns, _unsafe_why
-from codemod.modern.table import FLAX_TREE_CALLS
+from codemod.modern.table import FLAX_TREE_CALLS, FROZEN_DICT_TYPES
 
 
 class _Linen:
@@ -136,7 +136,8 @@ class _Linen:
     of it popped off: ``model.init(...)``, ``init_with_output(...)[1]`` (as the second target),
     a call of a local def or ``jax.jit(m.init)`` that returns one, or a name whose reaching
     value is one of those; or a dict or FrozenDict a Flax function returns
-    (:data:`codemod.modern.table.FLAX_TREE_CALLS`: ``checkpoints.convert_pre_linen(p)``)."""
+    (:data:`codemod.modern.table.FLAX_TREE_CALLS`: ``checkpoints.convert_pre_linen(p)``);
+    or a parameter its function's docstring documents as a ``FrozenDict``."""
     if depth > 8 or not self.facts.imports_flax:
       return False
     if isinstance(expr, cst.Call):
@@ -153,7 +154,8 @@ class _Linen:
     if isinstance(expr, cst.Name):
       found = self.value_of(expr)
       if found is None:
-        return False
+        # a parameter its docstring documents as a FrozenDict (`p (frozen_dict.FrozenDict):`)
+        return self.documented_param(expr, FROZEN_DICT_TYPES) is not None
       value, index = found
       if index is None:
         return self.from_init(value, depth + 1)

@@ -71,7 +71,8 @@ RULES = (
     ('OM206', 'safe', '`jax.ops.index_update(x, jax.ops.index[i], y)` (and `index_add` / `_mul` / '
                       '`_min` / `_max`) -> `x.at[i].set(y)` (`add`, `multiply`, `min`, `max`)'),
     ('OM207', 'safe', '`v.pop(k)` / `v.unfreeze()` on what a Flax `init` returns (a dict since '
-                      'flax 0.7.1) -> `flax.core.pop(v, k)` / `flax.core.unfreeze(v)`; '
+                      'flax 0.7.1), or on a parameter its docstring documents as a `FrozenDict` '
+                      '-> `flax.core.pop(v, k)` / `flax.core.unfreeze(v)`; '
                       '`v.copy({...})` (a FrozenDict-only call: `dict.copy` takes no argument) -> '
                       '`flax.core.copy(v, {...})`'),
     ('OM208', 'unsafe', '`a, b = v.pop(k)` / `v.unfreeze()` on a value not proven to come from '
@@ -244,6 +245,11 @@ FLAX_TREE_CALLS = frozenset({
     'flax.training.checkpoints.convert_pre_linen', 'flax.core.freeze', 'flax.core.unfreeze',
     'flax.core.frozen_dict.freeze', 'flax.core.frozen_dict.unfreeze', 'flax.core.FrozenDict',
     'flax.core.frozen_dict.FrozenDict', 'flax.core.copy', 'flax.core.frozen_dict.copy'})
+
+#: The last name of a type a parameter's docstring gives (``p (frozen_dict.FrozenDict): ...``)
+#: that proves ``p.unfreeze()`` / ``p.pop(k)`` act on a FrozenDict (or, since flax 0.7.1, the
+#: dict ``init`` returns in its place): OM207 rather than OM208.
+FROZEN_DICT_TYPES = frozenset({'FrozenDict'})
 
 INDEX_HELPERS = frozenset({'jax.ops.index', 'jax.numpy.index_exp', 'numpy.index_exp'})
 #: Calls whose value is a jax array (for OM206 / OM223: ``x.at`` needs one).

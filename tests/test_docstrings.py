@@ -1,0 +1,37 @@
+"""codemod.docstrings: the parameter types a docstring documents (evidence for OM207 and the
+cross-module field flow)."""
+import libcst as cst
+import pytest
+
+from codemod import docstrings
+
+
+def _types(source: str) -> dict:
+  fn = cst.parse_module(source).body[0]
+  return docstrings.parameter_types(fn)
+
+
+@pytest.mark.parametrize('doc, expected', [
+    ('Args:\n    p (frozen_dict.FrozenDict): the tree.', {'p': 'frozen_dict.FrozenDict'}),
+    ('Args:\n    p (FrozenDict, optional): the tree.', {'p': 'FrozenDict'}),
+    ('Args:\n    p: model_utils.TrainState.', {'p': 'model_utils.TrainState'}),
+    ('Args:\n    p: dict, test example.', {'p': 'dict'}),
+    ('Args:\n    p: the parameters of the model.', {}),        # a description, no type
+    ('Args:\n    p (Optional[FrozenDict]): the tree.', {}),     # not a plain dotted name
+    ('Args:\n    p (dict or FrozenDict): the tree.', {}),
+    ('Args:\n    q (FrozenDict): not a parameter of f.', {}),
+    ('Parameters\n    ----------\n    p : flax.core.FrozenDict\n        the tree', {'p': 'flax.core.FrozenDict'}),
+    (':param p: the tree\n    :type p: FrozenDict', {'p': 'FrozenDict'}),
+    ('No sections at all.', {}),
+])
+def test_parameter_types(doc, expected):
+  assert _types(f'def f(p, k=1):\n  """{doc}\n  """\n  return p\n') == expected
+
+
+def test_no_docstring_and_documents():
+  fn = cst.parse_module('def f(p):\n  return p\n').body[0]
+  assert docstrings.parameter_types(fn) == {}
+  fn = cst.parse_module('def f(p):\n  """Args:\n    p (core.FrozenDict): t."""\n').body[0]
+  assert docstrings.documents(fn, 'p', {'FrozenDict'}) == 'core.FrozenDict'
+  assert docstrings.documents(fn, 'p', {'TrainState'}) is None
+  assert docstrings.documents(None, 'p', {'FrozenDict'}) is None
