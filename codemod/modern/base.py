@@ -202,6 +202,20 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
         == {qname} for a in assignments)
 
   # -- values in straight-line code ------------------------------------------------------
+  def _use_site(self, name: cst.Name):
+    """``((line, column), statement)`` of a use of ``name``, or None where unknown."""
+    pos = self.get_metadata(PositionProvider, name, None)
+    use_stmt = self._statement_of(name)
+    if pos is None or use_stmt is None:
+      return None
+    return (pos.start.line, pos.start.column), use_stmt
+
+  def _reassigned_in_loop(self, use_stmt, later: list) -> bool:
+    """One of the assignments ``later`` than a use (their statements) is in a loop around
+    the use: it reaches the use the next time round."""
+    loops = self._loops(use_stmt)
+    return any(loop in self._loops(stmt) for stmt in later for loop in loops)
+
   def documented_param(self, name: cst.Name, last_names) -> Optional[str]:
     """The type the docstring of ``name``'s function documents for it (a dotted name ending
     in one of ``last_names``: ``frozen_dict.FrozenDict``), where ``name`` is that function's
@@ -211,11 +225,10 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
     fn = getattr(scope, 'node', None)
     if not isinstance(fn, cst.FunctionDef):
       return None
-    pos = self.get_metadata(PositionProvider, name, None)
-    use_stmt = self._statement_of(name)
-    if pos is None or use_stmt is None:
+    site = self._use_site(name)
+    if site is None:
       return None
-    here = (pos.start.line, pos.start.column)
+    here, use_stmt = site
     param, later = None, []
     for a in scope[name.value]:
       target = getattr(a, 'node', None)
@@ -233,8 +246,7 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
       later.append(entry[2])
     if param is None:
       return None
-    loops = self._loops(use_stmt)
-    if any(loop in self._loops(stmt) for stmt in later for loop in loops):
+    if self._reassigned_in_loop(use_stmt, later):
       return None
     return docstrings.documents(fn, name.value, last_names)
 
@@ -249,11 +261,10 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
     home = scope
     while type(home).__name__ == 'ComprehensionScope':
       home = home.parent
-    pos = self.get_metadata(PositionProvider, name, None)
-    use_stmt = self._statement_of(name)
-    if pos is None or use_stmt is None:
+    site = self._use_site(name)
+    if site is None:
       return None
-    here = (pos.start.line, pos.start.column)
+    here, use_stmt = site
     best, later = None, []
     for a in scope[name.value]:
       if a.scope is not home:
@@ -274,8 +285,7 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
         best = (at, value, index, stmt)
     if best is None or not self._encloses(best[3], use_stmt):
       return None
-    loops = self._loops(use_stmt)
-    if any(loop in self._loops(stmt) for stmt in later for loop in loops):
+    if self._reassigned_in_loop(use_stmt, later):
       return None
     return best[1], best[2]
 
