@@ -81,12 +81,15 @@ def default_directory(start: pathlib.Path, config: Optional[pathlib.Path] = None
 
 def flow_key(flow, text: str) -> str:
   """The part of a file's :class:`codemod.flow.Flow` its rewrite can use: its own module
-  name, whether the flow knows any function at all, and each factory and step function whose
-  function name ``text`` holds (a call or import of it must spell it)."""
+  name, whether the flow knows any function at all, each factory and step function whose
+  function name ``text`` holds (a call or import of it must spell it), and each class with
+  optimizer fields one of whose fields ``text`` reads (``.optimizer``: a reader that names
+  no class is flagged with the class its field is named like)."""
   if flow is None:
     return 'no flow'
   known = [*flow.factories.values(), *flow.steps.values()]
-  used = sorted(repr(f) for f in known if f.function in text)
+  used = sorted(repr(f) for f in known if f.function in text or any(
+      f'.{field}' in text for field in getattr(f, 'fields', ())))
   return repr((flow.module, flow.is_package, bool(known), used))
 
 

@@ -142,6 +142,29 @@ def test_a_changed_imported_factory_module_invalidates_its_importer(tmp_path, ca
   assert changed != converted
 
 
+def test_a_changed_container_module_invalidates_a_reader_that_names_no_class(tmp_path, capsys,
+                                                                           monkeypatch):
+  """helper.py names neither the container's class nor its module; it only reads
+  `state.optimizer.target` and is flagged with the class the field is named like (OM122:
+  "which this run makes a TrainState" / "which keeps its legacy optimizer code"). When the
+  container's module changes from converted to kept legacy, the reader's entry misses."""
+  container = ('import flax\nfrom flax import optim\n\n\n@flax.struct.dataclass\nclass State:\n'
+               '  optimizer: optim.Optimizer\n\n\ndef make(p):\n'
+               '  opt = optim.Momentum(0.1).create(p)\n  return State(optimizer={})\n')
+  (tmp_path / 'train.py').write_text(container.format('opt'))
+  (tmp_path / 'helper.py').write_text('def get_params(state):\n  return state.optimizer.target\n')
+  monkeypatch.chdir(tmp_path)
+  calls = _count_rewrites(monkeypatch)
+  first = _rewrite(capsys, '.')
+  assert 'which this run makes a TrainState' in first[2], first[2]
+  (tmp_path / 'train.py').write_text(container.format('opt.restore_state(opt.state_dict())'))
+  calls.clear()
+  second = _rewrite(capsys, '.')
+  assert sorted(calls) == ['helper.py', 'train.py']
+  assert second == _rewrite(capsys, '--no-cache', '.')
+  assert 'which this run makes a TrainState' not in second[2], second[2]
+
+
 def test_a_corrupt_or_foreign_entry_is_a_miss_not_an_error(tmp_path, capsys, monkeypatch):
   (tmp_path / 'train.py').write_text(USER.replace('from pkg.opt import create_optimizer',
                                                   'from flax import optim') .replace(
