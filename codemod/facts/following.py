@@ -30,7 +30,11 @@ def settle(analyzer) -> None:
                       if inner not in f.attr_chains)
   _follow_instances(analyzer)
   sites = None
-  if f.uses_legacy or f.flow_vars or f.container_vars:
+  # `return TrainState(step=0, optimizer=opt)` in a factory, no name assigned one: its
+  # callers' names still hold one (a user's `restore_checkpoint(workdir, state)` was left)
+  containers = bool(f.container_vars) or any(
+      analyzer.makes_container(v) for values in f.top_returns.values() for v in values)
+  if f.uses_legacy or f.flow_vars or containers:
     sites = [(fn, calls) for fn in f.functions
              if (calls := _call_sites(n, fn.name, _decorator_methods(n, fn)))]
     sites += [(call.args[0].value, calls) for assign, call in f.wrapped  # `W(lambda o, b: ...)`
@@ -41,7 +45,7 @@ def settle(analyzer) -> None:
     _follow_parameters(n, sites)
   if f.uses_legacy and f.create_calls:
     _follow_uncalled(n)
-  if f.container_vars:
+  if containers:
     _follow_containers(analyzer, sites)
   f.steps = _step_params(n)
 
@@ -96,6 +100,7 @@ def _follow_containers(analyzer, sites) -> None:
     if new:
       makers |= new
       changed = True
+      f.container_makers |= new
     for b, assigned in analyzer.assign_sites.items():
       if b not in f.container_vars and any(  # (as `state = TrainState(...)`: any assignment)
           isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in makers
