@@ -67,6 +67,12 @@ def cmd_convert_checkpoint(args) -> int:
     print(f'convert-checkpoint: {e}', file=sys.stderr)
     return EXIT_ERROR
   print(f'wrote {written} ({args.format})', file=sys.stderr)
+  if not args.learning_rate_injected:
+    # found by a new user: the codemod emits `optax.inject_hyperparams(...)` where a learning
+    # rate is passed at apply time; this layout does not restore into that state
+    print('convert-checkpoint: the layout written is for a plain Optax chain; if the migrated '
+          'code wraps it in optax.inject_hyperparams (a learning rate passed at apply time), '
+          'convert again with --learning-rate-injected', file=sys.stderr)
   return EXIT_OK
 
 

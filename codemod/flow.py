@@ -117,6 +117,28 @@ class Fields(_ModuleFunction):
 
 
 @dataclasses.dataclass(frozen=True)
+class ContainerFactory(_ModuleFunction):
+  """A module-level function of the tree every ``return`` of which builds a class with
+  optimizer fields (``return TrainState(step=0, optimizer=opt)``, Flax v0.3 imagenet's
+  ``create_train_state``): what a call gives holds optimizers in those fields (another
+  module's ``restore_checkpoint(workdir, state)`` restores a legacy checkpoint into one).
+  Kept in the factories table but never a factory (:meth:`Flow.resolve` skips it).
+
+  Attributes:
+    qualified: ``'pkg.train.create_train_state'``.
+    path: the defining file, as the run names it.
+    converted: its file's rewrite makes those optimizers TrainStates.
+    why: the first manual item of the defining file when not converted.
+  """
+  qualified: str
+  path: str
+  converted: bool
+  why: str = ''
+  bundle: bool = False      # (read beside factories: never a bundle)
+  inject_lr: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class DefFactory(_ModuleFunction):
   """A module-level function of the tree that returns a legacy optimizer *def*
   (``def get_optimizer(config): return optim.Adam(...)``): its callers ``.create`` the
@@ -228,7 +250,7 @@ class Flow:
   def resolve(self, qname: str) -> Optional[Factory]:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
     found = self._find(self.factories, qname)
-    return None if isinstance(found, (Fields, DefFactory, Layout)) else found
+    return None if isinstance(found, (Fields, ContainerFactory, DefFactory, Layout)) else found
 
   def layout(self, module_qname: str) -> Optional[Layout]:
     """The :class:`Layout` of the module ``module_qname`` names, if the run converts it."""
@@ -244,6 +266,11 @@ class Flow:
     """The class with optimizer fields ``qname`` names (:class:`Fields`), if any."""
     found = self._find(self.factories, qname)
     return found if isinstance(found, Fields) else None
+
+  def resolve_container_factory(self, qname: str) -> Optional[ContainerFactory]:
+    """The function ``qname`` names when it returns a class with optimizer fields."""
+    found = self._find(self.factories, qname)
+    return found if isinstance(found, ContainerFactory) else None
 
   def documented_fields(self, dotted: str) -> Optional[Fields]:
     """The one class with optimizer fields that a type named in a docstring
@@ -702,6 +729,10 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   classes += [Fields(f'{name}.{cls}', shown, tuple(fields), True)  # migrated before this run
               for cls, fields in migrated_field_classes(source.module, source.text).items()
               if cls not in summary.fields for name, _ in names]
+  classes += [ContainerFactory(f'{name}.{function}', shown, converted and changes,
+                               '' if converted and changes else why)
+              for function, converted in summary.container_factories.items()
+              for name, _ in names]
   def_factories = [DefFactory(f'{name}.{function}', shown, converted and changes,
                                '' if converted and changes else why, inject_lr=summary.inject_lr,
                                allowed=getattr(own.get(f'{name}.{function}'), 'allowed', False),

@@ -229,7 +229,8 @@ def load_params(spec: str):
   """The params pytree named by ``--params`` (see the module docstring).
 
   Raises:
-    BadInput: the file or attribute does not exist or cannot be read.
+    BadInput: the file or attribute does not exist or cannot be read, or importing the
+      module or calling the function named raised.
   """
   import jax
   import numpy as np
@@ -293,7 +294,14 @@ def load_params(spec: str):
       value = getattr(value, name)
   except (ImportError, AttributeError) as e:
     raise BadInput(f'--params {spec}: {e}') from None
-  return value() if callable(value) else value
+  except Exception as e:  # noqa: BLE001 - the user's module failed as it was imported
+    raise BadInput(f'--params {spec}: importing {module} raised {type(e).__name__}: {e}') from None
+  if not callable(value):
+    return value
+  try:
+    return value()
+  except Exception as e:  # noqa: BLE001 - the user's function failed: bad input, not a difference
+    raise BadInput(f'--params {spec}: calling it raised {type(e).__name__}: {e}') from None
 
 
 def parse_devices(text, what: str | None = None) -> list[int]:

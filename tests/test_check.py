@@ -182,6 +182,16 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
                                         'PARAMS = {"w": np.ones((3, 2), np.float32)}\n')
   assert cli.main(['check', '--legacy', 'GradientDescent(0.1)', '--tx', 'optax.sgd(0.1)',
                    '--params', 'my_model:PARAMS', '--mode', 'single', '--max-ulp', '0']) == 0
+  capsys.readouterr()
+  # found by a new user: a params function that raises was a traceback and exit 1 ("a difference")
+  (tmp_path / 'boom_model.py').write_text('def boom():\n  raise RuntimeError("kaboom")\n')
+  (tmp_path / 'broken_model.py').write_text('raise ValueError("broken at import")\n')
+  for spec, said in [('boom_model:boom', 'calling it raised RuntimeError: kaboom'),
+                     ('broken_model:PARAMS', 'importing broken_model raised ValueError')]:
+    assert cli.main(['check', '--legacy', 'GradientDescent(0.1)', '--tx', 'optax.sgd(0.1)',
+                     '--params', spec, '--mode', 'single']) == 2
+    err = capsys.readouterr().err
+    assert f'--params {spec}: {said}' in err and 'Traceback' not in err, err
 
 
 def test_default_gradients_expose_epsilon_mistakes_random_ones_hide(tmp_path, capsys):

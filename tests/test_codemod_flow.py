@@ -683,6 +683,94 @@ def test_a_field_read_whose_parameter_docstring_names_the_class_is_converted(tmp
   assert run.returncode == 0 and run.stdout.strip() == '[1.0, 1.0]', run.stderr[-2000:]
 
 
+_CONTAINER_FACTORY = '''import jax
+import jax.numpy as jnp
+from flax import optim, struct
+
+
+@struct.dataclass
+class TrainState:
+  step: int
+  optimizer: optim.Optimizer
+
+
+def create_train_state(params):
+  optimizer = optim.Adam(learning_rate=0.1).create(params)
+  return TrainState(step=0, optimizer=optimizer)
+
+
+def train_step(state):
+  grads = jax.grad(lambda p: jnp.sum(p['w'] ** 2))(state.optimizer.target)
+  return state.replace(step=state.step + 1, optimizer=state.optimizer.apply_gradient(grads))
+'''
+
+_CONTAINER_TRAIN = '''import sys
+
+import jax.numpy as jnp
+from flax.training import checkpoints
+
+import model_utils
+
+
+def main(workdir, steps):
+  state = model_utils.create_train_state({'w': jnp.arange(3.0)})
+  state = checkpoints.restore_checkpoint(workdir, state)
+  start = int(state.step)
+  for _ in range(steps):
+    state = model_utils.train_step(state)
+  checkpoints.save_checkpoint(workdir, state, int(state.step), keep=3)
+  return start, state
+
+
+if __name__ == '__main__':
+  start, state = main(sys.argv[1], 3)
+  print(start, int(state.step), repr(state.optimizer.{params}['w'].tolist()))
+'''
+
+
+def test_a_legacy_checkpoint_restored_into_what_another_modules_factory_returns(tmp_path):
+  """Found by a new user: `create_train_state` returns `TrainState(step=0, optimizer=opt)`
+  directly, and train.py (another module) restores a legacy checkpoint into what it
+  returns. restore_checkpoint was left unflagged: the run restored the outer step and
+  silently started from fresh params and moments. The factory is now known across modules:
+  the restore becomes `optim_compat.checkpoint.restore_legacy`, and the lifecycle (legacy
+  checkpoint, resume, save, resume again) gives the legacy program's numbers."""
+  legacy, new = tmp_path / 'legacy', tmp_path / 'new'
+  for tree in (legacy, new):
+    tree.mkdir()
+    (tree / 'model_utils.py').write_text(_CONTAINER_FACTORY)
+  (legacy / 'train.py').write_text(_CONTAINER_TRAIN.replace('{params}', 'target'))
+  (new / 'train.py').write_text(_CONTAINER_TRAIN.replace('{params}', 'target'))
+  proc = _cli('rewrite', '--write', 'new', cwd=tmp_path)
+  assert proc.returncode == 1 and ' 0 flagged' in proc.stderr, proc.stderr
+  train = (new / 'train.py').read_text()
+  assert 'state = optim_compat.checkpoint.restore_legacy(workdir, state)\n' in train, train
+  assert "state.optimizer.params['w']" in train, train
+  shim = ('import runpy, sys, optim_compat\noptim_compat.install()\n'
+          "sys.argv = ['train.py', sys.argv[1]]\nrunpy.run_path('train.py', run_name='__main__')\n")
+
+  def run(tree, ckpt, legacy_code):
+    code = shim if legacy_code else "import runpy\nrunpy.run_path('train.py', run_name='__main__')\n"
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(tree), str(ROOT)])}
+    done = subprocess.run([sys.executable, '-c', code, str(ckpt)], capture_output=True,
+                          text=True, cwd=tree, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split(' ', 2)
+
+  import numpy as np
+  legacy_ckpt, new_ckpt = tmp_path / 'ck_legacy', tmp_path / 'ck_new'
+  assert run(legacy, legacy_ckpt, True)[:2] == ['0', '3']  # the legacy program's checkpoint
+  shutil.copytree(legacy_ckpt, new_ckpt)
+  expected = run(legacy, legacy_ckpt, True)                  # it resumes: steps 3 -> 6
+  assert expected[:2] == ['3', '6']
+  got = run(new, new_ckpt, False)                            # the migrated one, from it
+  assert got[:2] == ['3', '6']
+  np.testing.assert_allclose(json.loads(got[2]), json.loads(expected[2]), rtol=1e-6)
+  again, expected_again = run(new, new_ckpt, False), run(legacy, legacy_ckpt, True)
+  assert again[:2] == ['6', '9'] == expected_again[:2]     # its own checkpoint, resumed
+  np.testing.assert_allclose(json.loads(again[2]), json.loads(expected_again[2]), rtol=1e-6)
+
+
 def test_a_helper_reading_the_field_of_a_container_from_a_module_nobody_imports(tmp_path):
   """Found by a new user: train.py (imported by nobody) declares the container and hands it
   to helper.py, which only reads `state.optimizer.target`. The pre-pass never read

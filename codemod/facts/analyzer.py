@@ -431,7 +431,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
 
   def makes_container(self, value) -> bool:
     """``value`` constructs a class with optimizer fields: this module's, or another module's
-    that the run converts (``codemod.flow.Fields``)."""
+    that the run converts (``codemod.flow.Fields``), or calls another module's function that
+    returns one the run converts (``codemod.flow.ContainerFactory``)."""
     if not isinstance(value, cst.Call):
       return False
     f = self.f
@@ -440,7 +441,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if f.flow is None or not self._field_classes:
       return False
     found = next((x for q in sorted(self.n.qnames(value.func))
-                  if (x := f.flow.resolve_fields(q)) is not None), None)
+                  if (x := f.flow.resolve_fields(q) or f.flow.resolve_container_factory(q))
+                  is not None), None)
     return found is not None and found.converted
 
   def def_created(self, value):

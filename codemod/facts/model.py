@@ -63,6 +63,7 @@ class Facts:
   attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it
   annotated_fields: set = _field(set)  # class fields annotated `flax.optim.Optimizer`
   declared_fields: dict = _field()     # module-level class -> its fields annotated so (flow)
+  container_makers: set = _field(set)  # module-level functions every return of which makes one
   container_classes: set = _field(set)  # module-level classes with such fields (before the visit)
   container_vars: set = _field(set)   # bindings assigned an instance of one (`TrainState(opt)`)
   container_params: set = _field(set)  # parameters annotated with one (`tstate: TrainState`)

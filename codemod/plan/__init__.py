@@ -42,6 +42,9 @@ class Summary:
   #: qualified name of another module's factory the run converts -> (this module converts,
   #: this module passes a learning rate at apply time to what it returns) (codemod.flow)
   factory_uses: dict = dataclasses.field(default_factory=dict)
+  #: module-level function every return of which builds a class with optimizer fields
+  #: (``return TrainState(step=0, optimizer=opt)``) -> converted (codemod.flow.ContainerFactory)
+  container_factories: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -118,7 +121,8 @@ def make_plan(analysis, options) -> Plan:
       defs=bool(f.def_calls),
       def_uses={name: (converts and name not in f.def_misused, q.inject_lr)
                 for name in sorted(f.def_uses)},
-      factory_uses={name: (converts, given) for name, given in crossmodule.factory_lr(q).items()})
+      factory_uses={name: (converts, given) for name, given in crossmodule.factory_lr(q).items()},
+      container_factories=dict.fromkeys(sorted(f.container_makers), converts))
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
@@ -151,4 +155,6 @@ def _unselected(plan: Plan, options) -> None:
                          dict.fromkeys(plan.summary.def_factories, False),
                          def_uses={k: (False, i) for k, (_, i) in plan.summary.def_uses.items()},
                          factory_uses={k: (False, i)
-                                       for k, (_, i) in plan.summary.factory_uses.items()})
+                                       for k, (_, i) in plan.summary.factory_uses.items()},
+                         container_factories=dict.fromkeys(plan.summary.container_factories,
+                                                           False))
