@@ -23,8 +23,6 @@ _OPTIONAL = re.compile(r',\s*optional\s*\Z')
 # Google-style section titles that may open a docstring, with no summary line before them
 _SECTIONS = frozenset({'Args:', 'Arguments:', 'Parameters:', 'Params:'})
 
-_CACHE: dict = {}
-
 
 def parameter_types(fn: cst.FunctionDef) -> dict[str, str]:
   """``{parameter name: dotted type name}`` that ``fn``'s docstring documents, for the
@@ -34,18 +32,6 @@ def parameter_types(fn: cst.FunctionDef) -> dict[str, str]:
   description that starts with a dotted name followed by a comma or nothing else
   (``name: T.``, ``name: T, what it is``); ``, optional`` is dropped.
   """
-  key = id(fn)
-  found = _CACHE.get(key)
-  if found is not None and found[0] is fn:
-    return found[1]
-  types = _parse(fn)
-  if len(_CACHE) > 4096:
-    _CACHE.clear()
-  _CACHE[key] = (fn, types)
-  return types
-
-
-def _parse(fn: cst.FunctionDef) -> dict[str, str]:
   doc = fn.get_docstring(clean=True)
   if not doc:
     return {}

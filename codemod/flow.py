@@ -117,7 +117,19 @@ class Fields(_ModuleFunction):
 
 
 @dataclasses.dataclass(frozen=True)
-class ContainerFactory(_ModuleFunction):
+class _Entry(_ModuleFunction):
+  """What the factories table holds beside factories: a function of the tree, whether the
+  run converts its file and why not (the attributes :class:`ContainerFactory` documents)."""
+  qualified: str
+  path: str
+  converted: bool
+  why: str = ''
+  bundle: bool = False      # (read beside factories: never a bundle)
+  inject_lr: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ContainerFactory(_Entry):
   """A module-level function of the tree every ``return`` of which builds a class with
   optimizer fields (``return TrainState(step=0, optimizer=opt)``, Flax v0.3 imagenet's
   ``create_train_state``): what a call gives holds optimizers in those fields (another
@@ -130,16 +142,10 @@ class ContainerFactory(_ModuleFunction):
     converted: its file's rewrite makes those optimizers TrainStates.
     why: the first manual item of the defining file when not converted.
   """
-  qualified: str
-  path: str
-  converted: bool
-  why: str = ''
-  bundle: bool = False      # (read beside factories: never a bundle)
-  inject_lr: Optional[bool] = None
 
 
 @dataclasses.dataclass(frozen=True)
-class DefFactory(_ModuleFunction):
+class DefFactory(_Entry):
   """A module-level function of the tree that returns a legacy optimizer *def*
   (``def get_optimizer(config): return optim.Adam(...)``): its callers ``.create`` the
   optimizer. Kept in the factories table, never a factory (:meth:`Flow.resolve` skips it).
@@ -158,12 +164,6 @@ class DefFactory(_ModuleFunction):
     upstream: another package's (:data:`codemod.legacy_api.UPSTREAM_DEF_FACTORIES`): ``path``
       names the release that returns Optax, ``why`` what its transformations are.
   """
-  qualified: str
-  path: str
-  converted: bool
-  why: str = ''
-  bundle: bool = False      # (read beside factories: never a bundle)
-  inject_lr: Optional[bool] = None
   allowed: bool = False
   inject_required: bool = False
   upstream: bool = False  # another package's, from the table (path: its release; why: a note)

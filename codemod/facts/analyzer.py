@@ -265,6 +265,9 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     (``state: model_utils.TrainState.`` in the docstring's ``Args:``, the file never
     importing that module): ``<anything>.<field>`` holds that class's optimizer here, as
     where the module is imported (:meth:`_imported_field_classes`)."""
+    doc = node.get_docstring(clean=False)
+    if not doc or not any(name in doc for name in self._field_classes):
+      return  # (the parse only where the docstring names such a class)
     for dotted in docstrings.parameter_types(node).values():
       if dotted.rsplit('.', 1)[-1] in self._field_classes and (
           found := self.f.flow.documented_fields(dotted)) is not None:

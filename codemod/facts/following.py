@@ -91,7 +91,7 @@ def _follow_containers(analyzer, sites) -> None:
   def gives_one(value) -> bool:
     return value is not None and (analyzer.makes_container(value) or (
         isinstance(value, cst.Name) and n.binding(value) in f.container_vars))
-  makers: set = set()
+  makers = f.container_makers  # (offered to other modules: codemod.flow.ContainerFactory)
   changed = True
   while changed:
     changed = False
@@ -100,7 +100,6 @@ def _follow_containers(analyzer, sites) -> None:
     if new:
       makers |= new
       changed = True
-      f.container_makers |= new
     for b, assigned in analyzer.assign_sites.items():
       if b not in f.container_vars and any(  # (as `state = TrainState(...)`: any assignment)
           isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in makers
