@@ -35,3 +35,24 @@ def test_no_docstring_and_documents():
   assert docstrings.documents(fn, 'p', {'FrozenDict'}) == 'core.FrozenDict'
   assert docstrings.documents(fn, 'p', {'TrainState'}) is None
   assert docstrings.documents(None, 'p', {'FrozenDict'}) is None
+
+
+def test_the_converted_file_that_never_imported_flax_runs_on_dicts_and_frozendicts():
+  """The fixture whose only evidence is a docstring (no flax import): the converted helpers
+  accept what today's `init` returns (a dict) and a FrozenDict alike; the original fails on
+  the dict (`AttributeError: 'dict' object has no attribute 'unfreeze'`)."""
+  import pathlib
+  import jax.numpy as jnp
+  from flax.core import FrozenDict
+  case = pathlib.Path(__file__).parent / 'fixtures' / 'codemod' / \
+      'om2xx_frozendict_documented_no_flax_import'
+  before, after = {}, {}
+  exec(compile((case / 'before.py').read_text(), 'before.py', 'exec'), before)
+  exec(compile((case / 'after.py').read_text(), 'after.py', 'exec'), after)
+  variables = {'params': {'w': jnp.ones((2, 3))}, 'batch_stats': {'mean': jnp.zeros(3)}}
+  with pytest.raises(AttributeError, match='unfreeze'):
+    before['param_count'](variables['params'])
+  for tree in (variables, FrozenDict(variables)):
+    assert after['param_count'](tree['params']) == 6
+    state, params = after['split_state'](tree)
+    assert set(state) == {'batch_stats'} and params['w'].shape == (2, 3)

@@ -99,8 +99,8 @@ class _Linen:
       if original.args:
         return updated
       proven = self.from_init(receiver)
-      if not proven and not self.facts.imports_flax:
-        return updated
+      if not proven and not (self.facts.imports_flax or self.facts.imports_jax):
+        return updated  # (`.unfreeze()` is FrozenDict's alone: a JAX file without flax still flags)
     api = _FROZEN[attr]
     rule = 'OM207' if proven else 'OM208'
     shown = (f'`{_code(receiver)}.{attr}(...)` -> `flax.core.{attr}({_code(receiver)}, ...)`'
@@ -137,9 +137,13 @@ class _Linen:
     a call of a local def or ``jax.jit(m.init)`` that returns one, or a name whose reaching
     value is one of those; or a dict or FrozenDict a Flax function returns
     (:data:`codemod.modern.table.FLAX_TREE_CALLS`: ``checkpoints.convert_pre_linen(p)``);
-    or a parameter its function's docstring documents as a ``FrozenDict``."""
-    if depth > 8 or not self.facts.imports_flax:
+    or a parameter its function's docstring documents as a ``FrozenDict`` (that one also in
+    a file that never imports flax: the docstring is the evidence)."""
+    if depth > 8:
       return False
+    if not self.facts.imports_flax:
+      return isinstance(expr, cst.Name) and self.value_of(expr) is None and \
+          self.documented_param(expr, FROZEN_DICT_TYPES) is not None
     if isinstance(expr, cst.Call):
       f = expr.func
       if self.qname_in(f, FLAX_TREE_CALLS):
