@@ -9,10 +9,11 @@ rendered text, for people. A blocking message usually ends with
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import io
 import re
 import tokenize
-from typing import Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 from codemod.rules import RULES, TODO_PREFIX
 
@@ -85,6 +86,27 @@ class Finding:
   def moved(self, line: int) -> 'Finding':
     """The same finding at another line (a notebook cell's own numbering)."""
     return dataclasses.replace(self, line=line)
+
+
+def line_map(before: str, after: str) -> Callable[[int], int]:
+  """``where(line)``: the 1-based line of ``after`` that holds line ``line`` of ``before``
+  (``difflib``'s matching blocks of lines). A line the rewrite kept (a flagged statement
+  under its new TODO comment) maps exactly; a line inside a rewritten block maps to the same
+  offset in its replacement, cut to the replacement's last line; a deleted line to the line
+  that follows the deletion. Out-of-range lines are clamped to ``after``'s lines."""
+  a, b = before.splitlines(), after.splitlines()
+  ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+  last = max(len(b), 1)
+
+  def where(line: int) -> int:
+    i = line - 1
+    for tag, i1, i2, j1, j2 in ops:
+      if i1 <= i < i2:
+        if tag == 'equal':
+          return j1 + (i - i1) + 1
+        return min(j1 + min(i - i1, max(j2 - j1 - 1, 0)) + 1, last)
+    return min(max(line, 1), last)
+  return where
 
 
 def render(text: str, kept_note: bool) -> tuple[str, Optional[str]]:

@@ -3,8 +3,9 @@ all cache hits reads results without loading the engine; ``codemod.engine`` re-e
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from codemod.findings import Finding
+from codemod.findings import Finding, line_map
 
 
 @dataclasses.dataclass
@@ -45,3 +46,32 @@ class FileResult:
     return ''.join(difflib.unified_diff(
         self.original.splitlines(keepends=True), self.new.splitlines(keepends=True),
         fromfile=f'a/{self.path.lstrip("/")}', tofile=f'b/{self.path.lstrip("/")}'))
+
+  def at_new_lines(self) -> list[Finding]:
+    """The findings at their lines in ``new`` (what ``rewrite --write`` leaves on disk: a
+    flagged line sits below its TODO comment, added imports shift the rest), not in
+    ``original``; a notebook's findings at their lines in their cell's new source.
+    Unchanged findings when nothing changed or a notebook's JSON cannot be read."""
+    if not self.changed:
+      return self.findings
+    if self.cells is None:
+      where = line_map(self.original, self.new)
+      return [f.moved(where(f.line)) for f in self.findings]
+    try:
+      cells = [_cell_sources(self.original), _cell_sources(self.new)]
+    except (ValueError, TypeError, AttributeError):
+      return self.findings
+    moved = []
+    for cell, f in zip(self.cells, self.findings):
+      old, new = (c[cell] if 0 <= cell < len(c) else '' for c in cells)
+      moved.append(f.moved(line_map(old, new)(f.line)) if old != new else f)
+    return moved
+
+
+def _cell_sources(text: str) -> list[str]:
+  """The source text of every cell of notebook JSON ``text`` (lists of lines joined)."""
+  out = []
+  for cell in json.loads(text)['cells']:
+    src = cell.get('source', '')
+    out.append(''.join(src) if isinstance(src, list) else src)
+  return out

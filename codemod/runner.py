@@ -251,21 +251,24 @@ def _report_and_write(args, results, interrupted: list, fmt: str = 'full',
       if full:
         print(result.error, file=sys.stderr)
       continue
+    if result.changed and args.write:
+      try:
+        sources_lib.write_atomic(pathlib.Path(result.path), result.new, result.encoding)
+      except OSError as e:
+        result.error = f'{result.path}: cannot write: {e}'
+        if full:
+          print(result.error, file=sys.stderr)
+      else:
+        written += 1
+        # the findings where the user now finds them: in the file as written
+        result.findings = result.at_new_lines()
     for i, finding in enumerate(result.findings):
       if not finding.fixed and full:
         print(finding.format(result.where(i)), file=sys.stderr)
-    if result.changed:
+    if result.changed and not result.error:
       if args.write:
-        try:
-          sources_lib.write_atomic(pathlib.Path(result.path), result.new, result.encoding)
-        except OSError as e:
-          result.error = f'{result.path}: cannot write: {e}'
-          if full:
-            print(result.error, file=sys.stderr)
-        else:
-          written += 1
-          if args.diff:  # what was written
-            sys.stdout.write(result.diff())
+        if args.diff:  # what was written
+          sys.stdout.write(result.diff())
       elif args.check:
         if full:
           print(f'would rewrite {result.path}', file=sys.stdout)

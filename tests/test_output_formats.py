@@ -464,3 +464,55 @@ def test_ci_page_documents_the_formats_and_the_schema():
   assert '- run: optim-migrate rewrite --check --output-format github .' in workflow
   assert '- run: optim-migrate check\n' in workflow and 'on: pull_request' in workflow
   assert '[In CI](ci.md)' in (ROOT / 'docs' / 'index.md').read_text()
+
+
+def test_write_reports_the_lines_of_the_file_as_written(tmp_path):
+  """`--write`: every manual item's line is its line in the written file, the TODO the run
+  wrote for it just above (a few lines up for a statement over several lines); notebooks in
+  their cell's new source. (A notebook the run leaves unchanged keeps its lines.) `--check` on the same copy, before the write, names the lines of
+  the file as it is (the TODO-free original)."""
+  import shutil
+  tree = tmp_path / 'tree'
+  for case in ('om013_checkpoint_unconvertible', 'om100_module_as_value',
+               'om2xx_frozendict_documented_no_flax_import'):
+    (tree / case).mkdir(parents=True)
+    shutil.copy(FIXTURES / 'codemod' / case / 'before.py', tree / case / 'm.py')
+  shutil.copytree(FIXTURES / 'notebooks', tree / 'notebooks')
+  cells = ['# a markdown title', 'import jax\nfrom flax import optim\n',
+           'def make(params, lr):\n  opt_def = optim.Adam(learning_rate=lr)\n'
+           '  return opt_def.create(params), opt_def.hyper_params.learning_rate\n']
+  (tree / 'notebooks' / 'hyper.ipynb').write_text(json.dumps({
+      'cells': [{'cell_type': 'markdown' if i == 0 else 'code', 'metadata': {},
+                 'source': c.splitlines(keepends=True)} for i, c in enumerate(cells)],
+      'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}, indent=1))
+  originals = {p: p.read_text() for p in tree.rglob('*') if p.is_file()}
+  checked, written = tmp_path / 'check.json', tmp_path / 'write.json'
+  run('rewrite', '--check', '--jobs', '1', '--report', str(checked), str(tree))
+  run('rewrite', '--write', '--jobs', '1', '--report', str(written), str(tree))
+  before, after = json.loads(checked.read_text()), json.loads(written.read_text())
+  assert [(r['file'], r['rule']) for r in before] == [(r['file'], r['rule']) for r in after]
+
+  def lines(file: str, texts):
+    path, _, cell = file.partition('.ipynb:cell')
+    if not cell:
+      return texts(pathlib.Path(path)).splitlines()
+    src = json.loads(texts(pathlib.Path(path + '.ipynb')))['cells'][int(cell)]['source']
+    return (''.join(src) if isinstance(src, list) else src).splitlines()
+
+  def changed(file: str) -> bool:
+    path = pathlib.Path(file.partition('.ipynb:cell')[0] + ('.ipynb' if '.ipynb:' in file else ''))
+    return path.read_text() != originals[path]
+
+  manual = [(b, a) for b, a in zip(before, after)
+            if a['rule'] and not a['applied'] and changed(a['file'])]
+  moved = 0
+  for b, a in manual:
+    new = lines(a['file'], lambda p: p.read_text())
+    todo = f"# TODO(optim-migrate): {a['rule']}: {a['message']}"
+    above = [line.strip() for line in new[max(a['line'] - 6, 0):a['line'] - 1]]
+    assert todo in above, (a, new[a['line'] - 1])
+    old = lines(b['file'], lambda p: originals[p])
+    assert new[a['line'] - 1] == old[b['line'] - 1]  # the flagged line itself is kept
+    moved += a['line'] != b['line']
+  assert len(manual) >= 5 and moved >= 4
+  assert any('.ipynb:cell' in a['file'] for _, a in manual)
