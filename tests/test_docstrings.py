@@ -56,3 +56,20 @@ def test_the_converted_file_that_never_imported_flax_runs_on_dicts_and_frozendic
     assert after['param_count'](tree['params']) == 6
     state, params = after['split_state'](tree)
     assert set(state) == {'batch_stats'} and params['w'].shape == (2, 3)
+    head = {'head': {'w': jnp.ones(2), 'b': jnp.zeros(1)}, 'body': {}}
+    assert after['head_size'](head if isinstance(tree, dict) else FrozenDict(head)) == 2
+
+
+def test_a_file_that_never_says_flax_is_not_skipped_by_the_prefilter():
+  """The docstring's word `FrozenDict` is the only evidence and the word `flax` occurs
+  nowhere: the prefilter still lets `.unfreeze(` / `FrozenDict` + `.pop(` through."""
+  from codemod import engine
+  source = ('import jax\n\n\ndef count(params):\n  """Args:\n    params (FrozenDict): all.\n'
+            '  """\n  rest, p = params.pop("params")\n'
+            '  return len(jax.tree_util.tree_leaves(p.unfreeze()))\n')
+  assert 'flax' not in source
+  result = engine.rewrite_source(source, 'm.py')
+  assert 'rest, p = flax.core.pop(params, "params")' in result.new
+  assert 'jax.tree_util.tree_leaves(flax.core.unfreeze(p))' in result.new
+  assert 'import flax\n' in result.new
+  assert [(f.rule, f.fixed) for f in result.findings] == [('OM207', True)] * 2

@@ -141,10 +141,7 @@ class _Linen:
     a file that never imports flax: the docstring is the evidence)."""
     if depth > 8:
       return False
-    if not self.facts.imports_flax:
-      return isinstance(expr, cst.Name) and self.value_of(expr) is None and \
-          self.documented_param(expr, FROZEN_DICT_TYPES) is not None
-    if isinstance(expr, cst.Call):
+    if isinstance(expr, cst.Call) and self.facts.imports_flax:
       f = expr.func
       if self.qname_in(f, FLAX_TREE_CALLS):
         return True
@@ -166,7 +163,7 @@ class _Linen:
       if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
         attr = value.func.attr.value
         if attr == 'init_with_output' and index == 1:
-          return self._flax_receiver(value.func.value)
+          return self.facts.imports_flax and self._flax_receiver(value.func.value)
         if attr == 'pop' and len(value.args) == 1:  # variables, params = variables.pop(...)
           return self.from_init(value.func.value, depth + 1)
         if attr == 'pop' and self.qname_in(value.func, {'flax.core.pop'}):
