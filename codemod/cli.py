@@ -118,7 +118,7 @@ def cmd_run(args) -> int:
       tb = tb.tb_next
     tb = tb or e.__traceback__
     sys.excepthook(type(e), e.with_traceback(tb), tb)
-    hint = _removed_api_hint(e, args.script)
+    hint = _removed_api_hint(e, _failing_file(e.__traceback__, path, args.script))
     if hint:
       print(hint, file=sys.stderr)
     return 1
@@ -169,22 +169,56 @@ def _undecodable(source: bytes) -> Optional[str]:
   return None
 
 
-def _removed_api_hint(e: BaseException, script: str) -> Optional[str]:
+def _failing_file(tb, path: str, script: str) -> str:
+  """The user's file the error came from, as the hint names it: the innermost frame of
+  ``tb`` in a file that is neither a library (the interpreter's or an installed package's)
+  nor this tool; ``script`` (SCRIPT as given) when that is the script itself or none is
+  found. Shown relative to the working directory when it lies below it."""
+  import sysconfig
+  libraries = {os.path.realpath(p) for p in (sysconfig.get_paths().get(k) for k in (
+      'stdlib', 'platstdlib', 'purelib', 'platlib')) if p}
+  ours = {os.path.realpath(os.path.dirname(m.__file__)) for m in (
+      sys.modules.get('optim_compat'), sys.modules.get('codemod')) if m and m.__file__}
+  found = None
+  while tb is not None:
+    name = tb.tb_frame.f_code.co_filename
+    real = os.path.realpath(name)
+    if not name.startswith('<') and not any(
+        real == d or real.startswith(d + os.sep) for d in libraries | ours):
+      found = name
+    tb = tb.tb_next
+  if found is None or found == path:
+    return script
+  rel = os.path.relpath(found)
+  return found if rel.startswith(os.pardir) else rel
+
+
+def _removed_api_hint(e: BaseException, where: str) -> Optional[str]:
   """What to do when SCRIPT died on an API removed beside flax.optim (``jax.tree_map``,
-  ``jax.config``, ``flax.nn``...), which ``run`` does not patch, or None."""
+  ``jax.config``, ``flax.nn``...), which ``run`` does not patch, or on what such an API's
+  value became (``.unfreeze()`` of the dict ``init`` returns since flax 0.7.1); or None.
+  ``where``: the user's file it died in (:func:`_failing_file`), the file to rewrite."""
+  from codemod.modern import table
+  if isinstance(e, AttributeError) and isinstance(getattr(e, 'obj', None), dict):
+    api = table.dict_method_gone(getattr(e, 'name', None))
+    if api is None:
+      return None
+    return (f'optim-migrate run: `.{api.extra}()` of a dict: {api.why} ({api.rule}). '
+            f'`optim-migrate rewrite --write {where}` rewrites it to `{api.new}(...)` where it '
+            'proves the value a FrozenDict or what `init` returned, and flags the other uses '
+            f'(OM208); `{api.new}` takes both')
   if isinstance(e, ModuleNotFoundError):
     qname = e.name
   elif isinstance(e, AttributeError) and isinstance(getattr(e, 'obj', None), types.ModuleType):
     qname = f'{e.obj.__name__}.{e.name}'
   else:
     return None
-  from codemod.modern import table
   api = qname and table.removed(qname)
   if api is None:
     return None
   return (f'optim-migrate run: `{qname}` is one of the APIs removed beside flax.optim '
           f'({api.since}); `run` redirects flax.optim only. `optim-migrate rewrite --write '
-          f'{script}` rewrites it ({api.rule}: {table.rule_summary(api.rule)})')
+          f'{where}` rewrites it ({api.rule}: {table.rule_summary(api.rule)})')
 
 
 def cmd_demo(args) -> int:

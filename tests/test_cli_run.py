@@ -63,3 +63,30 @@ def test_a_script_dying_on_an_api_removed_beside_flax_optim_is_pointed_at_rewrit
   (tmp_path / 'other.py').write_text('import jax\njax.not_an_api_we_know\n')
   tool, python = _both(tmp_path, 'other.py', tmp_path)
   assert tool.returncode == 1 and tool.stderr == python.stderr  # no hint for other errors
+
+
+def test_the_hint_names_the_module_that_failed_and_knows_unfreeze_of_a_dict(tmp_path):
+  """Found by the new-user trial: a script whose helper module died on `jax.tree_map` was
+  told to rewrite the script (which needs nothing); and `.unfreeze()` of what today's `init`
+  returns (a dict) got no hint at all."""
+  pkg = tmp_path / 'pkg'
+  pkg.mkdir()
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'helpers.py').write_text('import jax\n\n\ndef leaves(t):\n  return jax.tree_map(len, t)\n')
+  (tmp_path / 'main.py').write_text('from pkg import helpers\nhelpers.leaves([[1]])\n')
+  tool, python = _both(tmp_path, 'main.py', tmp_path)
+  assert tool.returncode == python.returncode == 1
+  hint = tool.stderr[len(python.stderr):]
+  assert f"rewrite --write {os.path.join('pkg', 'helpers.py')}`" in hint, hint
+  assert 'rewrite --write main.py' not in hint
+  (tmp_path / 'frozen.py').write_text(
+      'def count(variables):\n  return len(variables.unfreeze())\n\n\n'
+      "print(count({'params': {}}))\n")
+  tool, python = _both(tmp_path, 'frozen.py', tmp_path)
+  assert tool.returncode == python.returncode == 1
+  hint = tool.stderr[len(python.stderr):]
+  assert '`.unfreeze()` of a dict' in hint and '(OM207)' in hint, hint
+  assert 'rewrite --write frozen.py' in hint and '`flax.core.unfreeze(...)`' in hint, hint
+  (tmp_path / 'attr.py').write_text("{'a': 1}.keys().nothing\n")  # another dict-ish error
+  tool, python = _both(tmp_path, 'attr.py', tmp_path)
+  assert tool.returncode == 1 and tool.stderr == python.stderr

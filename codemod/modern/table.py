@@ -338,6 +338,14 @@ def removed(qname: str) -> Optional[Api]:
       (a for a in APIS for q in a.old if q.startswith(qname + '.')), None)
 
 
+def dict_method_gone(name) -> Optional[Api]:
+  """The FrozenDict method (``unfreeze``) a program called on a plain dict (what ``init``
+  returns since flax 0.7.1): its OM207 entry; None for any other name (``pop`` and ``copy``
+  exist on a dict, so they fail otherwise or not at all)."""
+  return next((a for a in APIS if a.kind == 'frozendict' and a.extra == name
+               and not hasattr(dict, name)), None)
+
+
 def rule_summary(rule: str) -> str:
   return next(s for r, _, s in RULES if r == rule)
 
