@@ -352,6 +352,12 @@ def _tx_name(tx) -> str:
   return name
 
 
+def a_type(value) -> str:
+  """``value``'s type name with its article, for messages: ``an int``, ``a list``."""
+  name = type(value).__name__
+  return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def validate_tx(tx, params, what: str | None = None) -> None:
   """Check ``tx`` is an Optax ``GradientTransformation`` or a callable ``params -> TrainState``.
 
@@ -369,7 +375,7 @@ def validate_tx(tx, params, what: str | None = None) -> None:
   if _is_optax(tx) and not isinstance(tx, type):
     return
   if not callable(tx):
-    raise TypeError(f'{what} is a {type(tx).__name__}, not an optax GradientTransformation '
+    raise TypeError(f'{what} is {a_type(tx)}, not an optax GradientTransformation '
                     '(or a callable returning a TrainState)')
   name = _tx_name(tx)
   if name.startswith('optax.') and not isinstance(tx, type):

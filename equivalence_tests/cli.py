@@ -11,7 +11,10 @@ Exit status: 0 all checks pass, 1 a check differs (its table is printed),
 2 bad input (the message names it). ``--output-format concise|json`` prints one line / one
 JSON object per comparison instead of the tables (``codemod.output_formats``, docs/ci.md);
 ``github`` and ``sarif`` are not offered (argparse refuses them, exit 2): a comparison has no
-file and line. ``--legacy`` is evaluated with the names
+file and line. ``--legacy`` and ``--tx`` (and those keys of a pyproject entry) are Python
+expressions, evaluated in this process as a test runs its code, and ``--params module:attr``
+imports that module: like a test suite, they run whatever code they hold, so give them only
+text you would run. ``--legacy`` is evaluated with the names
 of real ``flax.optim`` where it exists (Flax <= 0.5.3), else of
 ``optim_compat`` (``record`` then notes on stderr that it records the shim);
 ``--tx`` with ``optax``, ``jax``, ``jnp``, ``np`` and ``optim_compat``.
@@ -59,7 +62,8 @@ def register(subparsers) -> None:
                             description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
   _common(p)
-  p.add_argument('--tx', help='Optax expression, e.g. "optax.adamw(1e-3, weight_decay=1e-4)"')
+  p.add_argument('--tx', help='Optax expression (Python, evaluated: run only your own), e.g. '
+                 '"optax.adamw(1e-3, weight_decay=1e-4)"')
   p.add_argument('--against', metavar='TRAJ.npz', help='a trajectory file from `record`')
   p.add_argument('--max-ulp', type=float, default=None,
                  help='the largest difference that passes, in ulp (finite, >= 0; default: per '
@@ -89,7 +93,8 @@ RECORDED_GRADS_BEFORE = 'random'
 
 
 def _common(p) -> None:
-  p.add_argument('--legacy', help='legacy def expression, e.g. "Adam(learning_rate=1e-3)"')
+  p.add_argument('--legacy', help='legacy def expression (Python, evaluated: run only your own), '
+                 'e.g. "Adam(learning_rate=1e-3)"')
   p.add_argument('--params', help='module:attribute | file.npz | shapes.json')
   p.add_argument('--devices', default=None, help='comma-separated device counts (default 1)')
   p.add_argument('--mode', default=None, choices=('single', 'pmap', 'sharded'),
@@ -186,12 +191,13 @@ def legacy_def(expr: str):
     BadInput: the expression does not evaluate, names a def class without calling it, or
       is not an optimizer def.
   """
+  from equivalence_tests import checker
   legacy = evaluate(expr, 'legacy', legacy_namespace())
   if isinstance(legacy, type) and hasattr(legacy, 'create'):
     raise BadInput(f'--legacy {expr!r} is the class {legacy.__name__}, not an optimizer def: '
                    f'call it with its hyper-parameters, e.g. "{legacy.__name__}(learning_rate=1e-3)"')
   if not hasattr(legacy, 'create'):
-    raise BadInput(f'--legacy {expr!r} is a {type(legacy).__name__}, not an optimizer def '
+    raise BadInput(f'--legacy {expr!r} is {checker.a_type(legacy)}, not an optimizer def '
                    '(e.g. "Adam(learning_rate=1e-3)")')
   return legacy
 
@@ -296,12 +302,16 @@ def load_params(spec: str):
     raise BadInput(f'--params {spec}: {e}') from None
   except Exception as e:  # noqa: BLE001 - the user's module failed as it was imported
     raise BadInput(f'--params {spec}: importing {module} raised {type(e).__name__}: {e}') from None
-  if not callable(value):
-    return value
-  try:
-    return value()
-  except Exception as e:  # noqa: BLE001 - the user's function failed: bad input, not a difference
-    raise BadInput(f'--params {spec}: calling it raised {type(e).__name__}: {e}') from None
+  if callable(value):
+    try:
+      value = value()
+    except Exception as e:  # noqa: BLE001 - the user's function failed: bad input, not a difference
+      raise BadInput(f'--params {spec}: calling it raised {type(e).__name__}: {e}') from None
+  if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    from equivalence_tests import checker
+    raise BadInput(f'--params {spec} is {checker.a_type(value)} ({value!r:.40}), not a pytree '
+                   'of float arrays: name a dict of arrays, or a function returning one')
+  return value
 
 
 def parse_devices(text, what: str | None = None) -> list[int]:

@@ -158,7 +158,7 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
   assert cli.main(ok[:-4] + ['--mode', 'sharded', '--devices', '3']) == 2
   assert "'sharded' needs device counts" in capsys.readouterr().err
   assert cli.main(['check', '--legacy', '1 + 1', '--tx', 'optax.sgd(0.1)', '--params', shapes]) == 2
-  assert "--legacy '1 + 1' is a int, not an optimizer def" in capsys.readouterr().err
+  assert "--legacy '1 + 1' is an int, not an optimizer def" in capsys.readouterr().err
   (tmp_path / 'odd.json').write_text('{"w": {"shape": [2], "dtype": "float99"}}')
   assert cli.main(ok[:5] + ['--params', 'odd.json', '--mode', 'single']) == 2
   assert "odd.json: /w:" in capsys.readouterr().err
@@ -192,6 +192,13 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
                      '--params', spec, '--mode', 'single']) == 2
     err = capsys.readouterr().err
     assert f'--params {spec}: {said}' in err and 'Traceback' not in err, err
+  # found by a new user: an int named as params was 'params leaf <root> has dtype int64'
+  (tmp_path / 'int_model.py').write_text('X = 3\n\n\ndef nothing():\n  return None\n')
+  for spec, said in [('int_model:X', 'is an int (3), not a pytree of float arrays'),
+                     ('int_model:nothing', 'is a NoneType (None), not a pytree of float arrays')]:
+    assert cli.main(['check', '--legacy', 'GradientDescent(0.1)', '--tx', 'optax.sgd(0.1)',
+                     '--params', spec, '--mode', 'single']) == 2
+    assert f'--params {spec} {said}' in capsys.readouterr().err
 
 
 def test_default_gradients_expose_epsilon_mistakes_random_ones_hide(tmp_path, capsys):
