@@ -93,7 +93,19 @@ class Factory(_ModuleFunction):
 
 
 @dataclasses.dataclass(frozen=True)
-class Fields(_ModuleFunction):
+class _Entry(_ModuleFunction):
+  """What the factories table holds beside factories: a function of the tree, whether the
+  run converts its file and why not (the attributes :class:`ContainerFactory` documents)."""
+  qualified: str
+  path: str
+  converted: bool
+  why: str = ''
+  bundle: bool = False      # (read beside factories: never a bundle)
+  inject_lr: Optional[bool] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Fields(_Entry):
   """A module-level class of the tree (a ``struct.dataclass``, ``NamedTuple``, ...) with fields
   annotated ``flax.optim.Optimizer``: its instances hold optimizers, wherever they are read
   (``state.optimizer.target`` in another module). Kept in the factories table (so that the
@@ -107,25 +119,7 @@ class Fields(_ModuleFunction):
       optimizers stored there TrainStates); False: that file keeps its legacy code.
     why: the first manual item of the defining file when not converted.
   """
-  qualified: str
-  path: str
-  fields: tuple[str, ...]
-  converted: bool
-  why: str = ''
-  bundle: bool = False      # (read beside factories: never a bundle)
-  inject_lr: Optional[bool] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry(_ModuleFunction):
-  """What the factories table holds beside factories: a function of the tree, whether the
-  run converts its file and why not (the attributes :class:`ContainerFactory` documents)."""
-  qualified: str
-  path: str
-  converted: bool
-  why: str = ''
-  bundle: bool = False      # (read beside factories: never a bundle)
-  inject_lr: Optional[bool] = None
+  fields: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -723,10 +717,10 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
     converted = converted and changes
     steps.extend(Step(f'{name}.{function}', shown, params, converted, '' if converted else why)
                  for name, _ in names)
-  classes = [Fields(f'{name}.{cls}', shown, tuple(fields), converted and changes,
-                   '' if converted and changes else why)
+  classes = [Fields(f'{name}.{cls}', shown, converted and changes,
+                   '' if converted and changes else why, fields=tuple(fields))
              for cls, (fields, converted) in summary.fields.items() for name, _ in names]
-  classes += [Fields(f'{name}.{cls}', shown, tuple(fields), True)  # migrated before this run
+  classes += [Fields(f'{name}.{cls}', shown, True, fields=tuple(fields))  # migrated before this run
               for cls, fields in migrated_field_classes(source.module, source.text).items()
               if cls not in summary.fields for name, _ in names]
   classes += [ContainerFactory(f'{name}.{function}', shown, converted and changes,
