@@ -63,8 +63,11 @@ def _mask(source: str, masked: list[str], prefixes: list[str], legacy_lines: lis
 
 
 def _ipython_finding(line: int, what: str) -> Finding:
-  return Finding(line, 1, 'OM107', f'{what} mentions flax.optim and is not Python: the codemod '
-                                   'cannot rewrite it; convert it by hand', False, blocks=True)
+  return Finding(line, 1, 'OM107', f'{what} may use the flax.optim API (it names `optim`, '
+                                   '`.apply_gradient` or an Optimizer member such as `.target`) '
+                                   'and is IPython syntax, not Python: the codemod cannot rewrite '
+                                   'it, so the notebook is left as it is; convert the line by '
+                                   'hand (or make it Python), then rerun', False, blocks=True)
 
 
 def rewrite_notebook(text: str, path: str, options: Options | None, rewrite_source):
