@@ -26,10 +26,12 @@ PROGRESS_MIN_FILES = 20
 POOL_MIN_FILES = 8
 
 
-def _candidate(source: SourceFile, flow=None) -> int:
+def _candidate(source: SourceFile, flow=None, cache=None) -> int:
   """Cheap prefilter on raw bytes: 0 if this file cannot hold legacy code (nor call a
   factory of ``flow``), else its size in bytes plus one (unreadable files, and ``.py``
-  files holding a NUL byte, pass: ``rewrite_file`` reports them)."""
+  files holding a NUL byte, pass: ``rewrite_file`` reports them). ``cache``: a
+  :class:`codemod.cache.Cache` whose stored verdict (by the bytes' hash) replaces the
+  scan for the prefilters' words; the flow's factory names are looked for either way."""
   try:
     data = source.data
   except OSError:
@@ -37,7 +39,12 @@ def _candidate(source: SourceFile, flow=None) -> int:
   if b'\0' in data and source.path.suffix == '.py':
     return len(data) + 1  # binary, or UTF-16/32 (which CPython cannot run): reported, not passed
   text = source.words()
-  return len(data) + 1 if prefilter.wanted(text, flow) or prefilter.has_todos(text) else 0
+  if flow is not None and flow.mentioned(text):
+    return len(data) + 1
+
+  def scan() -> bool:
+    return prefilter.wanted(text) or prefilter.has_todos(text)
+  return len(data) + 1 if (scan() if cache is None else cache.verdict(data, scan)) else 0
 
 
 def _data(source: SourceFile):
@@ -86,12 +93,14 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
   results: dict[int, FileResult] = {}
   todo, sizes = [], {}
   for i, f in enumerate(files):
-    size = _candidate(sources[f], flows[i])
+    size = _candidate(sources[f], flows[i], cache)
     if size:
       todo.append(i)
       sizes[i] = size
     else:
       results[i] = FileResult(str(f), '', new='')
+  if cache is not None:
+    cache.save_verdicts()
   keys = {}
   if cache is not None:
     for i in list(todo):

@@ -214,3 +214,30 @@ def test_parallel_runs_share_the_cache(tmp_path):
   cache_dir = pathlib.Path(os.environ['OPTIM_MIGRATE_CACHE_DIR'])
   assert not list(cache_dir.rglob('.*.tmp')) and len(_entries()) >= 4
   assert (cache_dir / '.gitignore').read_text().endswith('*\n')
+
+
+def test_prefilter_verdicts_replace_the_word_scan_on_a_warm_run(tmp_path, capsys, monkeypatch):
+  """A warm run takes each file's prefilter verdict from the cache (by its bytes' hash)
+  instead of scanning it for the prefilters' words; a changed file is scanned again; a
+  corrupt verdicts file is ignored (and rewritten). Output identical each time."""
+  from codemod import prefilter
+  tree = _tree(tmp_path)
+  (tree / 'plain.py').write_text('import os\nprint(os.sep)\n')  # fails every prefilter
+  monkeypatch.chdir(tmp_path)
+  first = _rewrite(capsys, '.')
+  stored = list(pathlib.Path(os.environ['OPTIM_MIGRATE_CACHE_DIR']).rglob('prefilter-*.json'))
+  assert len(stored) == 1
+  verdicts = json.loads(stored[0].read_text())
+  # (one per distinct content; a file that names a flow factory is passed without one)
+  assert 20 < len(verdicts) <= len(list(tree.rglob('*.py'))) and False in verdicts.values()
+  scanned = []
+  real = prefilter.wanted
+  monkeypatch.setattr(prefilter, 'wanted', lambda text, flow=None: scanned.append(text) or real(
+      text, flow))
+  assert _rewrite(capsys, '.') == first and scanned == []
+  (tree / 'plain.py').write_text('import os\nprint(os.sep)  # edited\n')
+  assert _rewrite(capsys, '.') == first and scanned == ['import os\nprint(os.sep)  # edited\n']
+  stored[0].write_text('{not json')
+  scanned.clear()
+  assert _rewrite(capsys, '.') == first and len(scanned) >= len(verdicts)
+  assert len(json.loads(stored[0].read_text())) == len(verdicts)
