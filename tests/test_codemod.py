@@ -959,6 +959,12 @@ _RESUMING = {
     'legacy_array_checkpoint.py': (
         'alpha_opt = optim_compat.ArrayTrainState.create(apply_fn=None, params=log_alpha, tx=',
         'optim_compat.checkpoint.restore_legacy(workdir, (network_opt, alpha_opt))'),
+    # found by a new user: a dict display with the optimizer beside an epoch counter, its
+    # items unpacked after the restore (before: OM013 on a plain restore, and the optimizer
+    # unproven; the migrated program resumed the epoch with a fresh optimizer)
+    'legacy_dict_checkpoint.py': (
+        "restored = optim_compat.checkpoint.restore_legacy(workdir, {'opt': optimizer, 'epoch': 0})",
+        "optimizer, epoch = restored['opt'], restored['epoch']", 'int(optimizer.step)'),
 }
 
 

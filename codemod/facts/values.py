@@ -56,7 +56,9 @@ def returned_item(n: Names, value) -> bool:
   """``value`` is ``out['opt']``: ``out`` bound once, to a call of this file's function that
   returns a dict with an optimizer at that key (dopamine's SAC ``train``: ``returns =
   {'network_optim': optim, ...}; return returns``, then ``self.network_optimizer =
-  train_returns['network_optim']``)."""
+  train_returns['network_optim']``), or to a checkpoint restore into a dict holding an
+  optimizer at that key (``out = restore_checkpoint(d, {'opt': opt, 'epoch': 0})``: what is
+  restored has its target's structure)."""
   if not (isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name)
           and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index)
           and isinstance(key := value.slice[0].slice.value, cst.SimpleString)):
@@ -64,8 +66,30 @@ def returned_item(n: Names, value) -> bool:
   found = n.assignment(value.value)
   if found is None or len(found[0]) != 1:
     return False
+  if key.evaluated_value in restored_keys(n, found[1]):
+    return True
   function = own_function(found[1])
   return function is not None and key.evaluated_value in n.facts.bundle_keys.get(function, ())
+
+
+def restored_keys(n: Names, value) -> frozenset:
+  """The keys at which ``value``, a checkpoint restore (``codemod.legacy_api.RESTORES``) into
+  a dict display (or a name bound once to one), gets an optimizer back: the display's string
+  keys whose value is an optimizer. Empty for anything else."""
+  if not isinstance(value, cst.Call):
+    return frozenset()
+  for q in sorted(n.qnames(value.func) & _RESTORE_NAMES):
+    target = call_argument(value, *api.RESTORES[q])
+    if isinstance(target, cst.Name) and (found := n.assignment(target)) is not None \
+        and len(found[0]) == 1:
+      target = found[1]  # `ckpt = {'opt': opt, 'epoch': 0}`, then restore into `ckpt`
+    if isinstance(target, cst.Dict):
+      return frozenset(
+          e.key.evaluated_value for e in target.elements
+          if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+          and (produces_optimizer(n, e.value) or (
+              isinstance(e.value, cst.Name) and n.binding(e.value) in n.facts.opt_vars)))
+  return frozenset()
 
 
 def produces_optimizer(n: Names, value) -> bool:

@@ -44,7 +44,8 @@ def leave_restore(p, original) -> bool:
   if o_target is None:
     return True
   short = qname.rsplit('.', 1)[1]
-  if not q.mentions_optimizer(o_target) and not q.mentions(o_target, q.is_container):
+  if not q.mentions_optimizer(o_target) and not q.mentions(o_target, q.is_container) \
+      and not _names_a_dict_of_optimizers(q, o_target):
     if q.converts and q.f.handles_optimizers and q.mentions(o_target, lambda e: q.maybe_optimizer(e) and isinstance(
         e, cst.Name) and _OPTIMIZER_LOOKING.search(e.value) is not None):
       p.flag(original, 'OM013', f'{short} restores into `{code(o_target)}`, which nothing here '
@@ -70,6 +71,14 @@ def leave_restore(p, original) -> bool:
                                             'TrainState ones and fresh runs behave as before')],
         data={'reader': (qname, index, keyword)})
   return True
+
+
+def _names_a_dict_of_optimizers(q, target) -> bool:
+  """``target`` is a name bound once, to a dict display holding an optimizer (``ckpt =
+  {'opt': optimizer, 'epoch': 0}``, then ``restore_checkpoint(d, ckpt)``)."""
+  found = q.n.assignment(target) if isinstance(target, cst.Name) else None
+  return found is not None and len(found[0]) == 1 and isinstance(found[1], cst.Dict) \
+      and q.mentions_optimizer(found[1])
 
 
 def leave_save(p, original) -> bool:
