@@ -80,12 +80,19 @@ class Finding:
     return f'{self.rule}: {self.message if self.reason is None else self.reason}'
 
   def format(self, path: str) -> str:
-    kind = 'fixed' if self.fixed else self.safety
-    return f'{path}:{self.line}:{self.col}: {self.rule} [{kind}] {self.message}'
+    return f'{path}:{self.line}:{self.col}: {self.rule} [{kind(self.fixed, self.safety)}] ' \
+        f'{self.message}'
 
   def moved(self, line: int) -> 'Finding':
     """The same finding at another line (a notebook cell's own numbering)."""
     return dataclasses.replace(self, line=line)
+
+
+def kind(applied: bool, safety: str) -> str:
+  """What a finding's line says it is: ``fixed`` when its fix is applied (or would be);
+  ``unsafe`` when only ``--unsafe-fixes`` would apply it; else ``manual``, a TODO to do by
+  hand (a finding of a safe rule left unapplied is one: the codemod flagged that site)."""
+  return 'fixed' if applied else ('unsafe' if safety == 'unsafe' else 'manual')
 
 
 def line_map(before: str, after: str) -> Callable[[int], int]:

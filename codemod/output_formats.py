@@ -121,8 +121,9 @@ class Entry:
 
   @property
   def kind(self) -> str:
-    """``fixed`` when applied, else the rule's safety (``safe``, ``unsafe``, ``manual``)."""
-    return 'fixed' if self.applied else self.safety
+    """``fixed``, ``unsafe`` or ``manual`` (:func:`codemod.findings.kind`)."""
+    from codemod.findings import kind
+    return kind(self.applied, self.safety)
 
   @property
   def level(self) -> str:

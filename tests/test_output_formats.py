@@ -118,7 +118,7 @@ def test_concise_one_line_per_finding(tmp_path, broken):
   for row in rows:
     want[row['message'] if row['rule'] is None else (
         row['file'], row['line'], row['column'], row['rule'],
-        'fixed' if row['applied'] else row['safety'],
+        'fixed' if row['applied'] else 'unsafe' if row['safety'] == 'unsafe' else 'manual',
         output_formats.short_message(row['message']))] += 1
   last = None
   for line in lines:
