@@ -152,6 +152,19 @@ class _Linen:
       if isinstance(f, cst.Name):
         return self._init_function(f, depth)
       return False
+    if isinstance(expr, cst.Subscript) and self.facts.imports_flax and len(expr.slice) == 1 \
+        and isinstance(expr.slice[0].slice, cst.Index) \
+        and isinstance(key := expr.slice[0].slice.value, cst.SimpleString):
+      # a collection of what `init` returned (`variables['params']`), or the `'params'`
+      # collection of any `.init(...)` result (`models.MLP().init(rng, x)['params']`: the
+      # collection name is Flax's, whatever module the class comes from)
+      base = expr.value
+      if isinstance(base, cst.Name) and (found := self.value_of(base)) is not None \
+          and found[1] is None:
+        base = found[0]
+      return self.from_init(expr.value, depth + 1) or (
+          key.evaluated_value == 'params' and isinstance(base, cst.Call)
+          and isinstance(base.func, cst.Attribute) and base.func.attr.value == 'init')
     if isinstance(expr, cst.Name):
       found = self.value_of(expr)
       if found is None:
