@@ -176,6 +176,13 @@ def cmd_rewrite(args) -> int:
   except KeyboardInterrupt:  # Ctrl-C before any write: the pool is already stopped
     print('optim-migrate rewrite: interrupted; no file was written', file=sys.stderr)
     return EXIT_INTERRUPTED
+  # a file named on the command line gets a verdict even where the prefilters passed it
+  # over unread (not a parse: bytes that do not decode, a syntax error, broken notebook JSON)
+  named = {pathlib.Path(p) for p in paths if pathlib.Path(p).is_file()}
+  for f, result in zip(files, results):
+    if f in named and not result.error and result.original == '' and result.new == '' \
+        and (why := sources_lib.unreadable(sources.get(f) or sources_lib.SourceFile(f))):
+      result.error = why
   with _sigint_deferred() as interrupted:
     status = _report_and_write(args, results, interrupted, fmt, full)
   if status is not None:

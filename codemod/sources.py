@@ -80,6 +80,37 @@ class SourceFile:
     return self._module
 
 
+def unreadable(source: SourceFile) -> Optional[str]:
+  """Why python (or Jupyter) could not read the file, as the run's error line, or None:
+  bytes that do not decode (PEP 263), a CPython syntax error (``ast``, no LibCST: named
+  files the prefilters pass over get this check, not a parse), a notebook that is not
+  notebook JSON."""
+  import ast
+  import json
+  path = source.path
+  try:
+    data = source.data
+    if path.suffix == '.ipynb':
+      try:
+        nb = json.loads(data.decode('utf-8'))
+      except (UnicodeDecodeError, ValueError) as e:
+        return f'{path}: not a notebook: {e}'
+      return None if isinstance(nb, dict) and isinstance(nb.get('cells'), list) else \
+          f'{path}: not a notebook: no "cells" list'
+    text = source.text
+  except OSError as e:
+    return f'{path}: cannot read: {e.strerror or e}'
+  except (UnicodeDecodeError, SyntaxError) as e:
+    return f'{path}: cannot read: {e}'
+  try:
+    ast.parse(text, str(path))
+  except SyntaxError as e:
+    return f'{path}:{e.lineno}:{e.offset or 1}: cannot parse: {e.msg}'
+  except (ValueError, RecursionError, MemoryError) as e:
+    return f'{path}: cannot parse: {e}'
+  return None
+
+
 def _notebook_code(text: str) -> str:
   """The code cells' sources of notebook JSON ``text`` joined, or ``text`` itself when it is
   not a notebook whose cells' sources are strings."""

@@ -134,3 +134,30 @@ def test_run_without_a_script_says_so(capsys):
   assert cli.main(['run']) == cli.EXIT_ERROR
   assert capsys.readouterr().err == (
       'optim-migrate run: give the SCRIPT to run (then its own arguments, if any)\n')
+
+
+def test_a_named_file_the_prefilters_pass_over_still_gets_a_verdict(tmp_path, capsys):
+  """Found by the new-user trial: `rewrite binary.py` (random bytes, no NUL, no legacy word)
+  and `rewrite broken.ipynb` (truncated JSON) reported "0 failed" and exited 0, because the
+  prefilters never read past the words. A file named on the command line is now checked as
+  python (or Jupyter) would read it; in a directory, files the prefilters pass over are
+  still not read (a tree's test data in other encodings is not the run's business)."""
+  bad = {'latin.py': ('x = "caf\xe9"\n'.encode('latin-1'), 'latin.py: cannot read: invalid or missing encoding declaration'),
+         'syntax.py': (b'def f(:\n  pass\n', 'syntax.py:1:7: cannot parse:'),
+         'broken.ipynb': (b'{"cells": [', 'broken.ipynb: not a notebook:'),
+         'nocells.ipynb': (b'{"metadata": {}}', 'nocells.ipynb: not a notebook: no "cells" list')}
+  (tmp_path / 'tree').mkdir()
+  for name, (data, _) in bad.items():
+    (tmp_path / 'tree' / name).write_bytes(data)
+  (tmp_path / 'tree' / 'fine.py').write_text('x = 1\n')
+  assert cli.main(['rewrite', '--check', str(tmp_path / 'tree')]) == 0  # passed over unread
+  capsys.readouterr()
+  named = [str(tmp_path / 'tree' / n) for n in [*bad, 'fine.py']]
+  assert cli.main(['rewrite', '--check', *named]) == cli.EXIT_ERROR
+  err = capsys.readouterr().err
+  for name, (_, said) in bad.items():
+    assert said in err, (name, err)
+  assert 'fine.py' not in err
+  assert '5 file(s) scanned: 0 would be rewritten, 0 flagged (0 manual item(s)), 4 failed' in err
+  for name, (data, _) in bad.items():
+    assert (tmp_path / 'tree' / name).read_bytes() == data  # nothing written
