@@ -155,20 +155,7 @@ class Cache:
       return
     stored = dataclasses.replace(result, original='',
                                  new=None if result.new == result.original else result.new)
-    path = self._path(key)
-    try:
-      path.parent.mkdir(parents=True, exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=path.parent, prefix='.', suffix='.tmp')
-      try:
-        with os.fdopen(fd, 'wb') as f:
-          pickle.dump((key, stored), f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
-      except BaseException:
-        if os.path.exists(tmp):
-          os.unlink(tmp)
-        raise
-    except OSError:
-      return
+    _replace(self._path(key), pickle.dumps((key, stored), protocol=pickle.HIGHEST_PROTOCOL))
 
   # -- prefilter verdicts ------------------------------------------------------------------
   #: At most this many verdicts are kept (the oldest dropped first): edits add new ones.
@@ -201,21 +188,8 @@ class Cache:
     if not self._new_verdicts or not self._prepare():
       return
     kept = dict(list(self._verdicts.items())[-self.MAX_VERDICTS:])
-    path = self._verdicts_path()
-    try:
-      path.parent.mkdir(parents=True, exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=path.parent, prefix='.', suffix='.tmp')
-      try:
-        with os.fdopen(fd, 'w') as f:
-          json.dump(kept, f, separators=(',', ':'))
-        os.replace(tmp, path)
-      except BaseException:
-        if os.path.exists(tmp):
-          os.unlink(tmp)
-        raise
-    except OSError:
-      return
-    self._new_verdicts = 0
+    if _replace(self._verdicts_path(), json.dumps(kept, separators=(',', ':')).encode()):
+      self._new_verdicts = 0
 
   def _prepare(self) -> bool:
     """Create the directory with its ``.gitignore`` and ``CACHEDIR.TAG`` (once a run)."""
@@ -231,3 +205,22 @@ class Cache:
       except OSError:
         self._ready = False
     return self._ready
+
+
+def _replace(path: pathlib.Path, data: bytes) -> bool:
+  """Write ``data`` to a temporary file beside ``path`` and rename it over ``path`` (a
+  reader sees the whole old file or the whole new one); False when that cannot be done."""
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix='.', suffix='.tmp')
+    try:
+      with os.fdopen(fd, 'wb') as f:
+        f.write(data)
+      os.replace(tmp, path)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.unlink(tmp)
+      raise
+  except OSError:
+    return False
+  return True
