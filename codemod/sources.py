@@ -148,7 +148,12 @@ def decode_source(data: bytes) -> tuple[str, str]:
   if nul >= 0:
     raise SyntaxError(f'a NUL byte at offset {nul}: binary data or UTF-16/32 text, not Python '
                       'source (CPython runs UTF-8 or a PEP 263 encoding)')
-  encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+  try:
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+  except SyntaxError as e:
+    if 'invalid or missing encoding declaration' not in str(e):
+      raise  # (an unknown encoding named by a cookie, a BOM against a cookie: as tokenize says)
+    encoding = 'utf-8'  # a first or second line that is not UTF-8: named below, by position
   try:
     return data.decode(encoding), encoding
   except UnicodeDecodeError as e:  # named by line and column, as an editor shows them

@@ -142,7 +142,8 @@ def test_a_named_file_the_prefilters_pass_over_still_gets_a_verdict(tmp_path, ca
   prefilters never read past the words. A file named on the command line is now checked as
   python (or Jupyter) would read it; in a directory, files the prefilters pass over are
   still not read (a tree's test data in other encodings is not the run's business)."""
-  bad = {'latin.py': ('x = "caf\xe9"\n'.encode('latin-1'), 'latin.py: cannot read: invalid or missing encoding declaration'),
+  bad = {'latin.py': ('x = "caf\xe9"\n'.encode('latin-1'),
+                      'latin.py: cannot read: line 1, column 9 (byte 8)'),
          'syntax.py': (b'def f(:\n  pass\n', 'syntax.py:1:7: cannot parse:'),
          'broken.ipynb': (b'{"cells": [', 'broken.ipynb: not a notebook:'),
          'nocells.ipynb': (b'{"metadata": {}}', 'nocells.ipynb: not a notebook: no "cells" list')}
