@@ -346,7 +346,10 @@ MANUAL = (
     Rule('OM119', 'manual', family='defs', summary='a `hyper_params` read with no literal value',
          why='OM012 replaces the read with the literal the def was built with; here no single '
              'def says which value it is, or it is not a literal, or it is '
-             '`hyper_params.replace(...)` (new values for an override). ' + _KEPT,
+             '`hyper_params.replace(...)` (new values for an override). ' + _KEPT + ' A read '
+             'through `self.<attribute>` gets the literal with this TODO too, and the file '
+             'converts: a subclass (in another module as well) may store an optimizer of '
+             'another def in that attribute, whose value the literal is not.',
          before=_IMPORT + 'def make(params, lr):\n  opt_def = optim.Adam(learning_rate=lr)\n'
                 '  return opt_def.create(params), opt_def.hyper_params.learning_rate\n',
          after='import optim_compat\n'

@@ -400,6 +400,17 @@ def leave_hp_read(p, original) -> bool:
   p.fix(original, apply_hp_value, [('OM012', f'hyper_params.{name} -> {value} (the value the def '
                                              'was built with; legacy per-call overrides never '
                                              'changed it)')], data={'value': value})
+  recv = q.f.hp_reads[id(original)][0]
+  root = recv
+  while isinstance(root, cst.Attribute):
+    root = root.value
+  if isinstance(root, cst.Name) and root.value == 'self' and root is not recv:
+    # an attribute of an instance: a subclass (in another module too) may store an optimizer
+    # of another def there, whose value this literal is not
+    p.flag(original, 'OM119', f'`{code(recv)}` may hold an optimizer of another def than this '
+                              'file\'s (a subclass, here or in another module, that builds its '
+                              f'own): the read became {value}, the value of this file\'s def; '
+                              'keep it only if no subclass stores another def there')
   return True
 
 
