@@ -741,12 +741,12 @@ def _passes_name_through(value, targets) -> bool:
 
 def _passes_tuple_through(value, elements, i: int) -> bool:
   """``opt, ema = f((opt, ema))``: a call given the targets, in their order, as one tuple
-  argument (``jax_utils.replicate((opt, ema))``, a helper restoring ``(opt, ema)`` from a
-  checkpoint), so that element ``i`` keeps what it held."""
+  (or list) argument (``jax_utils.replicate((opt, ema))``, a checkpoint restore into
+  ``[opt, dynamic_scale]``), so that element ``i`` keeps what it held."""
   if not isinstance(value, cst.Call) or not isinstance(elements[i], cst.Name):
     return False
   names = [e.value if isinstance(e, cst.Name) else None for e in elements]
-  return any(isinstance(a.value, cst.Tuple) and not a.star and [
+  return any(isinstance(a.value, (cst.Tuple, cst.List)) and not a.star and [
       e.value.value if isinstance(e.value, cst.Name) else None for e in a.value.elements] == names
       for a in value.args)
 
