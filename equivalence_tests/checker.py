@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import pickle
 import subprocess
@@ -146,13 +147,20 @@ def materialize(params, seed: int = 0):
   leaf order, cast to the leaf's dtype.
 
   Raises:
-    ValueError: a leaf that is not a floating-point array (names its path).
+    ValueError: a leaf that is not a floating-point array, or one too large to allocate
+      here (names its path).
   """
   rs = np.random.RandomState(seed)
 
   def leaf(path, x):
     if isinstance(x, jax.ShapeDtypeStruct):
-      x = jnp.asarray(rs.standard_normal(x.shape) * 0.1, x.dtype)
+      try:
+        x = jnp.asarray(rs.standard_normal(x.shape) * 0.1, x.dtype)
+      except MemoryError:
+        gib = math.prod(x.shape) * 8 / 2**30  # (drawn as float64 first)
+        raise ValueError(f'params leaf {jax.tree_util.keystr(path) or "<root>"}: shape '
+                         f'{tuple(x.shape)} needs {gib:.1f} GiB to draw, more than this machine '
+                         'can allocate') from None
     dtype = np.asarray(x).dtype if not hasattr(x, 'dtype') else x.dtype
     if not jnp.issubdtype(dtype, jnp.floating):
       raise ValueError(f'params leaf {jax.tree_util.keystr(path) or "<root>"} has dtype {dtype}: '
@@ -1231,8 +1239,11 @@ def check(legacy, tx, params, *, steps: int = 20, devices: Sequence[int] = (1,),
   if isinstance(grads, str) and grads not in GRADS:
     raise ValueError(f'grads must be one of {GRADS} or a callable, got {grads!r}')
   refuse_draws(grads, params, seed)
-  if not jax.tree_util.tree_leaves(params):
+  leaves = jax.tree_util.tree_leaves(params)
+  if not leaves:
     raise ValueError('params has no leaves: nothing to check')
+  if all(math.prod(np.shape(x)) == 0 for x in leaves):
+    raise ValueError('params has no elements (every leaf has a zero-size shape): nothing to check')
   concrete = materialize(params, seed)
   validate_tx(tx, concrete)  # the leaves and tx, before any subprocess starts
   dtypes = dtype_names(concrete)

@@ -192,6 +192,16 @@ def test_cli_exit_codes(tmp_path, capsys, monkeypatch):
                      '--params', spec, '--mode', 'single']) == 2
     err = capsys.readouterr().err
     assert f'--params {spec}: {said}' in err and 'Traceback' not in err, err
+  # found by a new user: zero-size leaves passed vacuously ('OK: max 0 ulp', exit 0), and a
+  # shape too large to draw was a MemoryError traceback, exit 1 ('a difference')
+  for name, shape, said in [('zero.json', [0, 3], 'params has no elements'),
+                            ('huge.json', [10**7, 10**7], "params leaf ['w']: shape "
+                             '(10000000, 10000000) needs 745058.1 GiB to draw')]:
+    (tmp_path / name).write_text(json.dumps({'w': {'shape': shape, 'dtype': 'float32'}}))
+    assert cli.main(['check', '--legacy', 'GradientDescent(0.1)', '--tx', 'optax.sgd(5.0)',
+                     '--params', str(tmp_path / name), '--mode', 'single']) == 2
+    err = capsys.readouterr().err
+    assert said in err and 'Traceback' not in err, err
   # found by a new user: an int named as params was 'params leaf <root> has dtype int64'
   (tmp_path / 'int_model.py').write_text('X = 3\n\n\ndef nothing():\n  return None\n')
   for spec, said in [('int_model:X', 'is an int (3), not a pytree of float arrays'),
