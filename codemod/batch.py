@@ -99,10 +99,9 @@ def run_files(files: list[pathlib.Path], options: Options, jobs: int, flows=None
       sizes[i] = size
     else:
       results[i] = FileResult(str(f), '', new='')
-  if cache is not None:
-    cache.save_verdicts()
   keys = {}
   if cache is not None:
+    cache.save_verdicts()
     for i in list(todo):
       source = sources[files[i]]
       try:

@@ -3,7 +3,6 @@ all cache hits reads results without loading the engine; ``codemod.engine`` re-e
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from codemod.findings import Finding, line_map
 
@@ -57,21 +56,20 @@ class FileResult:
     if self.cells is None:
       where = line_map(self.original, self.new)
       return [f.moved(where(f.line)) for f in self.findings]
+    from codemod.sources import notebook_cells
     try:
-      cells = [_cell_sources(self.original), _cell_sources(self.new)]
+      old_cells, new_cells = ([src for _, src in notebook_cells(t)]
+                              for t in (self.original, self.new))
     except (ValueError, TypeError, AttributeError):
       return self.findings
+    maps: dict = {}  # one line map per changed cell
     moved = []
     for cell, f in zip(self.cells, self.findings):
-      old, new = (c[cell] if 0 <= cell < len(c) else '' for c in cells)
-      moved.append(f.moved(line_map(old, new)(f.line)) if old != new else f)
+      old, new = (c[cell] if 0 <= cell < len(c) else '' for c in (old_cells, new_cells))
+      if old == new:
+        moved.append(f)
+        continue
+      if cell not in maps:
+        maps[cell] = line_map(old, new)
+      moved.append(f.moved(maps[cell](f.line)))
     return moved
-
-
-def _cell_sources(text: str) -> list[str]:
-  """The source text of every cell of notebook JSON ``text`` (lists of lines joined)."""
-  out = []
-  for cell in json.loads(text)['cells']:
-    src = cell.get('source', '')
-    out.append(''.join(src) if isinstance(src, list) else src)
-  return out

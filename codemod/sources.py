@@ -111,17 +111,25 @@ def unreadable(source: SourceFile) -> Optional[str]:
   return None
 
 
+def notebook_cells(text: str) -> list[tuple[str, str]]:
+  """``(cell_type, source)`` of every cell of notebook JSON ``text`` (a list of lines joined).
+
+  Raises:
+    ValueError, AttributeError, TypeError: not notebook JSON with a list of cells.
+  """
+  import json
+  out = []
+  for cell in json.loads(text).get('cells'):
+    src = cell.get('source', '')
+    out.append((cell.get('cell_type'), src if isinstance(src, str) else ''.join(src)))
+  return out
+
+
 def _notebook_code(text: str) -> str:
   """The code cells' sources of notebook JSON ``text`` joined, or ``text`` itself when it is
   not a notebook whose cells' sources are strings."""
-  import json
   try:
-    cells = json.loads(text).get('cells')
-    parts = []
-    for cell in cells:
-      if cell.get('cell_type') == 'code':
-        src = cell.get('source', '')
-        parts.append(src if isinstance(src, str) else ''.join(src))
+    parts = [src for kind, src in notebook_cells(text) if kind == 'code']
   except (ValueError, AttributeError, TypeError):
     return text
   return '\n'.join(parts) + '\n'

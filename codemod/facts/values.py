@@ -1,6 +1,8 @@
 """Which expressions give an optimizer, from what the analysis has found so far."""
 from __future__ import annotations
 
+from typing import Optional
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -79,17 +81,23 @@ def restored_keys(n: Names, value) -> frozenset:
   if not isinstance(value, cst.Call):
     return frozenset()
   for q in sorted(n.qnames(value.func) & _RESTORE_NAMES):
-    target = call_argument(value, *api.RESTORES[q])
-    if isinstance(target, cst.Name) and (found := n.assignment(target)) is not None \
-        and len(found[0]) == 1:
-      target = found[1]  # `ckpt = {'opt': opt, 'epoch': 0}`, then restore into `ckpt`
-    if isinstance(target, cst.Dict):
+    target = dict_display(n, call_argument(value, *api.RESTORES[q]))
+    if target is not None:
       return frozenset(
           e.key.evaluated_value for e in target.elements
           if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
           and (produces_optimizer(n, e.value) or (
               isinstance(e.value, cst.Name) and n.binding(e.value) in n.facts.opt_vars)))
   return frozenset()
+
+
+def dict_display(n: Names, expr) -> Optional[cst.Dict]:
+  """``expr`` if it is a dict display, or the dict display a name is bound to once (``ckpt =
+  {'opt': opt, 'epoch': 0}``, then a restore into ``ckpt``); else None."""
+  if isinstance(expr, cst.Name) and (found := n.assignment(expr)) is not None \
+      and len(found[0]) == 1:
+    expr = found[1]
+  return expr if isinstance(expr, cst.Dict) else None
 
 
 def produces_optimizer(n: Names, value) -> bool:

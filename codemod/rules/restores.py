@@ -14,6 +14,7 @@ import re
 import libcst as cst
 
 from codemod import legacy_api as api
+from codemod.facts.values import dict_display
 from codemod.names import code, kwargs, template
 
 _KNOWN_KEYWORDS = {'step', 'ckpt_dir', 'state', 'encoded_bytes'}
@@ -76,9 +77,8 @@ def leave_restore(p, original) -> bool:
 def _names_a_dict_of_optimizers(q, target) -> bool:
   """``target`` is a name bound once, to a dict display holding an optimizer (``ckpt =
   {'opt': optimizer, 'epoch': 0}``, then ``restore_checkpoint(d, ckpt)``)."""
-  found = q.n.assignment(target) if isinstance(target, cst.Name) else None
-  return found is not None and len(found[0]) == 1 and isinstance(found[1], cst.Dict) \
-      and q.mentions_optimizer(found[1])
+  display = dict_display(q.n, target) if isinstance(target, cst.Name) else None
+  return display is not None and q.mentions_optimizer(display)
 
 
 def leave_save(p, original) -> bool:
