@@ -63,13 +63,15 @@ def returned_item(n: Names, value) -> bool:
   restored has its target's structure)."""
   if not (isinstance(value, cst.Subscript) and isinstance(value.value, cst.Name)
           and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index)
-          and isinstance(key := value.slice[0].slice.value, cst.SimpleString)):
+          and isinstance(key := value.slice[0].slice.value, (cst.SimpleString, cst.Integer))):
     return False
   found = n.assignment(value.value)
   if found is None or len(found[0]) != 1:
     return False
   if key.evaluated_value in restored_keys(n, found[1]):
-    return True
+    return True  # (an int index: a restore into a list or tuple display, `ck[0]`)
+  if isinstance(key, cst.Integer):
+    return False
   function = own_function(found[1])
   return function is not None and key.evaluated_value in n.facts.bundle_keys.get(function, ())
 
@@ -77,17 +79,25 @@ def returned_item(n: Names, value) -> bool:
 def restored_keys(n: Names, value) -> frozenset:
   """The keys at which ``value``, a checkpoint restore (``codemod.legacy_api.RESTORES``) into
   a dict display (or a name bound once to one), gets an optimizer back: the display's string
-  keys whose value is an optimizer. Empty for anything else."""
+  keys whose value is an optimizer; into a list or tuple display, the indexes of its
+  optimizers. Empty for anything else."""
   if not isinstance(value, cst.Call):
     return frozenset()
+
+  def holds(e) -> bool:
+    return produces_optimizer(n, e) or (
+        isinstance(e, cst.Name) and n.binding(e) in n.facts.opt_vars)
   for q in sorted(n.qnames(value.func) & _RESTORE_NAMES):
-    target = dict_display(n, call_argument(value, *api.RESTORES[q]))
+    target = call_argument(value, *api.RESTORES[q])
+    if isinstance(target, (cst.List, cst.Tuple)) and not any(
+        isinstance(e, cst.StarredElement) for e in target.elements):
+      return frozenset(i for i, e in enumerate(target.elements) if holds(e.value))
+    target = dict_display(n, target)
     if target is not None:
       return frozenset(
           e.key.evaluated_value for e in target.elements
           if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
-          and (produces_optimizer(n, e.value) or (
-              isinstance(e.value, cst.Name) and n.binding(e.value) in n.facts.opt_vars)))
+          and holds(e.value))
   return frozenset()
 
 
