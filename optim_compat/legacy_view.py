@@ -493,7 +493,10 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
     opt_def: any legacy def whose ``hyper_params`` is a dataclass (table defs,
       user ``OptimizerDef`` subclasses, ``WeightNorm``; not ``MultiOptimizer``,
       whose groups are injected one by one in the codemod's ``multi_transform``).
-    inject: names of the fields to inject; each value must be a number.
+    inject: names of the fields to inject; each value must be a number, or None (legacy
+      allows a None learning rate when every ``apply_gradient`` passes one): it then
+      starts at 0.0, as the codemod's injected Optax chains do, to be set before each
+      update.
     **hyper_param_overrides: as for ``base.to_optax``.
 
   Returns:
@@ -530,6 +533,8 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
                       f'legacy flax.optim branches on its value in Python (a traced value '
                       f'would take the other branch\'s arithmetic); build one tx per value')
     value = getattr(hp, name)
+    if value is None:
+      continue  # (set per call: starts at 0.0 below)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.ndarray, np.generic,
                                                          jax.Array)):
       raise TypeError(f'{type(opt_def).__name__}: hyper-parameter {name!r} = {value!r} cannot be '
@@ -544,4 +549,4 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
   factory.__name__ = factory.__qualname__ = f'{type(opt_def).__name__}_to_optax'
   static = tuple(n for n in fields if n not in inject)
   return optax.inject_hyperparams(factory, static_args=static)(
-      **{n: getattr(hp, n) for n in fields})
+      **{n: 0.0 if n in inject and getattr(hp, n) is None else getattr(hp, n) for n in fields})

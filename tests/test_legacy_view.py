@@ -411,6 +411,28 @@ class _Flagged(oc.OptimizerDef):
     super().__init__(_HP(0.1, False))
 
 
+def test_injected_none_learning_rate_is_set_per_call_as_legacy():
+  """A def built without a learning rate (legacy allows None when every apply_gradient
+  passes one: efficientnet-jax's `create_optim(..., learning_rate=None)`, its schedule at
+  apply time) injects it starting at 0.0; set before each update through `tree_set` (what
+  the codemod emits) it steps bitwise as the shim's apply_gradient(g, learning_rate=lr)."""
+  params = cases.params_for('momentum_beta_override')
+  d = oc.Adam(beta2=0.99, weight_decay=1e-3)
+  state = train_state.TrainState.create(
+      apply_fn=None, params=params, tx=oc.to_optax(d, inject=('learning_rate',)))
+  assert float(state.opt_state.hyperparams['learning_rate']) == 0.0
+  opt = d.create(params)
+  new_step = jax.jit(lambda s, g, lr: s.replace(opt_state=optax.tree_utils.tree_set(
+      s.opt_state, learning_rate=lr)).apply_gradients(grads=g))
+  old_step = jax.jit(lambda o, g, lr: o.apply_gradient(g, learning_rate=lr))
+  for i in range(4):
+    g, lr = core.reference_grads(params, i), jnp.float32(0.01 * 0.8 ** i)
+    state, opt = new_step(state, g, lr), old_step(opt, g, lr)
+    assert _leaves_equal(state.params, opt.target), i
+  with pytest.raises(TypeError, match="'learning_rate' must be a number"):
+    oc.to_optax(oc.Adam(learning_rate='x'), inject=('learning_rate',))
+
+
 def test_to_optax_inject_refuses_what_it_cannot_inject():
   d = oc.Momentum(learning_rate=0.05)
   with pytest.raises(TypeError, match=r"no hyper-parameter\(s\) \['temperature'\].*valid: "
@@ -421,8 +443,6 @@ def test_to_optax_inject_refuses_what_it_cannot_inject():
     oc.to_optax(d, inject='weight_decay')
   with pytest.raises(TypeError, match="'flag' = False cannot be injected"):
     oc.to_optax(_Flagged(), inject='flag')
-  with pytest.raises(TypeError, match="'learning_rate' = None cannot be injected"):
-    oc.to_optax(oc.Adam(), inject=('learning_rate',))
   multi, _ = _group_def()
   with pytest.raises(TypeError, match='not a dataclass'):
     oc.to_optax(multi, inject=('learning_rate',))
