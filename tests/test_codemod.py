@@ -436,7 +436,7 @@ def test_demo_rejects_a_count_below_one_naming_the_option_and_value(tmp_path, op
 def test_no_shim_fallback_flag_and_config_key(tmp_path):
   """`--no-shim-fallback` / `shim-fallback = false`: a file kept legacy gets its TODOs only;
   a value that is not true/false is refused (exit 2, naming the key)."""
-  source = 'from flax import optim\n\n\ndef make(params, kw):\n  return optim.Adam(**kw).create(params)\n'
+  source = 'from flax import optim\n\n\ndef make(params):\n  return optim.Adam(beta1=0.8).create(params)\n'
   legacy = tmp_path / 'm.py'
   legacy.write_text(source)
   proc = _cli('rewrite', '--diff', str(legacy), cwd=tmp_path)
@@ -965,6 +965,11 @@ _RESUMING = {
     'legacy_dict_checkpoint.py': (
         "restored = optim_compat.checkpoint.restore_legacy(workdir, {'opt': optimizer, 'epoch': 0})",
         "optimizer, epoch = restored['opt'], restored['epoch']", 'int(optimizer.step)'),
+    # awac's `flax.optim.Adam(**actor_optim_kwargs)`: a def built from a dict the code cannot
+    # read, with an apply-time rate (before: OM118 kept the file legacy)
+    'legacy_def_star_kwargs.py': (
+        "optim_compat.to_optax(optim_compat.Adam(**optim_kwargs), inject=('learning_rate',))",
+        'optim_compat.checkpoint.restore_legacy(workdir, optimizer)'),
 }
 
 

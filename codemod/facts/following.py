@@ -19,6 +19,7 @@ def settle(analyzer) -> None:
   n, f = analyzer.n, analyzer.f
   f.rebound.update(analyzer.rebinds & f.opt_vars)
   _split_def_rebinds(n, analyzer.assign_sites)
+  _other_values_of_defs(n, analyzer.assign_sites)
   changed = True
   while changed:  # `self.o = jax_utils.replicate(self.o)` wherever it stands in the file
     changed = False
@@ -143,6 +144,22 @@ def _split_def_rebinds(n: Names, assign_sites: dict) -> None:
       after = reads  # its uses are flagged there, not as a def's
     f.escaping = {k: v for k, v in f.escaping.items() if k not in after}
     f.def_attrs = [a for a in f.def_attrs if id(a.value) not in after]
+
+
+def _other_values_of_defs(n: Names, assign_sites: dict) -> None:
+  """Names holding a def that are also assigned something this file cannot tell is one
+  (``d = Adam(1e-3)`` in one branch, ``d = MyDef(0.1)`` of a class imported from another
+  module in the other): ``Facts.def_var_others``. A ``d.create(p)`` converted to
+  ``TrainState.create(..., tx=d)`` would fail on the other value (it has no ``init``), so
+  that create is flagged (OM118) and the file keeps its legacy code."""
+  f = n.facts
+  for b in f.def_vars:
+    for target, value, _ in assign_sites.get(b, []):
+      if m.matches(value, m.Call(func=m.Attribute(value=m.Name(target.value),
+                                                   attr=m.Name('create')))):
+        break  # `d = d.create(p)`: the values after it are the optimizer's (_split_def_rebinds)
+      if not (n.is_def(value) or m.matches(value, m.Name('None'))):
+        f.def_var_others.setdefault(b, value)  # (None: no create then, in legacy either)
 
 
 def _accesses(n: Names, name: cst.Name):

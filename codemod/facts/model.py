@@ -58,6 +58,7 @@ class Facts:
   made_here_params: set = _field(set)  # parameters only ever given this file's optimizers
   escaping: dict = _field()           # id -> def handed to other code (returned, passed, class attr)
   mixed_defs: dict = _field()         # id(def call) -> name that then holds its optimizer
+  def_var_others: dict = _field()     # def binding -> a value not a def it is assigned too
   attr_chains: set = _field(set)      # `self.optimizer`-like chains holding optimizers
   attr_other: set = _field(set)       # chains also assigned something else
   attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it

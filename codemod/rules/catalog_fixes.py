@@ -22,7 +22,12 @@ FIXES = (
                 'optim`, `import flax.optim as X`, `from flax.optim import Adam as A`, `from '
                 'flax.optim.adam import Adam`, bare `flax.optim.Adam` after `import flax`); '
                 '`WeightNorm(def)` → `optim_compat.to_optax(optim_compat.WeightNorm(...))`; a '
-                'user `OptimizerDef` subclass → `tx=optim_compat.to_optax(MyDef(...))`'),
+                'user `OptimizerDef` subclass → `tx=optim_compat.to_optax(MyDef(...))`; a def '
+                'built from `*args` / `**kw` the code cannot read (awac\'s `Adam(**kwargs)`; a '
+                'dict bound once with literal values and used only so is read and converted '
+                'to the Optax chain) → `optim_compat.to_optax(optim_compat.Adam(**kw))`, the '
+                'shim\'s own def reading them at run time (`inject=(\'learning_rate\',)` when '
+                'the rate is set at apply time)'),
     Rule('OM002', 'safe', family='apply_gradient', summary=
          '`opt.apply_gradient(grads)` -> `opt.apply_gradients(grads=grads)`; '
          '`learning_rate=lr` -> set in an `optax.inject_hyperparams` state',
@@ -247,15 +252,15 @@ FIXES = (
              '`flax.optim.X` after `import flax`, import_module strings) at the shim, so the '
              'file runs at once, bitwise to flax.optim 0.5.3 on the same stack, and changes '
              'nothing on Flax <= 0.5.3. Off with --no-shim-fallback (shim-fallback = false).',
-         before=_IMPORT + 'def make(params, kw):\n  return optim.Adam(**kw).create(params)\n',
+         before=_IMPORT + 'def make(params):\n  return optim.Adam(beta1=0.8).create(params)\n',
          after='import optim_compat\n'
                'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
                'from flax import optim\n'
                '\n'
                '\n'
-               'def make(params, kw):\n'
-               '  # TODO(optim-migrate): OM118: Adam(*args/**kwargs) cannot be converted statically (this file keeps its legacy optimizer code)\n'
-               '  return optim.Adam(**kw).create(params)\n',
+               'def make(params):\n'
+               '  # TODO(optim-migrate): OM118: Adam has no learning rate and none is passed at apply time in this file; set learning_rate explicitly (this file keeps its legacy optimizer code)\n'
+               '  return optim.Adam(beta1=0.8).create(params)\n',
          readme='a file that keeps its legacy optimizer code (any reason; also one whose only '
                 '`flax.optim` use is an import it may re-export) gets `import optim_compat` + '
                 '`optim_compat.install()` right before its first statement that imports or '

@@ -325,21 +325,19 @@ MANUAL = (
                 '(`opt, lr = make(p)`); the file is still converted, so check the report'),
     Rule('OM118', 'manual', family='defs', summary=
          'def, `MultiOptimizer` or `create` arguments the codemod cannot convert statically',
-         why='`*args` or `**kw` (a dict bound once with string keys and literal values and used '
-             'only as `**kw` is read and converted), a def without a learning rate (none at '
-             'apply time either), a '
+         why='A def without a learning rate (none at apply time either), a '
              '`MultiOptimizer` group that is not a literal (traversal, def) pair, a `focus=` '
              'that is not a traversal built in the file. ' + _KEPT,
-         before=_IMPORT + 'def make(params, kw):\n  return optim.Adam(**kw).create(params)\n',
+         before=_IMPORT + 'def make(params):\n  return optim.Adam(beta1=0.8).create(params)\n',
          after='import optim_compat\n'
                'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
                'from flax import optim\n'
                '\n'
                '\n'
-               'def make(params, kw):\n'
-               '  # TODO(optim-migrate): OM118: Adam(*args/**kwargs) cannot be converted statically (this file keeps its legacy optimizer code)\n'
-               '  return optim.Adam(**kw).create(params)\n',
-         readme='a def built with `*args` / `**kwargs` or without any learning rate, '
+               'def make(params):\n'
+               '  # TODO(optim-migrate): OM118: Adam has no learning rate and none is passed at apply time in this file; set learning_rate explicitly (this file keeps its legacy optimizer code)\n'
+               '  return optim.Adam(beta1=0.8).create(params)\n',
+         readme='a def built without any learning rate, '
                 '`MultiOptimizer` arguments that are not literal (traversal, def) pairs, '
                 '`create(...)` with other arguments or a `focus=` that is not a traversal built '
                 'in the file (the file keeps its legacy code)'),

@@ -191,9 +191,16 @@ def factory_lr(q) -> dict:
   f = q.f
   found = {fac.qualified: False for fac in f.flow_used.values() if fac.converted}
   for call in [*f.apply_calls, *f.optimize_calls]:
+    if 'learning_rate' not in kwargs(call):
+      continue
     fac = q.factory_of(call.func.value)
-    if fac is not None and fac.qualified in found and 'learning_rate' in kwargs(call):
+    if fac is not None and fac.qualified in found:
       found[fac.qualified] = True
+    elif fac is None and not (f.create_calls and q.own_optimizer(call.func.value)):
+      # an optimizer this file does not trace to a factory and does not create (read back
+      # from its own container, `optimizer = state.optimizer`): it may come from any of
+      # them, so each injects its rate (else a KeyError at `tree_set`, on a line with no TODO)
+      found = dict.fromkeys(found, True)
   return found
 
 

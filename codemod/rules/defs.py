@@ -70,6 +70,35 @@ def def_args(call: cst.Call, spec, unpacked=None) -> dict[str, str]:
   return args
 
 
+def dynamic_args(n, call: cst.Call, spec) -> bool:
+  """``call`` (a def of the migration table) has ``*args`` / ``**kw`` whose values the codemod
+  cannot read (:func:`unpacked_dicts` knows none of them), and nothing else wrong: too many
+  positionals or an unknown keyword stay a :func:`def_args` error. Such a def becomes the
+  shim's own def wrapped for a TrainState (:func:`dynamic_source`): its hyper-parameters are
+  read when the program runs, as legacy read them."""
+  unpacked = unpacked_dicts(n, call)
+  stars = [i for i, a in enumerate(call.args) if a.star and i not in unpacked]
+  if not stars or spec is None:
+    return False
+  rest = call.with_changes(args=[a for i, a in enumerate(call.args) if i not in stars])
+  try:
+    def_args(rest, spec, {i - sum(1 for s in stars if s < i): v for i, v in unpacked.items()})
+  except TypeError:
+    return False
+  if any(a.keyword is None and not a.star for a in call.args[stars[0]:]):
+    return False  # (a positional after `*args`: its position is unknown)
+  return True
+
+
+def dynamic_source(call: cst.Call, name: str, inject_lr: bool) -> str:
+  """``optim_compat.to_optax(optim_compat.<name>(<the call's arguments>))``, with
+  ``inject=('learning_rate',)`` when the file sets the rate at apply time (the state then has
+  ``hyperparams['learning_rate']``, which the apply rewrite sets)."""
+  args = ', '.join(code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in call.args)
+  inject = ", inject=('learning_rate',)" if inject_lr else ''
+  return f'optim_compat.to_optax(optim_compat.{name}({args}){inject})'
+
+
 def def_problem(q, call: cst.Call) -> Optional[Problem]:
   """Why the def call cannot be converted, else None."""
   name = q.n.legacy_def(call)
@@ -83,6 +112,8 @@ def def_problem(q, call: cst.Call) -> Optional[Problem]:
                               'optim_compat.WeightNorm meanwhile')
     return def_problem(q, inner)
   spec = spec_lib.SPECS.get(name)
+  if dynamic_args(q.n, call, spec):
+    return None  # (the shim's def, its values read at run time: dynamic_source)
   try:
     args = def_args(call, spec, unpacked_dicts(q.n, call))
   except TypeError as e:
@@ -127,6 +158,13 @@ def multi_labels(call: cst.Call) -> list[str]:
 
 
 def create_problem(q, call: cst.Call) -> Optional[str]:
+  recv = call.func.value
+  if isinstance(recv, cst.Name) and (other := q.f.def_var_others.get(q.n.binding(recv))) \
+      is not None:
+    return (f'`{recv.value}` is also assigned `{code(other)}`, which this file cannot tell is '
+            'a flax.optim def of the migration table (a class of another module?): as '
+            f'TrainState.create(..., tx={recv.value}) it would have no init; convert both '
+            'values together (a user OptimizerDef: wrap it in optim_compat.to_optax)')
   kw = kwargs(call)
   positional = [a for a in call.args if a.keyword is None]
   if any(a.star for a in call.args) or set(kw) - {'target', 'focus'} or \
@@ -418,8 +456,15 @@ def leave_hp_read(p, original) -> bool:
 def apply_def(ctx, original, updated, fix):
   q = ctx.q
   name = fix.data['name']
-  ctx.add_import('optax')
   spec = spec_lib.SPECS[name]
+  if dynamic_args(q.n, original, spec):
+    ctx.add_import('optim_compat')
+    source = dynamic_source(updated, name, q.inject_lr)
+    fix.findings[0].message = (f'flax.optim.{name}(...) -> {source} (its arguments are read '
+                               'when the program runs: the shim\'s own def, bitwise equal to '
+                               'legacy, as an Optax transformation)')
+    return cst.parse_expression(source)
+  ctx.add_import('optax')
   args = def_args(updated, spec, unpacked_dicts(q.n, original))
   source = spec.emit(args, learning_rate_injected=q.inject_lr)
   stock = None
