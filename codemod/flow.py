@@ -164,6 +164,29 @@ class DefFactory(_Entry):
 
 
 @dataclasses.dataclass(frozen=True)
+class DefSink(DefFactory):
+  """A module-level function, or a method of a module-level class, whose parameter
+  receives a legacy def and only ``.create`` s it (jax-rl's ``Model.with_optimizer(self,
+  optim_def)``, called as ``actor.with_optimizer(flax.optim.Adam(learning_rate=lr))`` in
+  three learner modules). Kept in the factories table, never a factory nor a def factory.
+
+  Attributes:
+    qualified: ``'jax_rl.networks.common.Model.with_optimizer'``.
+    path: the defining file, as the run names it.
+    converted: its file's rewrite converts (with the sink allowed, the ``.create`` on the
+      parameter becomes ``TrainState.create(..., tx=<parameter>)``).
+    parameter: ``(position, name)``: its position among the arguments a call passes (after
+      ``self`` for a method), and its name.
+    allowed: the pre-pass lets it convert: every file of the run that may call it passes a
+      table def there, built in place, and converts (:func:`build_flows`); the callers then
+      pass the def's Optax transformation.
+    method: the method's name when it is a method (``'with_optimizer'``), else ``''``.
+  """
+  parameter: tuple = (0, '')
+  method: str = ''
+
+
+@dataclasses.dataclass(frozen=True)
 class DefUse:
   """One file's use of a :class:`DefFactory` the pre-pass let convert, or of a converted
   :class:`Factory` (never in the tables).
@@ -254,7 +277,22 @@ class Flow:
   def resolve_def(self, qname: str) -> Optional[DefFactory]:
     """The function returning a legacy def ``qname`` names (:class:`DefFactory`), if any."""
     found = self._find(self.factories, qname)
-    return found if isinstance(found, DefFactory) else None
+    return found if isinstance(found, DefFactory) and not isinstance(found, DefSink) else None
+
+  def resolve_sink(self, qname: str) -> Optional[DefSink]:
+    """The def sink function ``qname`` names (:class:`DefSink`), if any."""
+    found = self._find(self.factories, qname)
+    return found if isinstance(found, DefSink) else None
+
+  def sink_method(self, name: str) -> Optional[DefSink]:
+    """The one def sink method called ``name`` in the tree (``with_optimizer``), else None
+    (none, or several: a call by that name cannot tell which)."""
+    found = {f.qualified: f for f in self._sinks if f.method == name}
+    return next(iter(found.values())) if len(found) == 1 else None
+
+  @functools.cached_property
+  def _sinks(self) -> list:
+    return [f for f in self.factories.values() if isinstance(f, DefSink)]
 
   def resolve_fields(self, qname: str) -> Optional[Fields]:
     """The class with optimizer fields ``qname`` names (:class:`Fields`), if any."""
@@ -562,6 +600,21 @@ def _def_verdicts(candidates, factories, found, texts, files, outside) -> tuple[
       uses.setdefault(use.qualified, {})[key] = use
   for q, required in candidates.items():
     entry = factories.get(q)
+    if isinstance(entry, DefSink):
+      # its file converts and sets no learning rate at apply time on what it creates (the
+      # callers' transformations would have to inject it), and every file that may call it
+      # hands it a table def and converts
+      # (a method is called by its name alone: no other file may define one so named)
+      if not entry.converted or entry.inject_lr or any(
+          not use.converted for use in uses.get(q, {}).values()) or any(
+          path in outside or str(path) not in uses.get(q, {})
+          for path, _, shown in files if shown != entry.path and texts.get(path) is not None
+          and _calls(texts[path], q)) or (entry.method and any(
+              re.search(rf'\bdef[ \t]+{entry.method}\b', texts[path]) is not None
+              for path, _, shown in files
+              if shown != entry.path and texts.get(path) is not None)):
+        failing.add(q)
+      continue
     if isinstance(entry, DefFactory) and not entry.converted and not required and any(
         use.inject for use in uses.get(q, {}).values()):
       inject.add(q)  # (a def without a learning rate converts once its file injects one)
@@ -733,6 +786,13 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                                inject_required=getattr(own.get(f'{name}.{function}'),
                                                        'inject_required', False))
                     for function, converted in summary.def_factories.items()
+                    for name, _ in names]
+  def_factories += [DefSink(f'{name}.{function}', shown, converted and changes,
+                            '' if converted and changes else why, inject_lr=summary.inject_lr,
+                            allowed=getattr(own.get(f'{name}.{function}'), 'allowed', False),
+                            parameter=parameter,
+                            method=function.rsplit('.', 1)[1] if '.' in function else '')
+                    for function, (parameter, converted) in summary.def_sinks.items()
                     for name, _ in names]
   uses = _uses(plan, shown, changes, outside, why)
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]

@@ -19,6 +19,7 @@ from codemod import legacy_api as api
 from codemod.facts import following
 from codemod.facts.model import Facts
 from codemod.modern import table as modern_table
+from optim_compat import spec as spec_lib
 from codemod.facts.values import (makes_bare_array, own_function as _own_function,
                                   produces_optimizer, wrapper_of, wraps_factory)
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
@@ -70,6 +71,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self.def_names: list = []
     self.consumed_defs: set = set()
     self.create_receivers: set = set()
+    self._sink_args: set = set()   # ids of the Args handing a def to a def sink the run converts
     #: def calls in a place the rewrite follows: bound to one name, or a MultiOptimizer group's
     #: def (with consumed_defs, wn_inner and escaping; any other is handed on, _unplaced_defs)
     self.placed_defs: set = set()
@@ -250,6 +252,9 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       # no optimizer: its `.state` (an agent's frame stack) is no legacy member
       self._receivers.add(id(node.params.params[0]))
     method = bool(self._class_levels) and self._class_levels[-1] == len(self._function_stack)
+    if not self._function_stack and not self._subclass_depth and (
+        not self._class_depth or (method and self._class_depth == 1)):
+      self._def_sink(node, self._classes[0] if self._class_depth else None)
     self._function_stack.append(node.name.value)
     if not method:  # (a function nested in a method is followed as any other: `def step` in a test)
       self.f.functions.append(node)
@@ -259,6 +264,71 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       self.f.defines_apply_gradient = True
     if self._field_classes:
       self._documented_field_classes(node)
+
+  def _sink_called(self, node: cst.Call):
+    """The def sink of another module (or this one) ``node`` calls (``codemod.flow.DefSink``):
+    a method by its name (``actor.with_optimizer(...)``: the receiver's class is not
+    followed; the flow offers a method name only when one sink has it), a function by its
+    qualified name."""
+    flow = self.f.flow
+    if isinstance(node.func, cst.Attribute):
+      return flow.sink_method(node.func.attr.value)
+    names = sorted(self.n.qnames(node.func))
+    if isinstance(node.func, cst.Name) and flow.module:
+      names.append(f'{flow.module}.{node.func.value}')
+    return next((found for q in names if (found := flow.resolve_sink(q)) is not None), None)
+
+  def _sink_call(self, node: cst.Call, sink) -> None:
+    """A call handing a def to a def sink: the def (a call of a table def, at the sink's
+    parameter) becomes the Optax transformation the sink ``.create`` s where the run lets the
+    sink convert; any other argument there is a use the sink cannot take (``def_misused``)."""
+    f = self.f
+    f.def_uses[sink.qualified] = sink
+    position, name = sink.parameter
+    given = [a for a in node.args if a.keyword is not None and a.keyword.value == name] or [
+        a for i, a in enumerate(node.args) if a.keyword is None and not a.star and i == position]
+    value = given[0].value if given else None
+    if value is None or any(a.star for a in node.args) or \
+        self.n.legacy_def(value) not in spec_lib.SPECS:
+      f.def_misused.add(sink.qualified)
+      return
+    f.uses_legacy = True  # (a flax.optim def today)
+    if sink.allowed:
+      self._sink_args.add(id(given[0]))
+      self.consumed_defs.add(id(value))
+
+  def _def_sink(self, node: cst.FunctionDef, cls: Optional[str]) -> None:
+    """A module-level function, or a method of a module-level class, with a parameter whose
+    every use is the receiver of ``.create(...)`` (jax-rl's ``Model.with_optimizer(self,
+    optim_def)``: ``optim_def.create(self.params)``): a *def sink* (``Facts.def_sinks``).
+    Where the run lets it convert (``codemod.flow.DefSink.allowed``: every caller passes a
+    def that converts) the parameter is a def of unknown kind here, its ``.create`` a
+    ``TrainState.create(..., tx=<parameter>)``."""
+    n = self.n
+    params = list(node.params.params)
+    offset = 1 if cls is not None else 0
+    if cls is not None and (not params or any(
+        m.matches(d.decorator, m.Name('staticmethod') | m.Name('classmethod'))
+        for d in node.decorators)):
+      return
+    for i, param in enumerate(params[offset:]):
+      if param.annotation is not None or param.default is not None or param.star:
+        continue
+      name = param.name.value
+      scope = n.scope(param.name)
+      if scope is None or len(list(scope.assignments[name])) != 1:
+        continue  # (rebound in the body: not only a def)
+      accesses = list(scope.accesses[name])
+      receivers = {id(c.func.value) for c in m.findall(node.body, m.Call(
+          func=m.Attribute(value=m.Name(name), attr=m.Name('create'))))}
+      if accesses and all(id(a.node) in receivers for a in accesses):
+        qualname = f'{cls}.{node.name.value}' if cls else node.name.value
+        self.f.def_sinks[qualname] = (i, name)
+        flow = self.f.flow
+        found = flow.resolve_sink(f'{flow.module}.{qualname}') if (
+            flow is not None and flow.module) else None
+        if found is not None and found.allowed and (b := n.binding(param.name)):
+          self.f.def_vars[b] = None  # a def of unknown kind: `.create` on it is converted
 
   def _documented_field_classes(self, node: cst.FunctionDef) -> None:
     """A parameter documented as another module's class with optimizer fields
@@ -620,7 +690,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       self.f.dynamic_imports[id(node)] = failure
 
   def visit_Arg(self, node: cst.Arg) -> None:
-    if self.n.is_def(node.value) and id(node) not in self._group_args | self._tx_args:
+    if self.n.is_def(node.value) and id(node) not in self._group_args | self._tx_args \
+        and id(node) not in self._sink_args:
       self.f.escaping[id(node.value)] = node.value
 
   def visit_Call(self, node: cst.Call) -> None:
@@ -632,6 +703,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     f.calls_by_func[id(node.func)] = node
     f.double_starred.update(id(a.value) for a in node.args
                             if a.star == '**' and isinstance(a.value, cst.Name))
+    if f.flow is not None and (sink := self._sink_called(node)) is not None:
+      self._sink_call(node, sink)
     if (made := n.converted_def_factory(node)) is not None:
       f.uses_legacy = True  # it makes a flax.optim def today
       f.def_uses[made.qualified] = made

@@ -103,6 +103,7 @@ class Facts:
   bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
   bundle_keys: dict = _field()        # function -> dict keys it returns an optimizer at
   def_factories: set = _field(set)    # module-level functions returning a legacy def
+  def_sinks: dict = _field()          # function or Class.method -> (position, parameter) it .creates
   #: qualified names of other modules' (or this one's) def factories the run converts, whose
   #: transformation this module ``.create`` s (codemod.flow: the callers' verdicts)
   def_uses: dict = _field()           # qualified name -> flow.DefFactory

@@ -45,6 +45,9 @@ class Summary:
   #: module-level function every return of which builds a class with optimizer fields
   #: (``return TrainState(step=0, optimizer=opt)``) -> converted (codemod.flow.ContainerFactory)
   container_factories: dict = dataclasses.field(default_factory=dict)
+  #: module-level function or ``Class.method`` whose parameter only ``.create`` s the def it
+  #: is given -> ((its position, its name), converted) (codemod.flow.DefSink)
+  def_sinks: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -122,7 +125,8 @@ def make_plan(analysis, options) -> Plan:
       def_uses={name: (converts and name not in f.def_misused, q.inject_lr)
                 for name in sorted(f.def_uses)},
       factory_uses={name: (converts, given) for name, given in crossmodule.factory_lr(q).items()},
-      container_factories=dict.fromkeys(sorted(f.container_makers), converts))
+      container_factories=dict.fromkeys(sorted(f.container_makers), converts),
+      def_sinks={name: (parameter, converts) for name, parameter in sorted(f.def_sinks.items())})
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
@@ -157,4 +161,6 @@ def _unselected(plan: Plan, options) -> None:
                          factory_uses={k: (False, i)
                                        for k, (_, i) in plan.summary.factory_uses.items()},
                          container_factories=dict.fromkeys(plan.summary.container_factories,
-                                                           False))
+                                                           False),
+                         def_sinks={k: (parameter, False)
+                                    for k, (parameter, _) in plan.summary.def_sinks.items()})
