@@ -29,6 +29,8 @@ def prepare(q) -> None:
   q.mixed_lr = q.inject_lr and not all('learning_rate' in k for k in overrides)
   if not q.inject_lr and q.f.def_calls and _hands_optimizer_to_injecting_module(q):
     q.inject_lr = True  # one layout with the module it exchanges optimizers with
+  if not q.inject_lr and q.f.def_calls and _subclasses_injecting_module(q):
+    q.inject_lr = True  # its base class's methods may set the rate on what it creates
   if not q.inject_lr and q.f.def_calls and _own_def_factory_injects(q):
     q.inject_lr = True  # a caller of its def factory sets the rate at apply time
   if not q.inject_lr and q.f.def_calls and _own_factory_injects(q):
@@ -55,6 +57,27 @@ def _own_factory_injects(q) -> bool:
     return False
   return any(getattr(flow.factories.get(f'{flow.module}.{name}'), 'inject_required', False)
              for name in q.f.module_factories)
+
+
+def _subclasses_injecting_module(q) -> bool:
+  """A module-level class of this module subclasses a class of another module of the run
+  whose optimizers are built with ``inject_hyperparams`` (``codemod.flow.Layout``): the base
+  class's methods may set the learning rate on the optimizer this module's ``__init__``
+  stores in the same attribute (a fine-tuner's own Adam in ``self.optimizer``, stepped by
+  the base trainer's ``train_step`` with its ``learning_rate=``), so this module's defs are
+  built the same way (else a ``KeyError`` at ``tree_set``)."""
+  flow = q.f.flow
+  if flow is None:
+    return False
+  for node in q.analysis.module.body:
+    if not isinstance(node, cst.ClassDef):
+      continue
+    for base in node.bases:
+      for qname in q.n.qnames(base.value):
+        if '.' in qname and (layout := flow.layout(qname.rsplit('.', 1)[0])) is not None \
+            and layout.inject_lr:
+          return True
+  return False
 
 
 def _hands_optimizer_to_injecting_module(q) -> bool:
