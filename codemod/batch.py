@@ -173,14 +173,16 @@ def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options,
       continue  # reported by the per-file run
   # modules the files import that the run does not include are read (never written)
   extra = flow_lib.outside_modules(named, [r for rs in roots.values() for r in rs], texts)
+  inject_classes = flow_lib.injecting_subclasses(named + extra, texts)
   factories, steps = flow_lib.build_flows(named + extra, options, [p for p, _, _ in extra],
-                                          sources)
+                                          sources, inject_classes)
   # another package's def factory that returns Optax today, unless the run has its source
   factories = {**flow_lib.upstream_def_factories(texts.values()), **factories}
   if not factories and not steps:
     return [None] * len(files)
   return [flow_lib.Flow(factories, names[0][0] if names else None,
-                        names[0][1] if names else False, steps) for _, names, _ in named]
+                        names[0][1] if names else False, steps, inject_classes)
+          for _, names, _ in named]
 
 
 def _named(files, roots) -> list[tuple[pathlib.Path, list[tuple[str, bool]], str]]:

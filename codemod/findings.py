@@ -99,8 +99,10 @@ def line_map(before: str, after: str) -> Callable[[int], int]:
   """``where(line)``: the 1-based line of ``after`` that holds line ``line`` of ``before``
   (``difflib``'s matching blocks of lines). A line the rewrite kept (a flagged statement
   under its new TODO comment) maps exactly; a line inside a rewritten block maps to the same
-  offset in its replacement, cut to the replacement's last line; a deleted line to the line
-  that follows the deletion. Out-of-range lines are clamped to ``after``'s lines."""
+  offset in its replacement's code lines (its new TODO comments skipped: a converted call
+  with a TODO above it maps to the call), cut to the replacement's last line; a deleted line
+  to the line that follows the deletion. Out-of-range lines are clamped to ``after``'s
+  lines."""
   a, b = before.splitlines(), after.splitlines()
   ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
   last = max(len(b), 1)
@@ -111,6 +113,9 @@ def line_map(before: str, after: str) -> Callable[[int], int]:
       if i1 <= i < i2:
         if tag == 'equal':
           return j1 + (i - i1) + 1
+        code = [j for j in range(j1, j2) if not TODO_LINE.match(b[j])]
+        if code:
+          return code[min(i - i1, len(code) - 1)] + 1
         return min(j1 + min(i - i1, max(j2 - j1 - 1, 0)) + 1, last)
     return min(max(line, 1), last)
   return where

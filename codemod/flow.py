@@ -263,6 +263,10 @@ class Flow:
   module: Optional[str] = None
   is_package: bool = False  # the file is a package's ``__init__.py``
   steps: Mapping[str, Step] = dataclasses.field(default_factory=dict)
+  #: ``<module>.<Class>`` of classes a class of another module subclasses where that module
+  #: sets a learning rate at apply time (:func:`injecting_subclasses`): the optimizers the
+  #: base class creates are stepped with one there, so its module injects its rate
+  inject_classes: frozenset = frozenset()
 
   def resolve(self, qname: str) -> Optional[Factory]:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
@@ -419,6 +423,42 @@ def upstream_def_factories(texts: Iterable[str]) -> dict[str, DefFactory]:
   return found
 
 
+_CLASS_BASES = re.compile(r'^class[ \t]+\w+[ \t]*\(([^)]*)\)[ \t]*:', re.M)
+_APPLY_LR = re.compile(r'\.apply_gradient\((?:[^()]|\([^()]*\))*\blearning_rate[ \t]*=')
+
+
+def injecting_subclasses(files, texts: Mapping) -> frozenset:
+  """``<module>.<Class>`` of each class of the tree that a class of another module
+  subclasses, where that other module passes ``learning_rate=`` to an ``apply_gradient``
+  (a fine-tuner's own schedule on the optimizer its base trainer creates). A cheap textual
+  scan: a base named ``C`` or ``mod.C`` is the class ``C`` of each module that defines one
+  and whose last name the subclass's module imports (an over-match only injects a rate no
+  one sets, which changes no update)."""
+  defining: dict = {}
+  for path, names, _ in files:
+    text = texts.get(path)
+    if text is None or 'class' not in text:
+      continue
+    for cls in re.findall(r'^class[ \t]+(\w+)', text, re.M):
+      defining.setdefault(cls, []).extend((path, name) for name, _ in names)
+  found = set()
+  for path, names, _ in files:
+    text = texts.get(path)
+    if text is None or 'apply_gradient' not in text or not _APPLY_LR.search(text):
+      continue
+    imported = set(_WORD.findall(' '.join(_IMPORT_LINE.findall(import_lines(text)))))
+    for bases in _CLASS_BASES.findall(text):
+      for base in bases.split(','):
+        dotted = base.strip()
+        if '=' in dotted or not re.fullmatch(r'[\w.]+', dotted):
+          continue  # (metaclass=..., a call)
+        cls = dotted.rsplit('.', 1)[-1]
+        for other, name in defining.get(cls, ()):
+          if other != path and name.rsplit('.', 1)[-1] in imported:
+            found.add(f'{name}.{cls}')
+  return frozenset(found)
+
+
 #: Pre-pass rounds: a creator that itself uses another module's factory is planned again
 #: with what the previous round found, until nothing changes.
 MAX_ROUNDS = 3
@@ -427,6 +467,7 @@ MAX_ROUNDS = 3
 def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
                 outside: Iterable[pathlib.Path] = (),
                 sources: Optional[Mapping[pathlib.Path, SourceFile]] = None,
+                inject_classes: frozenset = frozenset(),
                 ) -> tuple[dict[str, Factory], dict[str, Step]]:
   """The factories and step functions of the tree, each ``{qualified name: ...}``.
 
@@ -439,7 +480,8 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   those of ``files`` the run reads but does not rewrite
   (:func:`codemod.modules.outside_modules`): their legacy functions stay legacy.
   ``sources``: the run's :class:`codemod.sources.SourceFile` by path (read once; the
-  others are read here and added).
+  others are read here and added). ``inject_classes``: :func:`injecting_subclasses`, given
+  to every file's planning (:attr:`Flow.inject_classes`).
   """
   outside = set(outside)
   sources = {} if sources is None else sources
@@ -471,12 +513,12 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
              for module, is_package in names if is_package
              for alias, target in reexports(texts[path], module, is_package).items()}
   settle = functools.partial(_settle, texts=texts, sources=sources, options=options,
-                             outside=outside, aliases=aliases)
+                             outside=outside, aliases=aliases, inject_classes=inject_classes)
   factories, steps, found = settle(creators)
   factories, steps, found, scanned = _decide_def_factories(
       factories, steps, found, creators, settle, texts, files, outside)
   return _decide_factories(factories, steps, found, scanned, settle, texts, files, sources,
-                           options, outside)
+                           options, outside, inject_classes)
 
 
 def _decide_def_factories(factories, steps, found, creators, settle, texts, files, outside):
@@ -507,7 +549,7 @@ def _decide_def_factories(factories, steps, found, creators, settle, texts, file
 
 
 def _decide_factories(factories, steps, found, scanned, settle, texts, files, sources, options,
-                      outside):
+                      outside, inject_classes=frozenset()):
   """Factories the run converts (``create_optimizer(p)`` returning a TrainState) whose users
   in other files cannot take one: a user that keeps its legacy code holds the factory legacy
   too (:attr:`Factory.held`: both then run on the shim, no TrainState reaches flax.optim
@@ -535,7 +577,7 @@ def _decide_factories(factories, steps, found, scanned, settle, texts, files, so
       if texts.get(path) is None or (path, names, shown) in scanned or not any(
           _calls(texts[path], q) for q in converted):
         continue
-      flow = Flow(factories, *(names[0] if names else (None, False)), steps)
+      flow = Flow(factories, *(names[0] if names else (None, False)), steps, inject_classes)
       if flow.mentioned(texts[path]):
         for use in _scan(sources[path], names, shown, options, flow, path in outside)[2]:
           if use.qualified:
@@ -636,12 +678,16 @@ def _def_verdicts(candidates, factories, found, texts, files, outside) -> tuple[
   return failing, inject - failing
 
 
-def _settle(creators, texts, sources, options, outside, aliases, seed=None):
+def _settle(creators, texts, sources, options, outside, aliases, seed=None,
+            inject_classes=frozenset()):
   """The pre-pass over ``creators`` to a fixed point: ``(factories, steps, found)`` (``found``:
   each file's :func:`_scan`). ``seed``: the table the first scan of each file is given
   (else none)."""
   found = {str(path): _scan(sources[path], names, shown, options,
-                            None if seed is None else Flow(seed, *(names[0] if names else ())),
+                            Flow(seed if seed is not None else {},
+                                 *(names[0] if names else (None, False)),
+                                 inject_classes=inject_classes)
+                            if seed is not None or inject_classes else None,
                             path in outside)
            for path, names, shown in creators}
   unsettled: set[str] = set()
@@ -655,7 +701,8 @@ def _settle(creators, texts, sources, options, outside, aliases, seed=None):
                     steps={q: f for q, f in steps.items() if f.path != shown})
       if others.mentioned(texts[path]):
         new = _scan(sources[path], names, shown, options,
-                    Flow(factories, *(names[0] if names else (None, False)), steps),
+                    Flow(factories, *(names[0] if names else (None, False)), steps,
+                         inject_classes),
                     path in outside)
         if new != found[str(path)]:
           found[str(path)] = new

@@ -516,3 +516,17 @@ def test_write_reports_the_lines_of_the_file_as_written(tmp_path):
     moved += a['line'] != b['line']
   assert len(manual) >= 5 and moved >= 4
   assert any('.ipynb:cell' in a['file'] for _, a in manual)
+
+
+def test_a_converted_line_under_its_new_todo_is_reported_at_the_code():
+  """A site both rewritten and flagged (a converted call with a TODO above it): `--write`
+  reports the call's line, not the TODO comment's, as for a kept line."""
+  from codemod import findings
+  before = 'a = 1\n    x = opt.apply_gradient(g)\nb = 2\n'
+  after = ('a = 1\n    # TODO(optim-migrate): OM102: a note\n'
+           '    x = opt.apply_gradients(grads=g)\nb = 2\n')
+  where = findings.line_map(before, after)
+  assert [where(1), where(2), where(3)] == [1, 3, 4]
+  # a block rewritten to more lines than it had keeps the same offset among its code lines
+  where = findings.line_map('a\nB\nC\nd\n', 'a\n# TODO(optim-migrate): OM101: x\nB1\nB2\nC1\nd\n')
+  assert [where(2), where(3), where(4)] == [3, 4, 6]

@@ -32,6 +32,7 @@ class Queries:
     # -- derived by the families before the verdict (their ``prepare``) --
     self.inject_lr = False  # the defs inject their learning rate (some call passes one)
     self.mixed_lr = False   # only some apply calls pass one
+    self.hierarchy_lr = False  # injected for a class of another module (codemod.rules.apply_gradient)
     self.group_applies: dict = {}  # id(call) -> (per-group lr expressions, labels)
     self.bad_refs: dict = {}       # id(reference) -> Problem
     self.hp_values: dict = {}      # id(hyper_params read) -> the literal's source
