@@ -187,6 +187,19 @@ class DefSink(DefFactory):
 
 
 @dataclasses.dataclass(frozen=True)
+class UserDef(_Entry):
+  """A module-level class of the tree that subclasses a flax.optim def (``class
+  RMSPropTensorflow(OptimizerDef)``): it runs on the shim wherever it is defined (``OM104``),
+  so another module's ``RMSPropTensorflow(...)`` is a def whose TrainState takes
+  ``optim_compat.to_optax(...)``. Kept in the factories table, never a factory.
+
+  Attributes:
+    qualified: ``'jeffnet.linen.optim.rmsprop_tensorflow.RMSPropTensorflow'``.
+    path: the defining file, as the run names it.
+  """
+
+
+@dataclasses.dataclass(frozen=True)
 class DefUse:
   """One file's use of a :class:`DefFactory` the pre-pass let convert, or of a converted
   :class:`Factory` (never in the tables).
@@ -271,7 +284,18 @@ class Flow:
   def resolve(self, qname: str) -> Optional[Factory]:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
     found = self._find(self.factories, qname)
-    return None if isinstance(found, (Fields, ContainerFactory, DefFactory, Layout)) else found
+    return None if isinstance(found, (Fields, ContainerFactory, DefFactory, Layout,
+                                      UserDef)) else found
+
+  def resolve_user_def(self, qname: str) -> Optional[UserDef]:
+    """The user OptimizerDef subclass ``qname`` names (:class:`UserDef`), if any."""
+    found = self._find(self.factories, qname)
+    return found if isinstance(found, UserDef) else None
+
+  @functools.cached_property
+  def user_def_names(self) -> frozenset:
+    """The class names of the :class:`UserDef` entries (a cheap test before resolving)."""
+    return frozenset(f.function for f in self.factories.values() if isinstance(f, UserDef))
 
   def layout(self, module_qname: str) -> Optional[Layout]:
     """The :class:`Layout` of the module ``module_qname`` names, if the run converts it."""
@@ -395,7 +419,15 @@ def _could_define(text: str) -> bool:
   return (('return' in text and _TOP_DEF.search(text) is not None
            and (('create' in text and 'TrainState' in text) or legacy_api.may_need_rewrite(text)))
           or (_FIELD_CLASS.search(text) is not None and legacy_api.may_need_rewrite(text))
-          or _MIGRATED_FIELD_CLASS.search(text) is not None)
+          or _MIGRATED_FIELD_CLASS.search(text) is not None
+          or (_user_def_class().search(text) is not None and legacy_api.may_need_rewrite(text)))
+
+
+@functools.lru_cache(maxsize=1)
+def _user_def_class() -> re.Pattern:
+  """``class X(OptimizerDef)``, ``class X(optim.Adam)``: a user def (:class:`UserDef`)."""
+  names = '|'.join(sorted({'OptimizerDef', *legacy_api.DEF_NAMES}))
+  return re.compile(rf'^class[ \t]+\w+[ \t]*\([^)]*\b(?:{names})\b', re.M)
 
 
 #: ``class X...:`` and, later, a field annotated ``...Optimizer`` (a cheap prefilter).
@@ -841,6 +873,8 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                             method=function.rsplit('.', 1)[1] if '.' in function else '')
                     for function, (parameter, converted) in summary.def_sinks.items()
                     for name, _ in names]
+  classes += [UserDef(f'{name}.{cls}', shown, True) for cls in summary.user_defs
+              for name, _ in names]
   uses = _uses(plan, shown, changes, outside, why)
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
              if summary.defs and changes and plan.converts else [])

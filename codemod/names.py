@@ -176,9 +176,18 @@ class Names:
     return None
 
   def is_user_def(self, expr) -> bool:
-    """``expr`` is ``MyDef(...)`` for a user subclass of a flax.optim class in this file."""
-    return (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Name)
-            and expr.func.value in self.facts.subclass_names)
+    """``expr`` is ``MyDef(...)`` for a user subclass of a flax.optim def in this file, or
+    in another module of the run (``codemod.flow.UserDef``: ``from .rmsprop_tensorflow
+    import RMSPropTensorflow``)."""
+    if not isinstance(expr, cst.Call):
+      return False
+    if isinstance(expr.func, cst.Name) and expr.func.value in self.facts.subclass_names:
+      return True
+    flow = self.facts.flow
+    if flow is None or not isinstance(expr.func, (cst.Name, cst.Attribute)) or \
+        last_name(expr.func) not in flow.user_def_names:
+      return False
+    return any(flow.resolve_user_def(q) is not None for q in self.qnames(expr.func))
 
   def is_def(self, expr) -> bool:
     """``expr`` is a legacy def call (ours or a user subclass), a call of a function returning

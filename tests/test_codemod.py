@@ -799,7 +799,8 @@ PROGRAMS = FIXTURES.parent / 'programs'
 @pytest.mark.parametrize('program', ['legacy_multi_frozen', 'legacy_user_def',
                                      'legacy_container_any_field',
                                      'legacy_method_returns_tuple', 'legacy_wrapped_steps',
-                                     'legacy_scan_carry_step', 'legacy_def_kwargs_dict'])
+                                     'legacy_scan_carry_step', 'legacy_def_kwargs_dict',
+                                     'legacy_multi_user_group'])
 def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_python, tmp_path):
   """The legacy program on real flax.optim 0.5.3 (old stack) and its codemod output on the
   modern stack train to the same numbers; MultiOptimizer's unselected layer stays frozen."""
@@ -807,7 +808,8 @@ def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_pyth
   source = (PROGRAMS / f'{program}.py').read_text()
   result = engine.rewrite_source(source, f'{program}.py')
   assert result.error is None and result.changed
-  assert [f.rule for f in result.manual] == (['OM104'] if program == 'legacy_user_def' else [])
+  assert [f.rule for f in result.manual] == (
+      ['OM104'] if program in ('legacy_user_def', 'legacy_multi_user_group') else [])
   migrated = tmp_path / f'{program}_migrated.py'
   migrated.write_text(result.new)
   assert engine.rewrite_source(result.new, 'again.py').new == result.new

@@ -154,12 +154,22 @@ def _other_values_of_defs(n: Names, assign_sites: dict) -> None:
   that create is flagged (OM118) and the file keeps its legacy code."""
   f = n.facts
   for b in f.def_vars:
+    users, others = [], False
     for target, value, _ in assign_sites.get(b, []):
       if m.matches(value, m.Call(func=m.Attribute(value=m.Name(target.value),
                                                    attr=m.Name('create')))):
         break  # `d = d.create(p)`: the values after it are the optimizer's (_split_def_rebinds)
-      if not (n.is_def(value) or m.matches(value, m.Name('None'))):
+      if n.is_user_def(value):
+        users.append(value)
+      elif n.is_def(value):
+        others = True
+      elif not m.matches(value, m.Name('None')):
         f.def_var_others.setdefault(b, value)  # (None: no create then, in legacy either)
+    if users and others:
+      # a table def in one branch, a user def in another (efficientnet-jax's optimizer
+      # factory): each user def is wrapped where it is assigned, `tx=d` left as is
+      f.mixed_user_bindings.add(b)
+      f.user_def_wraps.update(id(v) for v in users)
 
 
 def _accesses(n: Names, name: cst.Name):

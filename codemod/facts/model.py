@@ -59,6 +59,8 @@ class Facts:
   escaping: dict = _field()           # id -> def handed to other code (returned, passed, class attr)
   mixed_defs: dict = _field()         # id(def call) -> name that then holds its optimizer
   def_var_others: dict = _field()     # def binding -> a value not a def it is assigned too
+  mixed_user_bindings: set = _field(set)  # def bindings assigned a user def and a table def
+  user_def_wraps: set = _field(set)   # ids of those user def calls (wrapped in to_optax)
   attr_chains: set = _field(set)      # `self.optimizer`-like chains holding optimizers
   attr_other: set = _field(set)       # chains also assigned something else
   attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import libcst as cst
+
 from codemod.failures import failure
 from codemod.findings import Finding
 from codemod.plan import sites, verdict
@@ -48,6 +50,8 @@ class Summary:
   #: module-level function or ``Class.method`` whose parameter only ``.create`` s the def it
   #: is given -> ((its position, its name), converted) (codemod.flow.DefSink)
   def_sinks: dict = dataclasses.field(default_factory=dict)
+  #: module-level classes subclassing a flax.optim def (on the shim wherever they are)
+  user_defs: tuple = ()
 
 
 @dataclasses.dataclass
@@ -126,12 +130,24 @@ def make_plan(analysis, options) -> Plan:
                 for name in sorted(f.def_uses)},
       factory_uses={name: (converts, given) for name, given in crossmodule.factory_lr(q).items()},
       container_factories=dict.fromkeys(sorted(f.container_makers), converts),
-      def_sinks={name: (parameter, converts) for name, parameter in sorted(f.def_sinks.items())})
+      def_sinks={name: (parameter, converts) for name, parameter in sorted(f.def_sinks.items())},
+      user_defs=_user_defs(analysis))
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
     plan.fallback = True
   return plan
+
+
+def _user_defs(analysis) -> tuple:
+  """The module-level classes that subclass ``OptimizerDef`` or a def of the migration table
+  (``codemod.flow.UserDef``)."""
+  from optim_compat import spec as spec_lib
+  n, f = analysis.names, analysis.facts
+  bases = {'OptimizerDef', *spec_lib.SPECS}
+  return tuple(sorted(node.name.value for node in analysis.module.body
+                      if isinstance(node, cst.ClassDef) and any(node is c for c in f.subclasses)
+                      and any(n.symbol(b.value) in bases for b in node.bases)))
 
 
 def _unselected(plan: Plan, options) -> None:
@@ -163,4 +179,5 @@ def _unselected(plan: Plan, options) -> None:
                          container_factories=dict.fromkeys(plan.summary.container_factories,
                                                            False),
                          def_sinks={k: (parameter, False)
-                                    for k, (parameter, _) in plan.summary.def_sinks.items()})
+                                    for k, (parameter, _) in plan.summary.def_sinks.items()},
+                         user_defs=plan.summary.user_defs)

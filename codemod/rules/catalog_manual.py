@@ -80,7 +80,12 @@ MANUAL = (
          'user `OptimizerDef` subclass: kept on the shim (`optim_compat`), wrapped with '
          '`optim_compat.to_optax(...)` for TrainState',
          why='A user def has no table entry; the shim runs it unchanged and to_optax makes it a '
-             'GradientTransformation (bitwise to the shim).',
+             'GradientTransformation (bitwise to the shim), with `inject=(\'learning_rate\',)` '
+             'where the file sets the rate at apply time (its hyper-parameter dataclass holds '
+             'it; a MultiOptimizer group of it too). Its instances in other modules of the run '
+             '(`from .rmsprop_tf import RMSPropTF`) are wrapped the same way; a name holding a '
+             'table def in one branch and a user def in another gets the wrap where the user '
+             'def is assigned.',
          before=_IMPORT + 'class Sign(optim.OptimizerDef):\n  pass\n\n\n'
                 'def make(params):\n  return Sign(None).create(params)\n',
          after='import optim_compat\n'

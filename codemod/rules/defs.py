@@ -335,7 +335,6 @@ def blocks(q) -> bool:
   return bool(q.bad_hp or any(def_problem(q, c) for c in f.def_calls)
               or any(create_problem(q, c) for c in f.create_calls)
               or def_only_uses(q) or f.mixed_defs or f.escaping
-              or (q.inject_lr and any(q.user_def_create(c) for c in f.create_calls))
               or any(injection_problem(q, c) for c in f.create_calls))
 
 
@@ -361,6 +360,12 @@ def visit_statement_node(p, node) -> None:
 def leave_def_call(p, original) -> bool:
   """``Def(...)``: converted to its Optax form, or flagged. Ends the call's chain."""
   q = p.q
+  if id(original) in q.f.user_def_wraps:
+    if not q.blocked:
+      p.fix(original, apply_user_wrap, [('OM001', f'{code(original.func)}(...) -> '
+                                                  f'{_to_optax(q, "...")}: a user OptimizerDef '
+                                                  '(on the shim) as an Optax transformation')])
+    return True
   name = q.n.legacy_def(original)
   if name is None:
     return False
@@ -396,9 +401,6 @@ def leave_create(p, original) -> bool:
     p.flag(original, 'OM118', problem, blocks=True)
   elif (problem := injection_problem(q, original)) is not None:
     p.flag(original, 'OM122', problem, blocks=True)
-  elif q.inject_lr and q.user_def_create(original):
-    p.flag(original, 'OM102', 'learning_rate at apply time with a user OptimizerDef: '
-                              'optim_compat.to_optax has no injectable learning rate', blocks=True)
   elif not q.blocked:
     focus = create_focus(original)
     findings = [('OM001', '.create(params) -> train_state.TrainState.create(...)')]
@@ -517,7 +519,7 @@ def apply_multi(ctx, original, updated, fix):
     o_sub = o_arg.value.elements[1].value
     if n.is_user_def(o_sub) or (isinstance(o_sub, cst.Name) and
                                 n.is_user_def(f.def_vars[n.binding(o_sub)])):
-      sub = f'optim_compat.to_optax({sub})'
+      sub = _to_optax(ctx.q, sub)  # (its rate injected as the table groups' are)
       ctx.add_import('optim_compat')
     groups.append([label, code(u_trav), sub])
   for g, label in zip(groups, multi_labels(original)):
@@ -539,8 +541,9 @@ def apply_create(ctx, original, updated, fix):
   tx = code(updated.func.value)
   o_recv = original.func.value
   if n.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and
+                               n.binding(o_recv) not in f.mixed_user_bindings and
                                n.is_user_def(f.def_vars.get(n.binding(o_recv)))):
-    tx = f'optim_compat.to_optax({tx})'
+    tx = _to_optax(ctx.q, tx)
     ctx.add_import('optim_compat')
   if focus is not None:
     tx = (f"optax.multi_transform({{'focus': {tx}, {api.FROZEN!r}: optax.set_to_zero()}}, "
@@ -552,6 +555,19 @@ def apply_create(ctx, original, updated, fix):
                     P=target)
   ctx.add_import('flax.training', 'train_state')
   return template(f'train_state.TrainState.create(apply_fn=None, params=P, tx={tx})', P=target)
+
+
+def _to_optax(q, source: str) -> str:
+  """``optim_compat.to_optax(<source>)`` for a user def (the shim runs it), its learning
+  rate injected where the file sets one at apply time (``legacy_view.to_optax``: the
+  def's hyper-parameter dataclass holds it in ``opt_state.hyperparams``)."""
+  inject = ", inject=('learning_rate',)" if q.inject_lr else ''
+  return f'optim_compat.to_optax({source}{inject})'
+
+
+def apply_user_wrap(ctx, original, updated, fix):
+  ctx.add_import('optim_compat')
+  return cst.parse_expression(_to_optax(ctx.q, code(updated)))
 
 
 def apply_hp_value(ctx, original, updated, fix):
