@@ -161,6 +161,7 @@ class DefFactory(_Entry):
   allowed: bool = False
   inject_required: bool = False
   upstream: bool = False  # another package's, from the table (path: its release; why: a note)
+  method: str = ''  # a method of a module-level class (``qualified`` ends in ``Class.method``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +184,6 @@ class DefSink(DefFactory):
     method: the method's name when it is a method (``'with_optimizer'``), else ``''``.
   """
   parameter: tuple = (0, '')
-  method: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +307,17 @@ class Flow:
     found = self._find(self.factories, qname)
     return found if isinstance(found, DefFactory) and not isinstance(found, DefSink) else None
 
+  def def_methods(self, name: str) -> list:
+    """The def factory methods called ``name`` (:class:`DefFactory` with ``method``: the
+    ``create_optimizer_def`` of each of meliad's optimizer configs), which a call by that
+    name may reach whatever its receiver."""
+    return [f for f in self._def_methods if f.method == name]
+
+  @functools.cached_property
+  def _def_methods(self) -> list:
+    return sorted({f.qualified: f for f in self.factories.values()
+                   if type(f) is DefFactory and f.method}.values(), key=lambda f: f.qualified)
+
   def resolve_sink(self, qname: str) -> Optional[DefSink]:
     """The def sink function ``qname`` names (:class:`DefSink`), if any."""
     found = self._find(self.factories, qname)
@@ -420,7 +431,9 @@ def _could_define(text: str) -> bool:
            and (('create' in text and 'TrainState' in text) or legacy_api.may_need_rewrite(text)))
           or (_FIELD_CLASS.search(text) is not None and legacy_api.may_need_rewrite(text))
           or _MIGRATED_FIELD_CLASS.search(text) is not None
-          or (_user_def_class().search(text) is not None and legacy_api.may_need_rewrite(text)))
+          or (_user_def_class().search(text) is not None and legacy_api.may_need_rewrite(text))
+          # a method returning a def (meliad's `AdamConfig.create_optimizer_def`)
+          or (_returned_def().search(text) is not None and legacy_api.may_need_rewrite(text)))
 
 
 @functools.lru_cache(maxsize=1)
@@ -696,6 +709,14 @@ def _def_verdicts(candidates, factories, found, texts, files, outside) -> tuple[
     if not isinstance(entry, DefFactory) or not entry.converted:
       failing.add(q)
       continue
+    if entry.method and any(  # (called by name: no other file may define a method so named
+        # that is not one of them)
+        re.search(rf'\bdef[ \t]+{entry.method}\b', texts[path]) is not None
+        for path, _, shown in files if texts.get(path) is not None and shown not in {
+            f.path for f in factories.values() if type(f) is DefFactory
+            and f.method == entry.method}):
+      failing.add(q)
+      continue
     for path, _, shown in files:
       if shown == entry.path or texts.get(path) is None or not _calls(texts[path], q):
         continue
@@ -863,7 +884,8 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                                '' if converted and changes else why, inject_lr=summary.inject_lr,
                                allowed=getattr(own.get(f'{name}.{function}'), 'allowed', False),
                                inject_required=getattr(own.get(f'{name}.{function}'),
-                                                       'inject_required', False))
+                                                       'inject_required', False),
+                               method=function.rsplit('.', 1)[1] if '.' in function else '')
                     for function, converted in summary.def_factories.items()
                     for name, _ in names]
   def_factories += [DefSink(f'{name}.{function}', shown, converted and changes,

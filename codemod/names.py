@@ -211,6 +211,10 @@ class Names:
       found = flow.resolve_def(q)
       if found is not None and found.allowed:
         return found
+    if isinstance(expr.func, cst.Attribute):  # a def factory method, by its name
+      found = flow.def_methods(expr.func.attr.value)
+      if found and all(f.allowed for f in found):
+        return found[0]
     return None
 
   def def_call(self, expr):

@@ -3,6 +3,7 @@ two-module program converted and run against real flax.optim."""
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ CONTAINER = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_stat
 SHARED_LAYOUT = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_shared_layout'
 KWARGS_FACTORY = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_kwargs_factory'
 DEF_SINK = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_sink'
+DEF_METHOD = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_method'
 
 
 
@@ -320,6 +322,50 @@ def test_a_def_sink_method_and_its_callers_convert_together_and_match_real_flax_
   old, new_ = _run_on_both_stacks(legacy_python, DEF_SINK, new, tmp_path)
   assert int(old['actor_step']) == int(new_['actor_step']) == 15
   assert old['actor_losses'][-1] < 0.7 * old['actor_losses'][0]  # it trained
+
+
+def test_def_factory_methods_and_their_caller_convert_and_match_real_flax_optim(
+    legacy_python, tmp_path):
+  """Issue 17, meliad: gin-configured optimizer configs whose method
+  `create_optimizer_def(self)` returns a flax.optim def with no learning rate, called by
+  name on the trainer's config (`self.config.create_optimizer_def()`), `.create`d there and
+  stepped with a scheduled rate at apply time. Before: each returned def was OM114 + OM118
+  and the configs stayed on the shim, the trainer's create OM122. Now every method of that
+  name in the run is a def factory the run converts with its callers, its defs injecting
+  the rate the trainer sets; the migrated program matches real flax.optim 0.5.3."""
+  new = tmp_path / 'new'
+  shutil.copytree(DEF_METHOD, new)
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  assert rows and all(r['applied'] for r in rows)
+  config = (new / 'lib' / 'optimizer_config.py').read_text()
+  assert config.count('return optax.inject_hyperparams(') == 2
+  assert 'from flax import optim' not in config
+  train = (new / 'train.py').read_text()
+  assert 'optimizer = train_state.TrainState.create(apply_fn=None, params=params, ' \
+         'tx=optimizer_def)' in train
+  old, new_ = _run_on_both_stacks(legacy_python, DEF_METHOD, new, tmp_path)
+  assert int(old['adam_step']) == int(new_['momentum_step']) == 15
+  for name in ('adam', 'momentum'):
+    assert old[f'{name}_losses'][-1] < 0.8 * old[f'{name}_losses'][0]  # both trained
+
+
+def test_a_def_factory_method_with_a_namesake_elsewhere_stays_on_the_shim(tmp_path):
+  """Another module defines a method of the same name that is no def factory: a call by
+  that name cannot tell which it reaches, so the configs keep their legacy code (on the
+  shim, their flags stay) and the trainer's create stays flagged (OM122), as before."""
+  tree = tmp_path / 'tree'
+  shutil.copytree(DEF_METHOD, tree)
+  (tree / 'lib' / 'other.py').write_text(
+      'class Registry:\n  def create_optimizer_def(self):\n    return self.made\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert proc.stderr.count(': OM114 [manual]') == 2, proc.stderr
+  assert 'optim_compat.install()' in (tree / 'lib' / 'optimizer_config.py').read_text()
+  assert re.search(r'tree/train\.py:\d+:\d+: OM122 \[manual\] if `optimizer_def` is a flax.optim',
+                   proc.stderr), proc.stderr
+  assert 'optimizer = optimizer_def.create(params)' in (tree / 'train.py').read_text()
 
 
 _OTHER_CALLERS = {

@@ -383,10 +383,17 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if value is not None and self.n.is_def(value):
       self.placed_defs.add(id(value))  # escaping below, or a def factory's (codemod.flow)
       top = len(self._function_stack) == 1 and not self._class_depth
-      if not (top and self._own_def_factory(self._function_stack[0]) is not None):
+      # a method of a module-level class returning a table def (meliad's gin-configured
+      # `AdamConfig.create_optimizer_def(self)`): a def factory its callers reach by name
+      method = (len(self._function_stack) == 1 and self._class_depth == 1
+                and self._class_levels == [0] and not self._subclass_depth
+                and self.n.legacy_def(value) in spec_lib.SPECS)
+      name = (f'{self._classes[0]}.{self._function_stack[0]}' if method
+              else self._function_stack[0] if top else None)
+      if not (name and self._own_def_factory(name) is not None):
         f.escaping[id(value)] = value  # (a converted def factory returns its transformation)
-      if top:
-        f.def_factories.add(self._function_stack[0])  # its callers `.create` the def
+      if name:
+        f.def_factories.add(name)  # its callers `.create` the def
     if value is not None and self._function_stack and (
         produces_optimizer(self.n, value)
         or (isinstance(value, cst.Name) and self.n.binding(value) in f.opt_vars)):
@@ -708,6 +715,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if (made := n.converted_def_factory(node)) is not None:
       f.uses_legacy = True  # it makes a flax.optim def today
       f.def_uses[made.qualified] = made
+      if made.method:  # (called by its name: any method of that name may answer)
+        f.def_uses.update((m_.qualified, m_) for m_ in f.flow.def_methods(made.method))
       self.def_factory_calls.append((node, made))
     if m.matches(node.func, m.Attribute(attr=m.Name('create'))):
       self.consumed_defs.add(id(node.func.value))
