@@ -35,6 +35,16 @@ def _files(tree: pathlib.Path) -> dict[str, str]:
   return {p.relative_to(tree).as_posix(): p.read_text() for p in sorted(tree.rglob('*.py'))}
 
 
+def _migrated_copy(program: pathlib.Path, tmp_path) -> tuple[pathlib.Path, list]:
+  """``program`` copied to ``tmp_path/new`` and rewritten there by one ``rewrite --write``
+  (exit 1: files changed): the copy and the report's rows."""
+  new = tmp_path / 'new'
+  shutil.copytree(program, new)
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  return new, json.loads((tmp_path / 'r.json').read_text())
+
+
 def _run_on_both_stacks(legacy_python, original: pathlib.Path, migrated: pathlib.Path, tmp_path):
   """``train.py OUT.npz`` of the original program on the old stack (real flax.optim) and of the
   migrated one on the modern stack: the two outputs (``np.load``), every array of one within
@@ -252,11 +262,7 @@ def test_container_declared_in_another_module_migrated_matches_real_flax_optim(
   flax.optim (before: that module was left unconverted with no TODO; the run then failed at
   evaluation). Now the flow carries the class's optimizer fields: every file naming the class
   converts them; the migrated program matches real flax.optim 0.5.3 (old stack)."""
-  new = tmp_path / 'new'
-  shutil.copytree(CONTAINER, new)
-  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
-  assert proc.returncode == 1, proc.stderr
-  rows = json.loads((tmp_path / 'r.json').read_text())
+  new, rows = _migrated_copy(CONTAINER, tmp_path)
   assert rows and all(r['applied'] for r in rows)
   evaluation = (new / 'lib' / 'evaluation.py').read_text()
   assert '.target' not in evaluation and 'state.optimizer.params' in evaluation
@@ -280,11 +286,7 @@ def test_a_factory_of_defs_built_from_run_time_kwargs_matches_real_flax_optim(
   OptimizerDef subclass of another module (efficientnet's `RMSPropTensorflow`, which made the
   factory's `optimizer_def` name hold a def the file could not tell) is wrapped where it is
   assigned, and the migrated program matches real flax.optim 0.5.3 (old stack)."""
-  new = tmp_path / 'new'
-  shutil.copytree(KWARGS_FACTORY, new)
-  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
-  assert proc.returncode == 1, proc.stderr
-  rows = json.loads((tmp_path / 'r.json').read_text())
+  new, rows = _migrated_copy(KWARGS_FACTORY, tmp_path)
   # (the OptimizerDef subclass stays on the shim, with its OM104 note)
   assert [(r['file'], r['rule']) for r in rows if not r['applied']] == [
       ('new/lib/sign_descent.py', 'OM104')]
@@ -307,11 +309,7 @@ def test_a_def_sink_method_and_its_callers_convert_together_and_match_real_flax_
   converts: the create becomes TrainState.create(..., tx=optim_def), each def its Optax
   transformation (the run-time `Adam(**kwargs)` the shim's own), and the migrated program
   matches real flax.optim 0.5.3 (old stack)."""
-  new = tmp_path / 'new'
-  shutil.copytree(DEF_SINK, new)
-  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
-  assert proc.returncode == 1, proc.stderr
-  rows = json.loads((tmp_path / 'r.json').read_text())
+  new, rows = _migrated_copy(DEF_SINK, tmp_path)
   assert rows and all(r['applied'] for r in rows)
   common = (new / 'lib' / 'common.py').read_text()
   assert 'train_state.TrainState.create(apply_fn=None, params=self.params, tx=optim_def)' in common
@@ -333,11 +331,7 @@ def test_def_factory_methods_and_their_caller_convert_and_match_real_flax_optim(
   and the configs stayed on the shim, the trainer's create OM122. Now every method of that
   name in the run is a def factory the run converts with its callers, its defs injecting
   the rate the trainer sets; the migrated program matches real flax.optim 0.5.3."""
-  new = tmp_path / 'new'
-  shutil.copytree(DEF_METHOD, new)
-  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
-  assert proc.returncode == 1, proc.stderr
-  rows = json.loads((tmp_path / 'r.json').read_text())
+  new, rows = _migrated_copy(DEF_METHOD, tmp_path)
   assert rows and all(r['applied'] for r in rows)
   config = (new / 'lib' / 'optimizer_config.py').read_text()
   assert config.count('return optax.inject_hyperparams(') == 2
@@ -1324,24 +1318,9 @@ def run(params, x):
 '''
 
 
-_BASE_TRAINER_NO_LR = '''import jax
-import jax.numpy as jnp
-from flax import optim
-
-
-def loss_fn(params, x):
-  return jnp.sum((params['w'] * x) ** 2)
-
-
-class Trainer:
-  def __init__(self, params):
-    self.optimizer = optim.Adam(learning_rate=1e-3).create(params)
-
-  def train_step(self, x):
-    grad = jax.grad(loss_fn)(self.optimizer.target, x)
-    self.optimizer = self.optimizer.apply_gradient(grad)
-    return self.optimizer.target
-'''
+# (the same base with no rate of its own)
+_BASE_TRAINER_NO_LR = _BASE_TRAINER.replace('    self.lr = 1e-3\n', '').replace(
+    ', learning_rate=self.lr)', ')')
 
 _SCHEDULED_TUNER = '''import jax
 from flax import optim

@@ -71,18 +71,9 @@ def _subclasses_injecting_module(q) -> bool:
   stores in the same attribute (a fine-tuner's own Adam in ``self.optimizer``, stepped by
   the base trainer's ``train_step`` with its ``learning_rate=``), so this module's defs are
   built the same way (else a ``KeyError`` at ``tree_set``)."""
-  flow = q.f.flow
-  if flow is None:
-    return False
-  for node in q.analysis.module.body:
-    if not isinstance(node, cst.ClassDef):
-      continue
-    for base in node.bases:
-      for qname in q.n.qnames(base.value):
-        if '.' in qname and (layout := flow.layout(qname.rsplit('.', 1)[0])) is not None \
-            and layout.inject_lr:
-          return True
-  return False
+  return q.f.flow is not None and any(
+      _names_injecting_module(q, base.value)
+      for node in q.analysis.module.body if isinstance(node, cst.ClassDef) for base in node.bases)
 
 
 def _subclassed_by_injecting_module(q) -> bool:
@@ -100,18 +91,17 @@ def _subclassed_by_injecting_module(q) -> bool:
 def _hands_optimizer_to_injecting_module(q) -> bool:
   """This module passes one of its optimizers to a function of another module of the run
   whose defs are built with ``inject_hyperparams`` (``codemod.flow.Layout``)."""
-  flow = q.f.flow
-  if flow is None:
-    return False
-  for call in q.f.calls_by_func.values():
-    if not any(q.is_optimizer(a.value) for a in call.args):
-      continue
-    for qname in q.n.qnames(call.func):
-      # (a function of this module is named without its module: never its own layout)
-      if '.' in qname and (layout := flow.layout(qname.rsplit('.', 1)[0])) is not None \
-          and layout.inject_lr:
-        return True
-  return False
+  return q.f.flow is not None and any(
+      _names_injecting_module(q, call.func) for call in q.f.calls_by_func.values()
+      if any(q.is_optimizer(a.value) for a in call.args))
+
+
+def _names_injecting_module(q, node) -> bool:
+  """``node`` (a function or class name) is one of another module of the run whose defs
+  are built with ``inject_hyperparams`` (its :class:`codemod.flow.Layout`). (A name of this
+  module is written without its module: never its own layout.)"""
+  return any('.' in qname and (layout := q.f.flow.layout(qname.rsplit('.', 1)[0])) is not None
+             and layout.inject_lr for qname in q.n.qnames(node))
 
 
 def _find_group_applies(q) -> None:
