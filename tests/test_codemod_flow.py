@@ -1381,3 +1381,51 @@ def test_a_class_hierarchy_across_modules_builds_its_defs_one_way(tmp_path, case
   assert new.returncode == 0 and old.returncode == 0, new.stderr[-2000:] + old.stderr[-2000:]
   np.testing.assert_allclose(json.loads(new.stdout), json.loads(old.stdout), rtol=1e-6)
   assert json.loads(new.stdout) != [0.5, 1.0, 1.5]  # it stepped
+
+
+def test_a_schedule_in_a_subclass_module_reaches_the_def_factory_of_the_base(tmp_path):
+  """Found by a new user: configs.py's `OptimizerConfig.make_optimizer_def()` returns the
+  def, base.py's `BaseTrainer.setup` `.create`s it (no flax.optim import there), and sub.py's
+  `RegressionTrainer(BaseTrainer).train_step` steps it with `learning_rate=`. configs.py was
+  converted without an injected rate and base.py to a TrainState, leaving the schedule
+  nowhere to go (sub.py's TODOs pointed at "where it is created", already migrated). Now
+  base.py takes the rate its subclass sets (so the def factory must inject it) and, as the
+  chain cannot be proven here, all of it stays consistent: the program runs and computes
+  what it does on the shim."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'configs.py').write_text(
+      'import dataclasses\nimport flax\n\n\n@dataclasses.dataclass\nclass OptimizerConfig:\n'
+      "  learning_rate: float = 0.1\n  kind: str = 'adam'\n\n  def make_optimizer_def(self):\n"
+      "    if self.kind == 'adam':\n"
+      '      return flax.optim.Adam(learning_rate=self.learning_rate, weight_decay=1e-3)\n'
+      '    return flax.optim.Adagrad(learning_rate=self.learning_rate)\n')
+  (tree / 'base.py').write_text(
+      'import jax\nimport jax.numpy as jnp\nfrom flax.training import checkpoints\n\n\n'
+      'class BaseTrainer:\n  def __init__(self, config):\n    self.config = config\n\n'
+      '  def setup(self, params):\n    optimizer_def = self.config.make_optimizer_def()\n'
+      '    self.optimizer = optimizer_def.create(params)\n'
+      "    self.optimizer = checkpoints.restore_checkpoint('no-checkpoint', self.optimizer)\n\n"
+      "  def loss(self, params, x):\n    return jnp.sum((params['w'] * x) ** 2)\n\n"
+      '  def train(self, params, steps):\n    self.setup(params)\n'
+      '    start = int(self.optimizer.state.step)\n    step_fn = jax.jit(self.train_step)\n'
+      '    for s in range(start, start + steps):\n'
+      '      self.optimizer, loss = step_fn(self.optimizer, jnp.ones(3) * s)\n'
+      "    return self.optimizer.target['w'].tolist()\n")
+  (tree / 'sub.py').write_text(
+      'import jax\nfrom base import BaseTrainer\nfrom configs import OptimizerConfig\n\n\n'
+      'class RegressionTrainer(BaseTrainer):\n  def train_step(self, optimizer, x):\n'
+      '    loss, grad = jax.value_and_grad(self.loss)(optimizer.target, x)\n'
+      '    lr = self.config.learning_rate * 0.5 ** optimizer.state.step\n'
+      '    new_opt = optimizer.apply_gradient(grad, learning_rate=lr)\n    return new_opt, loss\n')
+  code = ('import json, jax.numpy as jnp, configs, sub\n'
+          "print(json.dumps(sub.RegressionTrainer(configs.OptimizerConfig()).train("
+          "{'w': jnp.linspace(0.5, 1.5, 3)}, 3)))\n")
+  legacy = _run_tree(tree, 'import optim_compat\noptim_compat.install()\n' + code)
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  configs = (tree / 'configs.py').read_text()
+  assert 'optim_compat.install()' in configs or "inject_hyperparams" in configs, configs
+  new = _run_tree(tree, code)
+  assert legacy.returncode == 0 and new.returncode == 0, legacy.stderr[-2000:] + new.stderr[-2000:]
+  assert json.loads(new.stdout) == json.loads(legacy.stdout) != [0.5, 1.0, 1.5]

@@ -29,11 +29,12 @@ def prepare(q) -> None:
   q.mixed_lr = q.inject_lr and not all('learning_rate' in k for k in overrides)
   if not q.inject_lr and q.f.def_calls and _hands_optimizer_to_injecting_module(q):
     q.inject_lr = True  # one layout with the module it exchanges optimizers with
-  if not q.inject_lr and q.f.def_calls and (_subclasses_injecting_module(q)
-                                            or _subclassed_by_injecting_module(q)):
+  if not q.inject_lr and (q.f.def_calls or q.f.create_calls) and (
+      _subclasses_injecting_module(q) or _subclassed_by_injecting_module(q)):
     # a base class elsewhere (or a subclass elsewhere) sets the rate on what this module's
-    # classes create; this module's own calls pass none: each is converted with a TODO
-    # naming the difference if it runs after a call that set one (leave_apply)
+    # classes create (from its own defs, or another module's def factory, which then injects
+    # too: codemod.flow.DefUse.inject); this module's own calls pass none: each is converted
+    # with a TODO naming the difference if it runs after a call that set one (leave_apply)
     q.inject_lr = True
     q.hierarchy_lr = True
   if not q.inject_lr and q.f.def_calls and _own_def_factory_injects(q):
