@@ -178,7 +178,7 @@ def tree_flows(files: list[pathlib.Path], paths: list[str], options: Options,
                                           sources, inject_classes)
   # another package's def factory that returns Optax today, unless the run has its source
   factories = {**flow_lib.upstream_def_factories(texts.values()), **factories}
-  if not factories and not steps:
+  if not factories and not steps and not inject_classes:
     return [None] * len(files)
   return [flow_lib.Flow(factories, names[0][0] if names else None,
                         names[0][1] if names else False, steps, inject_classes)

@@ -95,8 +95,12 @@ def flow_key(flow, text: str) -> str:
     return 'no flow'
   known = [*flow.factories.values(), *flow.steps.values()]
   used = sorted(repr(f) for f in known if f.function in text or any(
-      f'.{field}' in text for field in getattr(f, 'fields', ())))
-  return repr((flow.module, flow.is_package, bool(known), used))
+      f'.{field}' in text for field in getattr(f, 'fields', ())) or (
+          # a module's layout, which a module naming it adopts (its classes' subclasses too)
+          f.function == '__layout__' and f.qualified.rsplit('.', 2)[-2] in text))
+  # its classes that a subclass elsewhere sets a learning rate for (Flow.inject_classes)
+  inject = sorted(c for c in flow.inject_classes if c.rsplit('.', 1)[0] == flow.module)
+  return repr((flow.module, flow.is_package, bool(known), used, inject))
 
 
 class _Unpickler(pickle.Unpickler):

@@ -1429,3 +1429,70 @@ def test_a_schedule_in_a_subclass_module_reaches_the_def_factory_of_the_base(tmp
   new = _run_tree(tree, code)
   assert legacy.returncode == 0 and new.returncode == 0, legacy.stderr[-2000:] + new.stderr[-2000:]
   assert json.loads(new.stdout) == json.loads(legacy.stdout) != [0.5, 1.0, 1.5]
+
+
+def test_a_def_factory_returning_a_user_def_of_another_module_wraps_it(tmp_path):
+  """Found by a new user: `get_optimizer_def(name, **kw)` returns `flax.optim.Adam(**kw)` or the
+  project's own `SignSGD(**kw)` (an OptimizerDef subclass of a third module); the trainer
+  `.create`s what it returns with an apply-time rate. The factory converted, but its user-def
+  branch was returned as is, and `TrainState.create(..., tx=SignSGD(...))` failed (no `init`)
+  on a line with no TODO. Now that branch is `optim_compat.to_optax(SignSGD(**kw),
+  inject=...)`, and both branches compute what they do on the shim."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'my_opt.py').write_text(
+      'import jax.numpy as jnp\nfrom flax import optim, struct\n\n\n@struct.dataclass\n'
+      'class _HP:\n  learning_rate: float\n\n\nclass SignSGD(optim.OptimizerDef):\n'
+      '  def __init__(self, learning_rate=None):\n    super().__init__(_HP(learning_rate))\n\n'
+      '  def init_param_state(self, param):\n    return ()\n\n'
+      '  def apply_param_gradient(self, step, hp, param, state, grad):\n'
+      '    return param - hp.learning_rate * jnp.sign(grad), state\n')
+  (tree / 'opt_factory.py').write_text(
+      'import flax\nfrom my_opt import SignSGD\n\n\ndef get_optimizer_def(name, **kwargs):\n'
+      "  if name == 'adam':\n    return flax.optim.Adam(**kwargs)\n  return SignSGD(**kwargs)\n")
+  (tree / 'trainer.py').write_text(
+      'import jax\nimport jax.numpy as jnp\nfrom opt_factory import get_optimizer_def\n\n\n'
+      'def train(name, steps=4):\n  opt = get_optimizer_def(name).create({"w": jnp.linspace(0.5, 1.5, 3)})\n'
+      '  for i in range(steps):\n'
+      '    g = jax.grad(lambda p: jnp.sum(p["w"] ** 3))(opt.target)\n'
+      '    opt = opt.apply_gradient(g, learning_rate=0.1 * 0.5 ** i)\n'
+      '  return opt.target["w"].tolist()\n')
+  code = 'import json, trainer\nprint(json.dumps([trainer.train("adam"), trainer.train("sign")]))\n'
+  legacy = _run_tree(tree, 'import optim_compat\noptim_compat.install()\n' + code)
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  factory = (tree / 'opt_factory.py').read_text()
+  assert "return optim_compat.to_optax(SignSGD(**kwargs), inject=('learning_rate',))" in factory
+  assert 'TrainState.create' in (tree / 'trainer.py').read_text()
+  new = _run_tree(tree, code)
+  assert legacy.returncode == 0 and new.returncode == 0, legacy.stderr[-2000:] + new.stderr[-2000:]
+  old_values, new_values = json.loads(legacy.stdout), json.loads(new.stdout)
+  assert new_values[1] == old_values[1]  # the user def: the shim's own rule
+  np_close = all(abs(a - b) <= 1e-6 * abs(a) for a, b in zip(old_values[0], new_values[0]))
+  assert np_close and new_values[0] != [0.5, 1.0, 1.5], (old_values, new_values)
+
+
+def test_a_base_class_with_no_function_of_its_module_still_takes_its_subclass_rate(tmp_path):
+  """Found by a new user: base_trainer.py (a class only, no module-level function) and
+  sched_trainer.py (no flax.optim import) whose `ScheduledTrainer(BaseTrainer).train_step`
+  passes `learning_rate=`: the tree had no factory or step function, so no flow reached
+  base_trainer.py, whose Adam was built without an injected rate. Now it is, and the
+  subclass's TODO says how a rate is set on a TrainState (its `self.optimizer` is not
+  followed through the class hierarchy: OM122)."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'base_trainer.py').write_text(
+      'import jax\nimport jax.numpy as jnp\nfrom flax import optim\n\n\nclass BaseTrainer:\n'
+      '  def __init__(self, lr=0.05):\n'
+      "    self.optimizer = optim.Adam(learning_rate=lr).create({'w': jnp.ones(3)})\n\n"
+      '  def loss(self, params):\n    return jnp.sum(params["w"] ** 2)\n')
+  (tree / 'sched_trainer.py').write_text(
+      'import jax\nfrom base_trainer import BaseTrainer\n\n\nclass ScheduledTrainer(BaseTrainer):\n'
+      '  def train_step(self, i):\n'
+      '    g = jax.grad(self.loss)(self.optimizer.target)\n'
+      '    self.optimizer = self.optimizer.apply_gradient(g, learning_rate=0.05 * 0.7 ** i)\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert 'tx=optax.inject_hyperparams(optax.adam' in (tree / 'base_trainer.py').read_text()
+  assert re.search(r'sched_trainer\.py:\d+:\d+: OM122 .*optax\.tree_utils\.tree_set',
+                   proc.stderr), proc.stderr

@@ -23,8 +23,10 @@ __all__ = ['Analysis', 'Facts', 'analyze']
 
 
 def useful_flow(flow):
-  """``flow`` when it knows any factory or step function of another module, else None."""
-  return flow if flow is not None and (flow.factories or flow.steps) else None
+  """``flow`` when it knows any factory or step function of another module, or a class a
+  subclass elsewhere sets a learning rate for (``Flow.inject_classes``), else None."""
+  return flow if flow is not None and (flow.factories or flow.steps
+                                       or flow.inject_classes) else None
 
 
 def analyze(full: cst.Module, text: Optional[str] = None, flow=None,

@@ -392,6 +392,10 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
               else self._function_stack[0] if top else None)
       if not (name and self._own_def_factory(name) is not None):
         f.escaping[id(value)] = value  # (a converted def factory returns its transformation)
+      elif (user := self.n.def_call(value)) is not None and self.n.is_user_def(user):
+        # a user OptimizerDef (here or another module's) returned by a converted def
+        # factory: its transformation is `optim_compat.to_optax(...)`, wrapped where built
+        f.user_def_wraps.add(id(user))
       if name:
         f.def_factories.add(name)  # its callers `.create` the def
     if value is not None and self._function_stack and (

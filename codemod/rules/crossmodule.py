@@ -263,6 +263,12 @@ def leave_unproven_apply(p, original) -> bool:
     return False
   # not proven: a file without flax.optim, or another module's optimizer kept legacy there
   text, blocking = unproven_message(q, original.func.value)
+  if 'learning_rate' in kwargs(original):
+    text += ('; as a TrainState, `.apply_gradient(g, learning_rate=lr)` is '
+             '`.replace(opt_state=optax.tree_utils.tree_set(<it>.opt_state, learning_rate=lr))'
+             '.apply_gradients(grads=g)`, and only a transformation built with '
+             'optax.inject_hyperparams where it is created has a rate to set: without one '
+             'the schedule is lost')
   p.flag(original, 'OM122', text, blocks=blocking)
   return True
 
