@@ -696,10 +696,8 @@ def _def_verdicts(candidates, factories, found, texts, files, outside) -> tuple[
           not use.converted for use in uses.get(q, {}).values()) or any(
           path in outside or str(path) not in uses.get(q, {})
           for path, _, shown in files if shown != entry.path and texts.get(path) is not None
-          and _calls(texts[path], q)) or (entry.method and any(
-              re.search(rf'\bdef[ \t]+{entry.method}\b', texts[path]) is not None
-              for path, _, shown in files
-              if shown != entry.path and texts.get(path) is not None)):
+          and _calls(texts[path], q)) or (
+              entry.method and _defined_elsewhere(entry.method, {entry.path}, texts, files)):
         failing.add(q)
       continue
     if isinstance(entry, DefFactory) and not entry.converted and not required and any(
@@ -709,12 +707,10 @@ def _def_verdicts(candidates, factories, found, texts, files, outside) -> tuple[
     if not isinstance(entry, DefFactory) or not entry.converted:
       failing.add(q)
       continue
-    if entry.method and any(  # (called by name: no other file may define a method so named
-        # that is not one of them)
-        re.search(rf'\bdef[ \t]+{entry.method}\b', texts[path]) is not None
-        for path, _, shown in files if texts.get(path) is not None and shown not in {
-            f.path for f in factories.values() if type(f) is DefFactory
-            and f.method == entry.method}):
+    if entry.method and _defined_elsewhere(  # (called by name: no other file may define a
+        # method so named that is not one of them)
+        entry.method, {f.path for f in factories.values()
+                       if type(f) is DefFactory and f.method == entry.method}, texts, files):
       failing.add(q)
       continue
     for path, _, shown in files:
@@ -729,6 +725,14 @@ def _def_verdicts(candidates, factories, found, texts, files, outside) -> tuple[
       elif use.inject and not entry.inject_lr:
         (failing if required else inject).add(q)
   return failing, inject - failing
+
+
+def _defined_elsewhere(method: str, paths: set, texts, files) -> bool:
+  """A file of the run other than ``paths`` (as the run names them) defines a function or
+  method called ``method`` (a call by that name may reach it)."""
+  pattern = re.compile(rf'\bdef[ \t]+{re.escape(method)}\b')
+  return any(pattern.search(texts[path]) is not None for path, _, shown in files
+             if shown not in paths and texts.get(path) is not None)
 
 
 def _settle(creators, texts, sources, options, outside, aliases, seed=None,

@@ -311,6 +311,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
         m.matches(d.decorator, m.Name('staticmethod') | m.Name('classmethod'))
         for d in node.decorators)):
       return
+    receivers = None  # ids of the names `.create` is called on in the body (read once, lazily)
     for i, param in enumerate(params[offset:]):
       if param.annotation is not None or param.default is not None or param.star:
         continue
@@ -319,9 +320,14 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       if scope is None or len(list(scope.assignments[name])) != 1:
         continue  # (rebound in the body: not only a def)
       accesses = list(scope.accesses[name])
-      receivers = {id(c.func.value) for c in m.findall(node.body, m.Call(
-          func=m.Attribute(value=m.Name(name), attr=m.Name('create'))))}
-      if accesses and all(id(a.node) in receivers for a in accesses):
+      if not accesses:
+        continue
+      if receivers is None:
+        receivers = {id(c.func.value) for c in m.findall(node.body, m.Call(
+            func=m.Attribute(value=m.Name(), attr=m.Name('create'))))}
+        if not receivers:
+          return  # (no `.create` at all: the common case)
+      if all(id(a.node) in receivers for a in accesses):
         qualname = f'{cls}.{node.name.value}' if cls else node.name.value
         self.f.def_sinks[qualname] = (i, name)
         flow = self.f.flow
