@@ -16,8 +16,9 @@ from typing import Optional
 import docstring_parser
 import libcst as cst
 
-# a dotted name, then the end or a comma (`dict, test example.`), an optional trailing period
-_TYPE = re.compile(r'([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*)\.?\s*(?:,|\Z)')
+# a dotted name, then the end, a comma (`dict, test example.`) or the end of the line (the
+# type alone on the description's first line, the prose below it), an optional trailing period
+_TYPE = re.compile(r'([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*)\.?[ \t]*(?:,|\n|\Z)')
 _OPTIONAL = re.compile(r',\s*optional\s*\Z')
 
 # Google-style section titles that may open a docstring, with no summary line before them
@@ -30,7 +31,8 @@ def parameter_types(fn: cst.FunctionDef) -> dict[str, str]:
 
   The type is the docstring's typed field (``name (T): ...``, ``name : T``), else a
   description that starts with a dotted name followed by a comma or nothing else
-  (``name: T.``, ``name: T, what it is``); ``, optional`` is dropped.
+  (``name: T.``, ``name: T, what it is``, ``T`` alone on the description's first line);
+  ``, optional`` is dropped.
   """
   doc = fn.get_docstring(clean=True)
   if not doc:

@@ -22,6 +22,7 @@ SHARED_LAYOUT = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_
 KWARGS_FACTORY = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_kwargs_factory'
 DEF_SINK = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_sink'
 DEF_METHOD = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_method'
+DOCUMENTED = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_documented_step'
 
 
 
@@ -343,6 +344,26 @@ def test_def_factory_methods_and_their_caller_convert_and_match_real_flax_optim(
   assert int(old['adam_step']) == int(new_['momentum_step']) == 15
   for name in ('adam', 'momentum'):
     assert old[f'{name}_losses'][-1] < 0.8 * old[f'{name}_losses'][0]  # both trained
+
+
+def test_a_step_typed_only_in_its_docstring_converts_and_matches_real_flax_optim(
+    legacy_python, tmp_path):
+  """Issue 17, jeta: a library module that never imports flax.optim steps the optimizer its
+  users hand in, typed only by its docstring (`optimizer: flax.optim.Optimizer`, NumPy style;
+  `opt (flax.optim.Optimizer): ...`, Google style). Before: `.target` and `.apply_gradient`
+  there were OM122 TODOs and the migrated program failed at them. Now the documented type is
+  evidence as an annotation is: the functions convert with their caller, their docstrings
+  name the TrainState, and the program matches real flax.optim 0.5.3 (old stack)."""
+  new, rows = _migrated_copy(DOCUMENTED, tmp_path)
+  assert rows and all(r['applied'] for r in rows)
+  meta = (new / 'lib' / 'meta.py').read_text()
+  assert 'flax.optim.Optimizer' not in meta
+  assert meta.count('flax.training.train_state.TrainState') == 3
+  assert 'model = optimizer.params' in meta and 'return opt.params' in meta
+  assert 'optimizer = optimizer.apply_gradients(grads=grad)' in meta
+  old, new_ = _run_on_both_stacks(legacy_python, DOCUMENTED, new, tmp_path)
+  assert int(old['step']) == int(new_['step']) == 15
+  assert old['losses'][-1] < 0.5 * old['losses'][0]  # it trained
 
 
 def test_a_def_factory_method_with_a_namesake_elsewhere_stays_on_the_shim(tmp_path):

@@ -16,6 +16,9 @@ def _types(source: str) -> dict:
     ('Args:\n    p (FrozenDict, optional): the tree.', {'p': 'FrozenDict'}),
     ('Args:\n    p: model_utils.TrainState.', {'p': 'model_utils.TrainState'}),
     ('Args:\n    p: dict, test example.', {'p': 'dict'}),
+    # the type alone on the description's first line, prose below (jeta's opti_trainer.py)
+    ('Args:\n    p: flax.optim.Optimizer\n        An optimizer object.', {'p': 'flax.optim.Optimizer'}),
+    ('Args:\n    p: the optimizer\n        to step.', {}),   # prose on the first line
     ('Args:\n    p: the parameters of the model.', {}),        # a description, no type
     ('Args:\n    p (Optional[FrozenDict]): the tree.', {}),     # not a plain dotted name
     ('Args:\n    p (dict or FrozenDict): the tree.', {}),

@@ -264,6 +264,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       self.f.defines_apply_gradient = True
     if self._field_classes:
       self._documented_field_classes(node)
+    self._documented_optimizers(node)
 
   def _sink_called(self, node: cst.Call):
     """The def sink of another module (or this one) ``node`` calls (``codemod.flow.DefSink``):
@@ -348,6 +349,41 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       if dotted.rsplit('.', 1)[-1] in self._field_classes and (
           found := self.f.flow.documented_fields(dotted)) is not None:
         self._register_fields(found)
+
+  def _documented_optimizers(self, node: cst.FunctionDef) -> None:
+    """Parameters the docstring types as a flax.optim ``Optimizer`` / ``OptimizerDef``
+    (``optimizer: flax.optim.Optimizer`` in its ``Args:``, ``opt (optim.Optimizer): ...``):
+    the same evidence as an annotation, also in a module that never imports flax.optim (a
+    library function its users hand their optimizer). The docstring's type is rewritten
+    with the code (``Facts.doc_types``, OM007)."""
+    body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
+    doc = node.get_docstring(clean=False)
+    if not doc or 'Optimizer' not in doc or not body:
+      return
+    found = {}
+    scope = self.n.scope(node)
+    for param, dotted in docstrings.parameter_types(node).items():
+      qnames = {q.name for q in scope.get_qualified_names_for(dotted)} if scope else set()
+      qnames.add(dotted)  # (`flax.optim.Optimizer` in a module that never imports flax)
+      qnames = {q for q in qnames if q.startswith(api.LEGACY + '.')}
+      sym = next((s for s in sorted(filter(None, map(api.legacy_symbol, qnames)))
+                  if s in api.ANNOTATIONS), None)
+      if sym is None:
+        continue
+      params = (*node.params.posonly_params, *node.params.params, *node.params.kwonly_params)
+      target = next(p for p in params if p.name.value == param)
+      self.f.uses_legacy = True  # (documented as flax.optim's: the module's own evidence)
+      if target.annotation is None and (b := self.n.binding(target.name)):
+        if sym == 'Optimizer':  # (else the annotation decides)
+          self.f.opt_vars.add(b)
+        else:
+          self.f.def_vars[b] = None
+      found[dotted] = api.ANNOTATIONS[sym][0].replace(
+          'train_state.', 'flax.training.train_state.')
+    stmt = body[0]
+    if found and isinstance(stmt, cst.SimpleStatementLine) and isinstance(
+        stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.SimpleString):
+      self.f.doc_types[id(stmt.body[0].value)] = found
 
   def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
     self._function_stack.pop()

@@ -52,6 +52,9 @@ class Facts:
   create_keys: dict = _field()
   traversal_vars: dict = _field()     # binding -> ModelParamTraversal call
   opt_vars: set = _field(set)         # bindings holding optimizers
+  #: id(docstring string node) -> {the flax.optim type it documents a parameter as: the
+  #: modern type}, for functions whose docstring types a parameter `flax.optim.Optimizer`
+  doc_types: dict = _field()
   rebound: set = _field(set)          # bindings also assigned something else
   params: set = _field(set)           # bindings of function parameters
   loop_vars: set = _field(set)        # bindings of loop and comprehension targets

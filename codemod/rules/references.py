@@ -10,6 +10,8 @@ OM007 (annotations: ``optim.Optimizer`` -> ``train_state.TrainState``,
 """
 from __future__ import annotations
 
+import re
+
 from typing import Optional
 
 import libcst as cst
@@ -102,7 +104,26 @@ def leave_reference(p, original) -> bool:
   return False
 
 
+def leave_docstring(p, original: cst.SimpleString) -> None:
+  """The docstring of a function whose parameter it types as a flax.optim ``Optimizer`` /
+  ``OptimizerDef`` (``Facts.doc_types``): that type is rewritten as an annotation is (OM007)."""
+  q = p.q
+  found = q.f.doc_types.get(id(original))
+  if not found or q.blocked or not q.converts or not q.opts.fixable('OM007'):
+    return
+  p.fix(original, apply_docstring_types,
+        [('OM007', f'docstring type {old} -> {new}') for old, new in found.items()],
+        data={'types': found})
+
+
 # -- fixes ----------------------------------------------------------------------------------
+def apply_docstring_types(ctx, original, updated, fix):
+  text = updated.value
+  for old, new in fix.data['types'].items():
+    text = re.sub(rf'(?<![\w.]){re.escape(old)}(?![\w.])', new, text)
+  return updated.with_changes(value=text)
+
+
 def apply_dynamic_scale(ctx, original, updated, fix):
   ctx.add_import('flax.training', 'dynamic_scale', 'dynamic_scale_lib')
   return cst.parse_expression('dynamic_scale_lib' + (
