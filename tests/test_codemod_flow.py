@@ -262,7 +262,11 @@ def test_container_declared_in_another_module_migrated_matches_real_flax_optim(
   `state.optimizer.target` / `.state.step` in lib/evaluation.py, which never imports
   flax.optim (before: that module was left unconverted with no TODO; the run then failed at
   evaluation). Now the flow carries the class's optimizer fields: every file naming the class
-  converts them; the migrated program matches real flax.optim 0.5.3 (old stack)."""
+  converts them; the migrated program matches real flax.optim 0.5.3 (old stack).
+  train.py builds the container as meliad's training_loop.py does, through a module alias
+  with positional arguments (`TrainState = state_lib.TrainState; TrainState(optimizer,
+  mstate)`), and reads its own `state` field: before, that `.state` was OM117 (the name
+  was taken for one derived from the optimizer)."""
   new, rows = _migrated_copy(CONTAINER, tmp_path)
   assert rows and all(r['applied'] for r in rows)
   evaluation = (new / 'lib' / 'evaluation.py').read_text()
@@ -271,7 +275,9 @@ def test_container_declared_in_another_module_migrated_matches_real_flax_optim(
   assert 'optimizer: train_state.TrainState' in (new / 'lib' / 'state.py').read_text()
   old, new_ = _run_on_both_stacks(legacy_python, CONTAINER, new, tmp_path)
   assert int(old['step']) == int(new_['step']) == int(new_['eval_step']) == 30
+  assert int(old['seen']) == int(new_['seen']) == 30
   assert old['losses'][-1] < 0.6 * old['losses'][0]  # it trained
+  assert "sorted(state.state)" in (new / 'train.py').read_text()
 
 
 def test_a_factory_of_defs_built_from_run_time_kwargs_matches_real_flax_optim(

@@ -566,7 +566,11 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       return f.uses_legacy
     if f.flow is None or not self._field_classes:
       return False
-    found = next((x for q in sorted(self.n.qnames(value.func))
+    func = value.func
+    if isinstance(func, cst.Name) and (alias := self.n.assignment(func)) is not None and len(
+        alias[0]) == 1 and isinstance(alias[1], (cst.Name, cst.Attribute)):
+      func = alias[1]  # a module-level alias: `TrainState = training_task.TrainState`
+    found = next((x for q in sorted(self.n.qnames(func))
                   if (x := f.flow.resolve_fields(q) or f.flow.resolve_container_factory(q))
                   is not None), None)
     return found is not None and found.converted
@@ -640,6 +644,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       pass  # an alias (above)
     elif self.makes_container(value):
       f.container_vars.update(n.name_bindings(targets))  # `state = TrainState(optimizer=opt)`
+      f.container_values.add(id(value))
       f.rebound.update(n.name_bindings(targets))
     elif (isinstance(value, cst.Attribute) and value.attr.value in f.annotated_fields
           and (f.uses_legacy or value.attr.value in f.flow_fields)):

@@ -72,6 +72,7 @@ class Facts:
   container_makers: set = _field(set)  # module-level functions every return of which makes one
   container_classes: set = _field(set)  # module-level classes with such fields (before the visit)
   container_vars: set = _field(set)   # bindings assigned an instance of one (`TrainState(opt)`)
+  container_values: set = _field(set)  # ids of those constructions (holding, not being, one)
   container_params: set = _field(set)  # parameters annotated with one (`tstate: TrainState`)
   top_returns: dict = _field()        # module-level function -> the values its returns give
   assignments: list = _field(list)    # (targets, value) of every `=` statement

@@ -156,8 +156,9 @@ class Queries:
         isinstance(e, cst.Call) and isinstance(e.func, cst.Name)
         and e.func.value in f.bundle_factories) or (
         (fac := n.factory_of_call(e, bundle=True)) is not None and fac.converted)
+    # (not `tstate = TrainState(optimizer, mstate)`: a container holds the optimizer)
     from_optimizer = [(targets, value, self.mentions(value, maybe))
-                      for targets, value in f.assignments]
+                      for targets, value in f.assignments if id(value) not in f.container_values]
     in_found = lambda e: isinstance(e, cst.Name) and n.binding(e) in found
     changed = True
     while changed:  # `opts = [...create(p)...]; first, second = opts`: derived from derived
