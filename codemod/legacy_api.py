@@ -135,6 +135,10 @@ NOT_ARRAY_CALLS = frozenset({'numpy.load', 'jax.numpy.load', 'numpy.savez', 'jax
 #: Serializers that pickle what they are given (a TrainState's Optax closures do not pickle).
 PICKLERS = frozenset({'pickle.dump', 'pickle.dumps', 'joblib.dump'})
 #: Reflection on an optimizer's fields by name (flagged on converted optimizers), and pickling.
+#: ``isinstance`` / ``issubclass``: a class tuple naming both a flax.optim Optimizer and the
+#: TrainState (OM015).
+TYPE_TESTS = frozenset({'builtins.isinstance', 'builtins.issubclass'})
+TRAIN_STATE_CLASSES = frozenset({'flax.training.train_state.TrainState'})
 REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
                             'builtins.delattr', 'dataclasses.replace',
                             'flax.serialization.to_state_dict', *PICKLERS})

@@ -23,6 +23,7 @@ KWARGS_FACTORY = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow
 DEF_SINK = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_sink'
 DEF_METHOD = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_method'
 DOCUMENTED = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_documented_step'
+DUAL = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_dual_support'
 
 
 
@@ -370,6 +371,25 @@ def test_a_step_typed_only_in_its_docstring_converts_and_matches_real_flax_optim
   old, new_ = _run_on_both_stacks(legacy_python, DOCUMENTED, new, tmp_path)
   assert int(old['step']) == int(new_['step']) == 15
   assert old['losses'][-1] < 0.5 * old['losses'][0]  # it trained
+
+
+def test_code_taking_both_an_optimizer_and_a_train_state_converts_and_matches_real_flax_optim(
+    legacy_python, tmp_path):
+  """Issue 17, alpa's parax/util.py: `isinstance(x, (flax.optim.base.Optimizer,
+  train_state.TrainState))` decides which arguments of a jitted step are donated and static.
+  Before: OM109, the module kept on the shim. Now the tuple drops the legacy class (OM015):
+  the migrated optimizer is a TrainState and takes the branch written for it; the program
+  donates and keeps static the same arguments and matches real flax.optim 0.5.3."""
+  new, rows = _migrated_copy(DUAL, tmp_path)
+  assert rows and all(r['applied'] for r in rows)
+  assert [r['line'] for r in rows if r['rule'] == 'OM015'] == [11, 23]
+  util = (new / 'lib' / 'util.py').read_text()
+  assert util.count('isinstance(arg, train_state.TrainState)') == 1
+  assert util.count('isinstance(x, train_state.TrainState)') == 1 and 'optim.' not in util
+  old, new_ = _run_on_both_stacks(legacy_python, DUAL, new, tmp_path)
+  assert old['donated'].tolist() == new_['donated'].tolist() == [0]
+  assert old['static'].tolist() == new_['static'].tolist() == [3]
+  assert int(old['step']) == int(new_['step']) == 20
 
 
 def test_a_def_factory_method_with_a_namesake_elsewhere_stays_on_the_shim(tmp_path):

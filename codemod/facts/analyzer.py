@@ -385,6 +385,20 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
         stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.SimpleString):
       self.f.doc_types[id(stmt.body[0].value)] = found
 
+  def _dual_support(self, classes: cst.Tuple) -> None:
+    """``isinstance(x, (flax.optim.Optimizer, train_state.TrainState))``: code that takes
+    both. Its legacy members (``Facts.dual_members``) need no conversion: the tuple drops
+    them (OM015), the TrainState branch is the one a migrated value takes."""
+    n = self.n
+    elements = [e.value for e in classes.elements if not isinstance(e, cst.StarredElement)]
+    if len(elements) != len(classes.elements) or not any(
+        n.qnames(e) & api.TRAIN_STATE_CLASSES for e in elements):
+      return
+    legacy = [e for e in elements if n.symbol(e) == 'Optimizer']
+    if legacy:
+      self.f.dual_tuples[id(classes)] = [id(e) for e in legacy]
+      self.f.dual_members.update(id(e) for e in legacy)
+
   def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
     self._function_stack.pop()
 
@@ -759,6 +773,9 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       f.uses_legacy = True
       f.dynamic_imports[id(node)] = failure
     f.calls_by_func[id(node.func)] = node
+    if len(node.args) == 2 and isinstance(node.args[1].value, cst.Tuple) and (
+        n.qnames(node.func) & api.TYPE_TESTS):
+      self._dual_support(node.args[1].value)
     f.double_starred.update(id(a.value) for a in node.args
                             if a.star == '**' and isinstance(a.value, cst.Name))
     if f.flow is not None and (sink := self._sink_called(node)) is not None:

@@ -33,6 +33,10 @@ class Facts:
   in_annotation: set = _field(set)    # ids of references inside annotations
   in_subclass: set = _field(set)      # ids of references inside a user OptimizerDef subclass
   nn_refs: set = _field(set)          # ids of pre-Linen flax.nn references
+  #: id(the class tuple of `isinstance(x, (optim.Optimizer, TrainState))`) -> ids of its
+  #: legacy members; and those ids (code taking both: OM015 drops the legacy class)
+  dual_tuples: dict = _field()
+  dual_members: set = _field(set)
   module_refs: list = _field(list)    # uses of the flax.optim module object itself
   dynamic_imports: dict = _field()    # id(node) -> what it does without flax.optim
   subclasses: list = _field(list)     # user OptimizerDef subclasses (ClassDef)

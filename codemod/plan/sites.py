@@ -198,6 +198,9 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
   def leave_Name(self, original) -> None:
     references.leave_reference(self, original)
 
+  def leave_Tuple(self, original) -> None:
+    references.leave_dual_support(self, original)
+
   def leave_SimpleString(self, original) -> None:
     references.leave_docstring(self, original)
 

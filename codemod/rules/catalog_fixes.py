@@ -275,4 +275,20 @@ FIXES = (
                 'the same name (the legacy numerics), on Flax ≤ 0.5.3 nothing changes; names and '
                 'TODOs stay as they are (`--no-shim-fallback` or `shim-fallback = false`: the '
                 'TODOs only). One report entry per file'),
+    Rule('OM015', 'safe', family='references', summary=
+         '`isinstance(x, (optim.Optimizer, train_state.TrainState))` -> '
+         '`isinstance(x, train_state.TrainState)`',
+         why='Code written to take both a flax.optim Optimizer and a TrainState (alpa\'s '
+             '`auto_donate_argnums`) names a class Flax >= 0.6 no longer has; after the rewrite '
+             'the optimizers this run converts are TrainStates and take the branch already '
+             'written for them. An Optimizer other code still hands in (one kept on the shim) '
+             'no longer matches: the report says so at each site.',
+         before='import flax\nfrom flax.training import train_state\n\n\n'
+                'def donate(x):\n'
+                '  return isinstance(x, (flax.optim.Optimizer, train_state.TrainState))\n',
+         after='import flax\nfrom flax.training import train_state\n\n\n'
+               'def donate(x):\n'
+               '  return isinstance(x, train_state.TrainState)\n',
+         readme='`isinstance(x, (optim.Optimizer, train_state.TrainState))` (code that takes '
+                'both) → `isinstance(x, train_state.TrainState)`; also `issubclass`'),
 )

@@ -17,6 +17,7 @@ from typing import Optional
 import libcst as cst
 
 from codemod import legacy_api as api
+from codemod.names import code
 from codemod.rules.defs import Problem
 
 
@@ -33,6 +34,8 @@ def ref_problem(q, ref_id, sym) -> Optional[Problem]:
       return None
   elif ref_id in f.call_funcs and (sym in api.DEF_NAMES or sym == api.TRAVERSAL):
     return None
+  elif ref_id in f.dual_members:
+    return None  # (the tuple drops it: OM015)
   rule = 'OM103' if sym == 'OptimizerState' else 'OM109'
   return Problem(rule, f'flax.optim.{sym} has no automatic conversion here; see optim_compat for '
                        'a drop-in')
@@ -104,6 +107,22 @@ def leave_reference(p, original) -> bool:
   return False
 
 
+def leave_dual_support(p, original: cst.Tuple) -> None:
+  """``isinstance(x, (optim.Optimizer, train_state.TrainState))`` -> ``isinstance(x,
+  train_state.TrainState)`` (OM015): after the rewrite every optimizer this run converts is a
+  TrainState; the legacy class is gone from Flax >= 0.6."""
+  q = p.q
+  legacy = q.f.dual_tuples.get(id(original))
+  if legacy is None or q.blocked or not q.converts or not q.opts.fixable('OM015'):
+    return
+  dropped = ', '.join(code(q.f.ref_nodes[i]) if i in q.f.ref_nodes else '?' for i in legacy)
+  p.fix(original, apply_dual_support,
+        [('OM015', f'`{code(original)}` -> without {dropped}: code that takes both a flax.optim '
+                   'Optimizer and a TrainState; a legacy (or optim_compat) Optimizer that '
+                   'other code still hands in no longer matches here')],
+        data={'legacy': set(legacy)})
+
+
 def leave_docstring(p, original: cst.SimpleString) -> None:
   """The docstring of a function whose parameter it types as a flax.optim ``Optimizer`` /
   ``OptimizerDef`` (``Facts.doc_types``): that type is rewritten as an annotation is (OM007)."""
@@ -117,6 +136,15 @@ def leave_docstring(p, original: cst.SimpleString) -> None:
 
 
 # -- fixes ----------------------------------------------------------------------------------
+def apply_dual_support(ctx, original, updated, fix):
+  kept = [u for o, u in zip(original.elements, updated.elements)
+          if id(o.value) not in fix.data['legacy']]
+  if len(kept) == 1:
+    return kept[0].value  # `isinstance(x, train_state.TrainState)`
+  last = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+  return updated.with_changes(elements=[*kept[:-1], last])
+
+
 def apply_docstring_types(ctx, original, updated, fix):
   text = updated.value
   for old, new in fix.data['types'].items():
