@@ -972,6 +972,12 @@ _RESUMING = {
     'legacy_def_star_kwargs.py': (
         "optim_compat.to_optax(optim_compat.Adam(**optim_kwargs), inject=('learning_rate',))",
         'optim_compat.checkpoint.restore_legacy(workdir, optimizer)'),
+    # site-selection-tool's `optimization_params.get('optimizer', optim.Adam(learning_rate))`
+    # over a bare array (before: OM114 kept the file legacy)
+    'legacy_def_default.py': (
+        "optimizer = optimization_params.get('optimizer', optax.adam(learning_rate=learning_rate, ",
+        'optim_compat.ArrayTrainState.create(apply_fn=None, params=jnp.asarray(initial), '
+        'tx=optimizer)'),
 }
 
 

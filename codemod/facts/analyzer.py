@@ -385,6 +385,16 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
         stmt.body[0], cst.Expr) and isinstance(stmt.body[0].value, cst.SimpleString):
       self.f.doc_types[id(stmt.body[0].value)] = found
 
+  def _def_default(self, value, targets):
+    """The table def ``value`` falls back to in ``name = <mapping>.get(key, optim.Adam(lr))``
+    (one name target, a positional key and default), else None."""
+    if not (len(targets) == 1 and isinstance(targets[0], cst.Name) and m.matches(
+        value, m.Call(func=m.Attribute(attr=m.Name('get')), args=[m.Arg(keyword=None, star=''),
+                                                                   m.Arg(keyword=None, star='')]))):
+      return None
+    default = value.args[1].value
+    return default if self.n.legacy_def(default) in spec_lib.SPECS else None
+
   def _dual_support(self, classes: cst.Tuple) -> None:
     """``isinstance(x, (flax.optim.Optimizer, train_state.TrainState))``: code that takes
     both. Its legacy members (``Facts.dual_members``) need no conversion: the tuple drops
@@ -633,6 +643,15 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     source = self.flow_source(value) if f.flow is not None else None
     if source is None and f.flow is not None:
       source = self.def_created(value)  # `opt = get_optimizer(cfg).create(p)`: kept legacy there
+    if (default := self._def_default(value, targets)) is not None:
+      # `opt_def = params.get('optimizer', optim.Adam(lr))`: the default def converts in place;
+      # the name holds a def of unknown kind, `.create`d here (what callers put there must be
+      # an Optax transformation after the rewrite: the report says so, OM016)
+      f.def_vars.update(dict.fromkeys(n.name_bindings(targets), None))
+      f.def_defaults[id(value)] = default
+      f.def_default_calls[id(default)] = value
+      self.placed_defs.add(id(default))
+      self._group_args.add(id(value.args[1]))
     if (made := n.converted_def_factory(value)) is not None:
       # `opt_def = get_optimizer(cfg)`: an Optax transformation once converted, `.create`d here
       f.def_vars.update(dict.fromkeys(n.name_bindings(targets), None))
@@ -648,6 +667,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       f.def_vars.update(dict.fromkeys(n.name_bindings(targets), value))
       if len(targets) == 1 and isinstance(targets[0], cst.Name):
         self.placed_defs.add(id(value))
+    elif id(value) in f.def_defaults:
+      pass  # (a def, above)
     elif n.is_traversal(value) and isinstance(value, cst.Call):
       f.traversal_vars.update(dict.fromkeys(n.name_bindings(targets), value))
     elif produces_optimizer(n, value):

@@ -138,7 +138,8 @@ def _split_def_rebinds(n: Names, assign_sites: dict) -> None:
     after = _optimizer_reads(n, sites)
     reads = {id(r.node) for t, _, _ in sites for r in _accesses(n, t)}
     if after is None:
-      defs = [v for _, v, _ in sites if n.legacy_def(v) or n.is_user_def(v)]
+      defs = [f.def_defaults.get(id(v), v) for _, v, _ in sites
+              if n.legacy_def(v) or n.is_user_def(v) or id(v) in f.def_defaults]
       if defs:
         f.mixed_defs[id(defs[0])] = sites[0][0].value
       after = reads  # its uses are flagged there, not as a def's
@@ -161,8 +162,8 @@ def _other_values_of_defs(n: Names, assign_sites: dict) -> None:
         break  # `d = d.create(p)`: the values after it are the optimizer's (_split_def_rebinds)
       if n.is_user_def(value):
         users.append(value)
-      elif n.is_def(value):
-        others = True
+      elif n.is_def(value) or id(value) in f.def_defaults:
+        others = True  # (`params.get('optimizer', Adam(lr))`: its default a table def)
       elif not m.matches(value, m.Name('None')):
         f.def_var_others.setdefault(b, value)  # (None: no create then, in legacy either)
     if users and others:
@@ -189,7 +190,7 @@ def _optimizer_reads(n: Names, sites) -> Optional[set[int]]:
     return None
   (d_name, d_value, d_block), (c_name, c_value, c_block) = sites[:2]
   scope = n.scope(d_name)
-  is_def = lambda v: n.legacy_def(v) or n.is_user_def(v)
+  is_def = lambda v: n.legacy_def(v) or n.is_user_def(v) or id(v) in n.facts.def_defaults
   if (scope is None or len(list(scope.assignments[d_name.value])) != len(sites)
       or not is_def(d_value) or any(is_def(v) for _, v, _ in sites[1:])
       or d_block != c_block

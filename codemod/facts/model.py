@@ -48,6 +48,9 @@ class Facts:
   # -- defs and optimizers -----------------------------------------------------------------
   def_vars: dict = _field()           # binding -> the def call it holds (None: unknown kind)
   def_calls: list = _field(list)      # legacy def calls, in order
+  #: id(`<mapping>.get(key, <def>)` assigned to a name) -> that default def (OM016)
+  def_defaults: dict = _field()
+  def_default_calls: dict = _field()  # ... and id(that def) -> the `.get(...)` call
   wn_inner: set = _field(set)         # ids of def calls wrapped by WeightNorm(...)
   create_calls: list = _field(list)   # `<def>.create(...)`
   array_vars: dict = _field()         # binding -> every `=` gives it a bare array (`w = jnp.zeros(3)`)

@@ -291,4 +291,27 @@ FIXES = (
                '  return isinstance(x, train_state.TrainState)\n',
          readme='`isinstance(x, (optim.Optimizer, train_state.TrainState))` (code that takes '
                 'both) → `isinstance(x, train_state.TrainState)`; also `issubclass`'),
+    Rule('OM016', 'safe', family='defs', summary=
+         '`d = cfg.get(key, optim.Adam(lr))` then `d.create(p)`: the default def converts, '
+         '`.create` takes `d` as its `tx`',
+         why='A def a caller may override through a mapping (site-selection-tool\'s '
+             '`optimization_params.get(\'optimizer\', optim.Adam(learning_rate))`) is used only '
+             'by `.create`: the default becomes its Optax transformation and the create a '
+             'TrainState. A value callers put under that key must be an Optax transformation '
+             'now; the report says so at each site.',
+         before=_IMPORT + 'def fit(params, cfg):\n'
+                '  opt = cfg.get(\'optimizer\', optim.Adam(0.1))\n'
+                '  opt = opt.create(params)\n'
+                '  return opt\n',
+         after='import optax\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def fit(params, cfg):\n'
+               '  opt = cfg.get(\'optimizer\', optax.adam(learning_rate=0.1, b1=0.9, b2=0.999, eps=1e-08))\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=opt)\n'
+               '  return opt\n',
+         readme='`d = cfg.get(key, optim.Adam(lr))` later `.create`d: the default def converts '
+                'in place, the create takes `tx=d` (a value callers put under the key must be '
+                'an Optax transformation now; the report says so)'),
 )

@@ -386,7 +386,14 @@ def leave_def_call(p, original) -> bool:
                                             'legacy refused at create (ValueError), gets the '
                                             'later group here: keep the filters disjoint')])
   else:
-    p.fix(original, apply_def, [('OM001', None)], data={'name': name})
+    findings = [('OM001', None)]
+    if (get := q.f.def_default_calls.get(id(original))) is not None:
+      findings.append(('OM016', f'`{code(get)}`: the default is its Optax transformation now, '
+                                'so a value callers put under that key must be one too (with '
+                                'optax.inject_hyperparams where this file sets a rate at apply '
+                                'time; a flax.optim def there fails at TrainState.create: it '
+                                'has no `init`; wrap a user def in optim_compat.to_optax)'))
+    p.fix(original, apply_def, findings, data={'name': name})
   return True
 
 
