@@ -358,12 +358,19 @@ def installs_shim(tree: ast.Module) -> bool:
              and ast.unparse(st.value.func) == 'optim_compat.install' for st in tree.body)
 
 
+#: optim_compat calls of converted code (their arguments may name a legacy def).
+_CONVERTED_CALLS = frozenset({'optim_compat.to_optax', 'optim_compat.legacy_state',
+                              'optim_compat.with_legacy_state'})
+
+
 def uses_shim(tree: ast.Module) -> bool:
   """Whether the module takes flax.optim's API from ``optim_compat`` (the shim): an
   ``import optim_compat as <alias>``, ``from optim_compat import <legacy name>``,
   ``optim_compat.install()``, or ``optim_compat.<legacy name>`` (``class D(
   optim_compat.OptimizerDef)``) anywhere but inside ``optim_compat.to_optax(...)`` (a
-  def wrapped for a TrainState is converted code)."""
+  def wrapped for a TrainState is converted code) or a legacy-view call on a TrainState
+  (``optim_compat.legacy_state(state, optim_compat.Adam(1e-2))``: the def gives the layout
+  of the view, issue 17's conversion of state surgery)."""
   found = False
 
   class Visit(ast.NodeVisitor):
@@ -380,8 +387,8 @@ def uses_shim(tree: ast.Module) -> bool:
     def visit_Call(self, node):
       nonlocal found
       name = _dotted(node.func)
-      if name == 'optim_compat.to_optax':
-        return  # its argument is a def handed to a TrainState
+      if name in _CONVERTED_CALLS:
+        return  # its argument is a def handed to a TrainState, or the layout of its view
       found |= name == 'optim_compat.install'
       self.generic_visit(node)
 
@@ -496,8 +503,8 @@ def legacy_sites(cell: Optional[int], src: str, tree: ast.Module,
     elif node.attr == 'step' and isinstance(node.value, ast.Attribute) and \
         node.value.attr == 'state' and _optimizer_like(node.value.value, roots):
       add(node, 'state.step')
-    elif node.attr == 'param_states':
-      add(node, 'param_states')
+    elif node.attr == 'param_states' and not _of_legacy_view(node.value):
+      add(node, 'param_states')  # (not of `optim_compat.legacy_state(...)`: the view, OM017)
     elif node.attr == 'optimizer_def' and _optimizer_like(node.value, roots):
       add(node, 'optimizer_def')
     elif node.attr == 'hyper_params':
@@ -511,6 +518,11 @@ def legacy_sites(cell: Optional[int], src: str, tree: ast.Module,
       seen.add((s.cell, s.line, s.kind))
       out.append(s)
   return out
+
+
+def _of_legacy_view(node) -> bool:
+  """``node`` is a call of the legacy view (``optim_compat.legacy_state(...)``)."""
+  return isinstance(node, ast.Call) and _dotted(node.func) in _CONVERTED_CALLS
 
 
 def statement_starts(tree: ast.Module) -> dict[int, int]:

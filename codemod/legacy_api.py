@@ -144,6 +144,16 @@ REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.se
                             'flax.serialization.to_state_dict', *PICKLERS})
 #: Calls whose result is their argument, as pickled (``pickle.dump(unreplicate(opt), f)``).
 PICKLE_PASSTHROUGH = frozenset({'flax.jax_utils.unreplicate', 'jax.device_get'})
+#: Calls that only read their argument: ``opt.state...`` passed to one (``jax.tree_util.
+#: tree_leaves(opt.state.param_states)``) becomes a read of the legacy view (OM017); the view
+#: is a fresh tree, so a read that may mutate it (or a name bound to it) keeps OM103.
+STATE_READERS = frozenset({
+    'jax.tree_util.tree_leaves', 'jax.tree_leaves', 'jax.tree_util.tree_flatten',
+    'jax.tree_flatten', 'jax.tree_util.tree_structure', 'jax.tree_structure',
+    'jax.tree_util.tree_map', 'jax.tree_map', 'jax.device_get', 'numpy.asarray', 'numpy.array',
+    'jax.numpy.asarray', 'jax.numpy.array', 'builtins.print', 'builtins.len', 'builtins.repr',
+    'builtins.str', 'builtins.float', 'builtins.int', 'flax.traverse_util.flatten_dict',
+    'flax.serialization.to_state_dict'})
 #: Module names the rewrite may import and use.
 EMITTED_NAMES = frozenset({'optax', 'train_state', 'optim_compat', 'jax_utils', 'traverse_util',
                            'flax_train_state'})

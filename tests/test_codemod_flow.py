@@ -24,6 +24,7 @@ DEF_SINK = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_s
 DEF_METHOD = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_method'
 DOCUMENTED = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_documented_step'
 DUAL = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_dual_support'
+STATE_READS = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_state_reads'
 
 
 
@@ -390,6 +391,27 @@ def test_code_taking_both_an_optimizer_and_a_train_state_converts_and_matches_re
   assert old['donated'].tolist() == new_['donated'].tolist() == [0]
   assert old['static'].tolist() == new_['static'].tolist() == [3]
   assert int(old['step']) == int(new_['step']) == 20
+
+
+def test_state_only_read_reads_the_legacy_view_and_matches_real_flax_optim(
+    legacy_python, tmp_path):
+  """Issue 17 (state surgery), alpa's tests/test_auto_sharding_bert.py:
+  `jax.tree_util.tree_leaves(optimizer.state.param_states)` and a moment read by key, on an
+  Adam stepped with an apply-time rate. Before: OM103, the file kept on the shim. Now each
+  read is of `optim_compat.legacy_state(optimizer, optim_compat.Adam(...))` (OM017): the same
+  leaves, in the same order, as real flax.optim 0.5.3 keeps."""
+  new, rows = _migrated_copy(STATE_READS, tmp_path)
+  assert rows and all(r['applied'] for r in rows)
+  assert [r['line'] for r in rows if r['rule'] == 'OM017'] == [44, 46]
+  train = (new / 'train.py').read_text()
+  assert train.count('optim_compat.legacy_state(optimizer, optim_compat.Adam(learning_rate=0.01, '
+                     'beta1=0.85, beta2=0.99)).param_states') == 2
+  assert 'from flax import optim' not in train
+  old, new_ = _run_on_both_stacks(legacy_python, STATE_READS, new, tmp_path)
+  assert int(old['step']) == int(new_['step']) == 12
+  assert len([k for k in old.files if k.startswith('leaf')]) == 4  # 2 params x 2 moments
+  import numpy as np
+  np.testing.assert_array_equal(new_['head_moment'], new_['leaf1'])  # (the same read twice)
 
 
 def test_a_def_factory_method_with_a_namesake_elsewhere_stays_on_the_shim(tmp_path):

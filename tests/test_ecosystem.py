@@ -137,6 +137,11 @@ def test_shim_and_to_optax():
                               'tx=optim_compat.to_optax(optim_compat.WeightNorm(beta=0.9))')
   wrapped = 'import optim_compat\n' + wrapped
   assert outcome(wrapped).outcome == 'converted'  # a def wrapped for TrainState is converted
+  viewed = wrapped + ('\nleaves = jax.tree_util.tree_leaves(optim_compat.legacy_state('
+                      'opt, optim_compat.Adam(1e-3)).param_states)\n')
+  assert outcome(viewed).outcome == 'converted'  # the legacy view's layout def (OM017) too
+  outside = wrapped + '\nlayout = optim_compat.Adam(1e-3)\n'
+  assert outcome(outside).outcome == 'shim'  # (the same def outside that call)
 
 
 def test_crash_and_unparsed_input():
@@ -256,8 +261,7 @@ from flax import optim
 def run(params, grads):
   opt = optim.Momentum(learning_rate=0.1, beta=0.9).create(params)
   opt = opt.apply_gradient(grads)
-  print(opt.state.param_states)
-  return opt.target
+  return opt.replace(state=opt.state.replace(step=opt.state.step + 1)).target
 ''',
     'plain.py': 'import torch\n\n\ndef fit(m):\n  return torch.optim.SGD(m.parameters(), lr=0.1)\n',
 }

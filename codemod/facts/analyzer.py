@@ -797,6 +797,14 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if len(node.args) == 2 and isinstance(node.args[1].value, cst.Tuple) and (
         n.qnames(node.func) & api.TYPE_TESTS):
       self._dual_support(node.args[1].value)
+    if node.args and (n.qnames(node.func) & api.STATE_READERS):
+      for arg in node.args:
+        chain = arg.value
+        while isinstance(chain, (cst.Attribute, cst.Subscript)) and not (
+            isinstance(chain, cst.Attribute) and chain.attr.value == 'state'):
+          chain = chain.value
+        if isinstance(chain, cst.Attribute) and arg.star == '':
+          f.state_reads.add(id(chain))  # `tree_leaves(opt.state.param_states)`: read only
     f.double_starred.update(id(a.value) for a in node.args
                             if a.star == '**' and isinstance(a.value, cst.Name))
     if f.flow is not None and (sink := self._sink_called(node)) is not None:

@@ -36,6 +36,9 @@ class Facts:
   #: id(the class tuple of `isinstance(x, (optim.Optimizer, TrainState))`) -> ids of its
   #: legacy members; and those ids (code taking both: OM015 drops the legacy class)
   dual_tuples: dict = _field()
+  #: ids of `<x>.state` attributes whose chain (`.param_states['head']`, ...) is only read
+  #: by a call of api.STATE_READERS (OM017: the legacy view)
+  state_reads: set = _field(set)
   dual_members: set = _field(set)
   module_refs: list = _field(list)    # uses of the flax.optim module object itself
   dynamic_imports: dict = _field()    # id(node) -> what it does without flax.optim

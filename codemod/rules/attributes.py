@@ -41,7 +41,49 @@ def _member(attr: cst.Attribute):
 def legacy_only_uses(q) -> list[cst.Attribute]:
   """Members of a proven optimizer that no rule converts (``opt.state``, ``opt.state_dict``)."""
   return [a for a in q.f.legacy_attrs
-          if id(a) not in q.handled and id(a) not in q.hp_owner_ids and q.is_optimizer(a.value)]
+          if id(a) not in q.handled and id(a) not in q.hp_owner_ids and q.is_optimizer(a.value)
+          and not viewed(q, a)]
+
+
+_LITERAL = m.OneOf(m.Integer(), m.Float(), m.SimpleString(), m.Name('True'), m.Name('False'),
+                   m.Name('None'), m.UnaryOperation(operator=m.Minus(),
+                                                    expression=m.OneOf(m.Integer(), m.Float())))
+
+
+def view_def(q) -> Optional[str]:
+  """The shim def for the legacy view of this file's optimizers (OM017), as source:
+  ``optim_compat.Adam(learning_rate=0.01)`` when every def the file builds is that one call
+  (one table def, literal arguments) and no optimizer or def comes from elsewhere (another
+  module, a factory, a user class); else None."""
+  cached = getattr(q, '_view_def', False)
+  if cached is not False:
+    return cached
+  f, n, found = q.f, q.n, None
+  calls = [c for c in f.def_calls if id(c) not in f.wn_inner]
+  names = {n.legacy_def(c) for c in calls}
+  if (calls and len(names) == 1 and not names & {api.MULTI, api.WEIGHT_NORM}
+      and not (f.flow_vars or f.flow_used or f.flow_def_vars or f.def_var_factories
+               or f.subclasses or f.flow_fields)
+      and all(v is not None for v in f.def_vars.values())
+      and all(a.keyword is None or a.keyword.value != 'focus' for c in calls for a in c.args)
+      and all(not a.star and m.matches(a.value, _LITERAL) for a in calls[0].args)
+      and len({code(c.with_changes(func=cst.Name('D'))) for c in calls}) == 1):
+    args = code(calls[0].with_changes(func=cst.Name('D')))[1:]
+    found = f'optim_compat.{names.pop()}{args}'
+  q._view_def = found
+  return found
+
+
+def viewed(q, attr: cst.Attribute) -> bool:
+  """``opt.state`` only read (``Facts.state_reads``) in a file whose defs :func:`view_def`
+  can stand for, ``opt`` a name holding this file's optimizer (not a parameter other code may
+  fill with another def's): it becomes ``optim_compat.legacy_state(opt, <def>)`` (OM017)."""
+  recv = attr.value
+  if not (attr.attr.value == 'state' and id(attr) in q.f.state_reads
+          and isinstance(recv, cst.Name) and view_def(q) is not None):
+    return False
+  b = q.n.binding(recv)  # (a parameter: only if given nothing but this file's optimizers)
+  return b not in q.f.params or b in q.f.made_here_params
 
 
 def method_reference(q, attr: cst.Attribute) -> bool:
@@ -124,6 +166,14 @@ def leave_legacy_only(p, original) -> None:
   if not rule or id(original) not in q.legacy_attr_ids:
     return
   if id(original) not in q.handled and id(original) not in q.hp_owner_ids \
+      and q.is_optimizer(original.value) and viewed(q, original):
+    if not q.blocked:
+      p.fix(original, apply_legacy_view, [('OM017', f'`{code(original)}` (only read here) -> '
+                                                    f'the legacy view of the TrainState\'s '
+                                                    f'opt_state, laid out as {view_def(q)} '
+                                                    'lays out its state')],
+            data={'def': view_def(q)})
+  elif id(original) not in q.handled and id(original) not in q.hp_owner_ids \
       and q.is_optimizer(original.value):
     p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState equivalent '
                            'yet', blocks=True)
@@ -195,3 +245,10 @@ def apply_replace(ctx, original, updated, fix):
           if a.keyword is not None and a.keyword.value in _FIELD_RENAMES else a
           for a in updated.args]
   return updated.with_changes(args=args)
+
+
+def apply_legacy_view(ctx, original, updated, fix):
+  ctx.add_import('optim_compat')
+  return cst.Call(func=cst.parse_expression('optim_compat.legacy_state'),
+                  args=[cst.Arg(updated.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' '))),
+                        cst.Arg(cst.parse_expression(fix.data['def']))])

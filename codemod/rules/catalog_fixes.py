@@ -314,4 +314,32 @@ FIXES = (
          readme='`d = cfg.get(key, optim.Adam(lr))` later `.create`d: the default def converts '
                 'in place, the create takes `tx=d` (a value callers put under the key must be '
                 'an Optax transformation now; the report says so)'),
+    Rule('OM017', 'safe', family='attributes', summary=
+         '`opt.state...` only read (`jax.tree_util.tree_leaves(opt.state.param_states)`) -> '
+         '`optim_compat.legacy_state(opt, <def>).…`: the legacy view of the TrainState\'s state',
+         why='State surgery that only reads the legacy state (alpa\'s sharding checks over '
+             '`optimizer.state.param_states`) gets the legacy view of the TrainState\'s '
+             '`opt_state`: the same tree flax.optim kept, mapped from the Optax state as the '
+             'checkpoint converter maps it (bitwise). Only where the read goes straight into '
+             'a call that does not mutate it (tree_leaves, tree_map, np.asarray, print, ...) '
+             'and every def of the file is one table def with literal arguments (the view\'s '
+             'layout); writes (`opt.replace(state=...)`) stay OM103.',
+         before='import jax\n' + _IMPORT + 'def moments(params, grads):\n'
+                '  opt = optim.Adam(0.01).create(params)\n'
+                '  opt = opt.apply_gradient(grads)\n'
+                '  return jax.tree_util.tree_leaves(opt.state.param_states)\n',
+         after='import jax\n'
+               'import optax\n'
+               'import optim_compat\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def moments(params, grads):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-08))\n'
+               '  opt = opt.apply_gradients(grads=grads)\n'
+               '  return jax.tree_util.tree_leaves(optim_compat.legacy_state(opt, optim_compat.Adam(0.01)).param_states)\n',
+         readme='`opt.state...` only read by a call that does not mutate it (`tree_leaves`, '
+                '`tree_map`, `np.asarray`, `print`, ...) → `optim_compat.legacy_state(opt, '
+                '<the file\'s def>)...`, the legacy view (one table def with literal arguments '
+                'in the file)'),
 )
