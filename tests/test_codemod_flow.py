@@ -380,10 +380,12 @@ def test_code_taking_both_an_optimizer_and_a_train_state_converts_and_matches_re
   train_state.TrainState))` decides which arguments of a jitted step are donated and static.
   Before: OM109, the module kept on the shim. Now the tuple drops the legacy class (OM015):
   the migrated optimizer is a TrainState and takes the branch written for it; the program
-  donates and keeps static the same arguments and matches real flax.optim 0.5.3."""
+  donates and keeps static the same arguments and matches real flax.optim 0.5.3. Its
+  `if isinstance(state, flax.optim.base.Optimizer): ... else: ...` (alpa's
+  tests/test_auto_sharding_mlp.py) keeps the else branch alone, and reads the same sizes."""
   new, rows = _migrated_copy(DUAL, tmp_path)
   assert rows and all(r['applied'] for r in rows)
-  assert [r['line'] for r in rows if r['rule'] == 'OM015'] == [11, 23]
+  assert [r['line'] for r in rows if r['rule'] == 'OM015'] == [13, 25, 33]
   util = (new / 'lib' / 'util.py').read_text()
   assert util.count('isinstance(arg, train_state.TrainState)') == 1
   assert util.count('isinstance(x, train_state.TrainState)') == 1 and 'optim.' not in util
@@ -391,6 +393,9 @@ def test_code_taking_both_an_optimizer_and_a_train_state_converts_and_matches_re
   assert old['donated'].tolist() == new_['donated'].tolist() == [0]
   assert old['static'].tolist() == new_['static'].tolist() == [3]
   assert int(old['step']) == int(new_['step']) == 20
+  assert (int(old['n_params']), int(old['n_state'])) == (
+      int(new_['n_params']), int(new_['n_state'])) == (4, 1)
+  assert 'state.target' not in util and 'params = jax.tree_util.tree_leaves(state.params)' in util
 
 
 def test_state_only_read_reads_the_legacy_view_and_matches_real_flax_optim(

@@ -395,6 +395,22 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     default = value.args[1].value
     return default if self.n.legacy_def(default) in spec_lib.SPECS else None
 
+  def visit_If(self, node: cst.If) -> Optional[bool]:
+    """``if isinstance(x, optim.Optimizer): <legacy> else: <TrainState code>``: code taking
+    both; the rewrite keeps the else branch alone (OM015), so the legacy branch is not
+    analysed (its `.target`, `.state` are dropped with it)."""
+    test, n = node.test, self.n
+    if node.orelse is None or not (
+        isinstance(test, cst.Call) and len(test.args) == 2 and not test.args[0].star
+        and not test.args[1].star and n.qnames(test.func) & api.TYPE_TESTS
+        and n.symbol(test.args[1].value) == 'Optimizer'):
+      return None
+    self.f.legacy_branches[id(node)] = node
+    self.f.dual_members.add(id(test.args[1].value))
+    test.visit(self)
+    node.orelse.visit(self)
+    return False
+
   def _dual_support(self, classes: cst.Tuple) -> None:
     """``isinstance(x, (flax.optim.Optimizer, train_state.TrainState))``: code that takes
     both. Its legacy members (``Facts.dual_members``) need no conversion: the tuple drops

@@ -40,6 +40,8 @@ class Facts:
   #: by a call of api.STATE_READERS (OM017: the legacy view)
   state_reads: set = _field(set)
   dual_members: set = _field(set)
+  #: id(`if isinstance(x, optim.Optimizer): ... else: ...`) -> that If (OM015 keeps the else)
+  legacy_branches: dict = _field()
   module_refs: list = _field(list)    # uses of the flax.optim module object itself
   dynamic_imports: dict = _field()    # id(node) -> what it does without flax.optim
   subclasses: list = _field(list)     # user OptimizerDef subclasses (ClassDef)

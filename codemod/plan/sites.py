@@ -179,6 +179,16 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
   def visit_FunctionDef(self, node) -> None:
     crossmodule.visit_function(self, node)
 
+  def visit_If(self, node) -> Optional[bool]:
+    if id(node) not in self.q.f.legacy_branches:
+      return None
+    node.test.visit(self)  # (the legacy branch is dropped: references.leave_legacy_branch)
+    node.orelse.visit(self)
+    return False
+
+  def leave_If(self, original) -> None:
+    references.leave_legacy_branch(self, original)
+
   def visit_Import(self, node) -> bool:
     imports.visit_import(self, node)
     return False

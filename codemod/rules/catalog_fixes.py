@@ -277,7 +277,8 @@ FIXES = (
                 'TODOs only). One report entry per file'),
     Rule('OM015', 'safe', family='references', summary=
          '`isinstance(x, (optim.Optimizer, train_state.TrainState))` -> '
-         '`isinstance(x, train_state.TrainState)`',
+         '`isinstance(x, train_state.TrainState)`; `if isinstance(x, optim.Optimizer): ... '
+         'else: <rest>` -> `<rest>`',
          why='Code written to take both a flax.optim Optimizer and a TrainState (alpa\'s '
              '`auto_donate_argnums`) names a class Flax >= 0.6 no longer has; after the rewrite '
              'the optimizers this run converts are TrainStates and take the branch already '
@@ -290,7 +291,8 @@ FIXES = (
                'def donate(x):\n'
                '  return isinstance(x, train_state.TrainState)\n',
          readme='`isinstance(x, (optim.Optimizer, train_state.TrainState))` (code that takes '
-                'both) → `isinstance(x, train_state.TrainState)`; also `issubclass`'),
+                'both) → `isinstance(x, train_state.TrainState)`; also `issubclass`; '
+                '`if isinstance(x, optim.Optimizer): <legacy> else: <rest>` → `<rest>`'),
     Rule('OM016', 'safe', family='defs', summary=
          '`d = cfg.get(key, optim.Adam(lr))` then `d.create(p)`: the default def converts, '
          '`.create` takes `d` as its `tx`',

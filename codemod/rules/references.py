@@ -123,6 +123,21 @@ def leave_dual_support(p, original: cst.Tuple) -> None:
         data={'legacy': set(legacy)})
 
 
+def leave_legacy_branch(p, original: cst.If) -> None:
+  """``if isinstance(x, optim.Optimizer): <legacy> else: <rest>`` -> ``<rest>`` (OM015):
+  after the rewrite the optimizers this run converts are TrainStates, which take the else
+  branch the author wrote for them."""
+  q = p.q
+  if id(original) not in q.f.legacy_branches or q.blocked or not q.converts or \
+      not q.opts.fixable('OM015'):
+    return
+  p.fix(original, apply_legacy_branch,
+        [('OM015', f'`if {code(original.test)}:` branch dropped, its else kept: code that '
+                   'takes both a flax.optim Optimizer and a TrainState; a legacy (or '
+                   'optim_compat) Optimizer that other code still hands in now takes the '
+                   'else branch')])
+
+
 def leave_docstring(p, original: cst.SimpleString) -> None:
   """The docstring of a function whose parameter it types as a flax.optim ``Optimizer`` /
   ``OptimizerDef`` (``Facts.doc_types``): that type is rewritten as an annotation is (OM007)."""
@@ -143,6 +158,17 @@ def apply_dual_support(ctx, original, updated, fix):
     return kept[0].value  # `isinstance(x, train_state.TrainState)`
   last = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
   return updated.with_changes(elements=[*kept[:-1], last])
+
+
+def apply_legacy_branch(ctx, original, updated, fix):
+  rest = updated.orelse
+  if isinstance(rest, cst.If):  # `elif ...:` becomes `if ...:`
+    return rest.with_changes(leading_lines=updated.leading_lines)
+  body = list(rest.body.body) if isinstance(rest.body, cst.IndentedBlock) else [
+      cst.SimpleStatementLine(body=list(rest.body.body))]
+  body[0] = body[0].with_changes(leading_lines=[*updated.leading_lines,
+                                                *body[0].leading_lines])
+  return cst.FlattenSentinel(body)
 
 
 def apply_docstring_types(ctx, original, updated, fix):
