@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import sys
 import warnings
 from typing import Any
 
@@ -398,6 +399,13 @@ class MultiOptimizer(OptimizerDef):
 
 
 def _deprecation_warning():
+  """DeprecationWarning at the code constructing a def (two frames up), unless that code
+  binds ``optim_compat`` itself: code the codemod wrote (``optim_compat.to_optax(
+  optim_compat.Adam(**kw))``, ``optim_compat.legacy_state(opt, optim_compat.Adam(1e-2))``)
+  uses the shim's defs on purpose, and a file it kept on the shim says why in its TODOs."""
+  caller = sys._getframe(2)
+  if caller.f_globals.get('optim_compat') is sys.modules.get('optim_compat'):
+    return
   warnings.warn('optim_compat: flax.optim is deprecated; migrate to optax with '
                 '`optim-migrate rewrite`.', DeprecationWarning, stacklevel=3)
 

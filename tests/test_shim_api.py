@@ -42,6 +42,13 @@ def test_deprecation_warning_on_construction():
     optim.Adam(0.1)
   assert [w.category for w in caught] == [DeprecationWarning]
   assert 'optim-migrate rewrite' in str(caught[0].message)
+  # code the codemod wrote binds `optim_compat` itself (to_optax / legacy_state of a shim
+  # def): no warning there
+  namespace = {'optim_compat': __import__('optim_compat')}
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    exec('d = optim_compat.to_optax(optim_compat.Adam(0.1))', namespace)
+  assert caught == [] and namespace['d'] is not None
 
 
 def test_step_counts_calls_and_is_int32():
