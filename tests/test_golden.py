@@ -181,7 +181,8 @@ def test_golden_bounds_hold_under_another_codegen(impl):
   this CPU has AVX-512), so multiply-adds round twice. The numbers really move (else this
   proves nothing) and stay within the bounds every golden comparison above uses."""
   def drift(flags, case_ids):
-    env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=flags, PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))
+    env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS=flags, PYTHONPATH=path)
     proc = subprocess.run([sys.executable, '-W', 'ignore', '-m', 'equivalence_tests.golden_drift',
                            '--impl', impl, '--cases', *case_ids],
                           capture_output=True, text=True, cwd=ROOT, env=env)
