@@ -58,6 +58,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self._group_args: set[int] = set()
     self._tx_args: set[int] = set()  # `tx=` arguments of `.create(...)` calls (TrainState's)
     self._function_stack: list[str] = []
+    self._elifs: set[int] = set()  # ids of the `elif` Ifs seen
     self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
     #: settled after the visit (codemod.facts.following)
@@ -400,7 +401,9 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     both; the rewrite keeps the else branch alone (OM015), so the legacy branch is not
     analysed (its `.target`, `.state` are dropped with it)."""
     test, n = node.test, self.n
-    if node.orelse is None or not (
+    if isinstance(node.orelse, cst.If):
+      self._elifs.add(id(node.orelse))  # (`elif isinstance(...)`: its parent needs an If there)
+    if node.orelse is None or id(node) in self._elifs or not (
         isinstance(test, cst.Call) and len(test.args) == 2 and not test.args[0].star
         and not test.args[1].star and n.qnames(test.func) & api.TYPE_TESTS
         and n.symbol(test.args[1].value) == 'Optimizer'):
