@@ -93,9 +93,27 @@ class Queries:
       return False
     if isinstance(value, cst.Subscript) or self.mixed_chain(value):
       return True
+    if isinstance(value, cst.Name) and self.n.binding(value) in self.container_receivers():
+      return False  # `ts.optimizer` is read too: a container of this file's class, no Optimizer
     return isinstance(value, cst.Name) and self.n.binding(value) not in f.container_params and (
         self.n.binding(value) in (f.params | f.loop_vars | self.maybe_vars)
         or self.n.binding(value) in (f.rebound & f.opt_vars))
+
+  def container_receivers(self) -> set:
+    """Bindings of names read as ``<name>.<field>`` for a field this file's classes annotate
+    as an optimizer that a flax.optim Optimizer lacks (``ts.optimizer``): containers, never
+    Optimizers themselves."""
+    found = getattr(self, '_container_receivers', None)
+    if found is None:
+      fields = set(self.f.annotated_fields) - api.OPTIMIZER_FIELDS
+      found = set()
+      if fields:
+        for attr in m.findall(self.analysis.module, m.Attribute(
+            value=m.Name(), attr=m.OneOf(*(m.Name(x) for x in sorted(fields))))):
+          if (b := self.n.binding(attr.value)) is not None:
+            found.add(b)
+      self._container_receivers = found
+    return found
 
   def is_container(self, expr) -> bool:
     """``expr`` holds an instance of a class with optimizer fields (``TrainState(optimizer=

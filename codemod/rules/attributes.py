@@ -177,8 +177,9 @@ def leave_legacy_only(p, original) -> None:
       and q.is_optimizer(original.value):
     p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState equivalent '
                            'yet', blocks=True)
-  elif (id(original) not in p.state_of_step and q.converts
+  elif (id(original) not in p.state_of_step and q.converts and not q.annotated_field(original)
         and not q.is_optimizer(original.value) and q.maybe_optimizer(original.value)):
+    # (not `tr.state` where this file's class declares `state: optim.Optimizer`: the field)
     # `res = opt.optimize(f); opt = res[0]`: `opt` is rebound, its create still converts
     p.flag(original, 'OM117', f'if `{code(original.value)}` is a flax.optim Optimizer '
                               f'(a TrainState after this rewrite), `.{attr}` has no TrainState '
@@ -223,8 +224,10 @@ def leave_replace(p, original) -> bool:
   if q.is_optimizer(recv):
     if any(a.keyword is not None and a.keyword.value in _FIELD_RENAMES for a in original.args):
       p.fix(original, apply_replace, [('OM003', 'replace(target=...) -> replace(params=...)')])
-  elif (any(a.keyword is not None and a.keyword.value in api.OPTIMIZER_FIELDS
-            for a in original.args) and q.maybe_optimizer(recv)):
+  elif ((fields := {a.keyword.value for a in original.args if a.keyword is not None}
+          & api.OPTIMIZER_FIELDS) and not fields <= q.f.annotated_fields
+        and q.maybe_optimizer(recv)):
+    # (not `tr.replace(state=...)` where this file's class declares `state: optim.Optimizer`)
     p.flag(original, 'OM117', f'if `{code(recv)}` is a flax.optim Optimizer, '
                               '`.replace(target=...)` is `.replace(params=...)` on a TrainState '
                               '(`state=` has no counterpart)' + q.created_by())
