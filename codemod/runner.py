@@ -27,6 +27,8 @@ the options, the flow facts it can use and the tool's own files); ``--no-cache``
 """
 from __future__ import annotations
 
+import ast
+
 import collections
 import contextlib
 import json
@@ -340,6 +342,12 @@ def _rewrite_stdin(args, options: Options) -> int:
     sys.stdout.buffer.write(data)
     return EXIT_ERROR
   out = lambda text: (sys.stdout.flush(), sys.stdout.buffer.write(text.encode(encoding)))
+  try:  # (the rewrite parses only what may need it: stdin was asked for, so it must parse)
+    ast.parse(source)
+  except SyntaxError as e:
+    print(f'<stdin>:{e.lineno or 0}:{e.offset or 0}: cannot parse: {e.msg}', file=sys.stderr)
+    out(source)
+    return EXIT_ERROR
   result = engine.rewrite_source(source, '<stdin>', options)
   if result.error:
     print(result.error, file=sys.stderr)

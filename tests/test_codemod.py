@@ -1224,6 +1224,11 @@ def test_stdin_honours_the_coding_cookie_and_rejects_undecodable_bytes():
   assert b'name = "\xe9"' in proc.stdout and b'TrainState.create' in proc.stdout
   bad = run(b'x = "\xe9"\nfrom flax import optim\n')  # no cookie: must be UTF-8
   assert bad.returncode == 2 and b'<stdin>: cannot read' in bad.stderr
+  # input that does not parse is an error even with no legacy name in it (helper-13: it was
+  # echoed back with exit 0, the prefilter never parsed it)
+  broken = run(b'def f(:\n')
+  assert broken.returncode == 2 and broken.stdout == b'def f(:\n'
+  assert b'<stdin>:1:7: cannot parse' in broken.stderr
 
 
 
