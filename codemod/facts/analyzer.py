@@ -59,6 +59,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self._tx_args: set[int] = set()  # `tx=` arguments of `.create(...)` calls (TrainState's)
     self._function_stack: list[str] = []
     self._elifs: set[int] = set()  # ids of the `elif` Ifs seen
+    self._with_siblings: set[int] = set()  # ids of statements not alone in their block
     self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
     #: settled after the visit (codemod.facts.following)
@@ -145,6 +146,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
 
   def visit_IndentedBlock(self, node) -> None:
     self._blocks.append(id(node))
+    if len(node.body) > 1:
+      self._with_siblings.update(id(s) for s in node.body)  # (one may be removed: OM015)
 
   def leave_IndentedBlock(self, node) -> None:
     self._blocks.pop()
@@ -399,11 +402,14 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   def visit_If(self, node: cst.If) -> Optional[bool]:
     """``if isinstance(x, optim.Optimizer): <legacy> else: <TrainState code>``: code taking
     both; the rewrite keeps the else branch alone (OM015), so the legacy branch is not
-    analysed (its `.target`, `.state` are dropped with it)."""
+    analysed (its `.target`, `.state` are dropped with it). With no else, the statement goes
+    (where its block keeps another: `if isinstance(...): return opt.apply_gradient(g)`
+    before the TrainState's `return`)."""
     test, n = node.test, self.n
     if isinstance(node.orelse, cst.If):
       self._elifs.add(id(node.orelse))  # (`elif isinstance(...)`: its parent needs an If there)
-    if node.orelse is None or id(node) in self._elifs or not (
+    if (node.orelse is None and id(node) not in self._with_siblings) or (
+        id(node) in self._elifs) or not (
         isinstance(test, cst.Call) and len(test.args) == 2 and not test.args[0].star
         and not test.args[1].star and n.qnames(test.func) & api.TYPE_TESTS
         and n.symbol(test.args[1].value) == 'Optimizer'):
@@ -411,7 +417,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self.f.legacy_branches[id(node)] = node
     self.f.dual_members.add(id(test.args[1].value))
     test.visit(self)
-    node.orelse.visit(self)
+    if node.orelse is not None:
+      node.orelse.visit(self)
     return False
 
   def _dual_support(self, classes: cst.Tuple) -> None:

@@ -183,7 +183,8 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
     if id(node) not in self.q.f.legacy_branches:
       return None
     node.test.visit(self)  # (the legacy branch is dropped: references.leave_legacy_branch)
-    node.orelse.visit(self)
+    if node.orelse is not None:
+      node.orelse.visit(self)
     return False
 
   def leave_If(self, original) -> None:

@@ -292,7 +292,8 @@ FIXES = (
                '  return isinstance(x, train_state.TrainState)\n',
          readme='`isinstance(x, (optim.Optimizer, train_state.TrainState))` (code that takes '
                 'both) → `isinstance(x, train_state.TrainState)`; also `issubclass`; '
-                '`if isinstance(x, optim.Optimizer): <legacy> else: <rest>` → `<rest>`'),
+                '`if isinstance(x, optim.Optimizer): <legacy> else: <rest>` → `<rest>` (with no '
+                'else, the `if` goes where its block keeps other statements)'),
     Rule('OM016', 'safe', family='defs', summary=
          '`d = cfg.get(key, optim.Adam(lr))` then `d.create(p)`: the default def converts, '
          '`.create` takes `d` as its `tx`',

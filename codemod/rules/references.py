@@ -132,7 +132,7 @@ def leave_legacy_branch(p, original: cst.If) -> None:
       not q.opts.fixable('OM015'):
     return
   p.fix(original, apply_legacy_branch,
-        [('OM015', f'`if {code(original.test)}:` branch dropped, its else kept: code that '
+        [('OM015', f'`if {code(original.test)}:` branch dropped, its else (if any) kept: code that '
                    'takes both a flax.optim Optimizer and a TrainState; a legacy (or '
                    'optim_compat) Optimizer that other code still hands in now takes the '
                    'else branch')])
@@ -162,6 +162,8 @@ def apply_dual_support(ctx, original, updated, fix):
 
 def apply_legacy_branch(ctx, original, updated, fix):
   rest = updated.orelse
+  if rest is None:
+    return cst.RemovalSentinel.REMOVE  # (its block keeps other statements)
   if isinstance(rest, cst.If):  # `elif ...:` becomes `if ...:`
     return rest.with_changes(leading_lines=updated.leading_lines)
   body = list(rest.body.body) if isinstance(rest.body, cst.IndentedBlock) else [
