@@ -176,7 +176,7 @@ def apply_legacy_branch(ctx, original, updated, fix):
 def apply_docstring_types(ctx, original, updated, fix):
   text = updated.value
   for old, new in fix.data['types'].items():
-    text = re.sub(rf'(?<![\w.]){re.escape(old)}(?![\w.])', new, text)
+    text = re.sub(rf'(?<![\w.]){re.escape(old)}(?!\w|\.\w)', new, text)  # (`T.` ends a sentence)
   return updated.with_changes(value=text)
 
 
