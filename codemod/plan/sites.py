@@ -110,7 +110,8 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
     """A rewrite at ``node`` (``findings``: its ``(rule, message)`` report entries; a message
     of None is filled in by ``apply``)."""
     line, col = self.q.n.pos(node)
-    made = [Finding(line, col, rule, message or '', True) for rule, message in findings]
+    made = [Finding(line, col, rule, one_line(message) if message else '', True)
+            for rule, message in findings]  # (an excerpt over several lines: one report line)
     self.plan.findings.extend(made)
     caller = sys._getframe(1).f_globals.get('__name__', '')  # the family deciding it
     fix = Fix(apply, made, data or {}, caller.rsplit('.', 1)[-1])
