@@ -39,6 +39,16 @@ _DEF_CALL_LOOKING = api.OPTIM_WORD
 _MEMBER_NAMES = frozenset({'apply_gradient', 'target', 'state'})
 
 
+def _state_of(expr):
+  """The ``<x>.state`` attribute ``expr`` reads through (``opt.state.param_states['head']``),
+  else None."""
+  while isinstance(expr, (cst.Attribute, cst.Subscript)):
+    if isinstance(expr, cst.Attribute) and expr.attr.value == 'state':
+      return expr
+    expr = expr.value
+  return None
+
+
 class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   """Collect def variables, optimizer variables, legacy references and their contexts."""
 
@@ -59,7 +69,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self._tx_args: set[int] = set()  # `tx=` arguments of `.create(...)` calls (TrainState's)
     self._function_stack: list[str] = []
     self._elifs: set[int] = set()  # ids of the `elif` Ifs seen
-    self._with_siblings: set[int] = set()  # ids of statements not alone in their block
+    self._block_sizes: list[int] = []  # statements in each enclosing indented block
     self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
     #: settled after the visit (codemod.facts.following)
@@ -146,11 +156,11 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
 
   def visit_IndentedBlock(self, node) -> None:
     self._blocks.append(id(node))
-    if len(node.body) > 1:
-      self._with_siblings.update(id(s) for s in node.body)  # (one may be removed: OM015)
+    self._block_sizes.append(len(node.body))  # (an `if` OM015 removes must leave one)
 
   def leave_IndentedBlock(self, node) -> None:
     self._blocks.pop()
+    self._block_sizes.pop()
 
   def visit_SimpleStatementSuite(self, node) -> None:
     self._blocks.append(id(node))
@@ -408,7 +418,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     test, n = node.test, self.n
     if isinstance(node.orelse, cst.If):
       self._elifs.add(id(node.orelse))  # (`elif isinstance(...)`: its parent needs an If there)
-    if (node.orelse is None and id(node) not in self._with_siblings) or (
+    if (node.orelse is None and (not self._block_sizes or self._block_sizes[-1] < 2)) or (
         id(node) in self._elifs) or not (
         isinstance(test, cst.Call) and len(test.args) == 2 and not test.args[0].star
         and not test.args[1].star and n.qnames(test.func) & api.TYPE_TESTS
@@ -823,14 +833,10 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if len(node.args) == 2 and isinstance(node.args[1].value, cst.Tuple) and (
         n.qnames(node.func) & api.TYPE_TESTS):
       self._dual_support(node.args[1].value)
-    if node.args and (n.qnames(node.func) & api.STATE_READERS):
-      for arg in node.args:
-        chain = arg.value
-        while isinstance(chain, (cst.Attribute, cst.Subscript)) and not (
-            isinstance(chain, cst.Attribute) and chain.attr.value == 'state'):
-          chain = chain.value
-        if isinstance(chain, cst.Attribute) and arg.star == '':
-          f.state_reads.add(id(chain))  # `tree_leaves(opt.state.param_states)`: read only
+    reads = [chain for arg in node.args if arg.star == ''
+             and isinstance(chain := _state_of(arg.value), cst.Attribute)]
+    if reads and n.qnames(node.func) & api.STATE_READERS:
+      f.state_reads.update(map(id, reads))  # `tree_leaves(opt.state.param_states)`: read only
     f.double_starred.update(id(a.value) for a in node.args
                             if a.star == '**' and isinstance(a.value, cst.Name))
     if f.flow is not None and (sink := self._sink_called(node)) is not None:

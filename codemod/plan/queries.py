@@ -45,6 +45,8 @@ class Queries:
     self.step_calls_enabled = False
     self.wrapped_args: set = set()  # ids of functions given to jax.jit / jax.pmap
     self.def_only = None           # (cache of codemod.rules.defs.def_only_uses)
+    self.view_def = False          # (cache of codemod.rules.attributes.view_def; False: unset)
+    self._container_receivers = None  # (cache of container_receivers)
 
   @property
   def converts(self) -> bool:
@@ -103,7 +105,7 @@ class Queries:
     """Bindings of names read as ``<name>.<field>`` for a field this file's classes annotate
     as an optimizer that a flax.optim Optimizer lacks (``ts.optimizer``): containers, never
     Optimizers themselves."""
-    found = getattr(self, '_container_receivers', None)
+    found = self._container_receivers
     if found is None:
       fields = set(self.f.annotated_fields) - api.OPTIMIZER_FIELDS
       found = set()

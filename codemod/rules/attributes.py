@@ -55,9 +55,8 @@ def view_def(q) -> Optional[str]:
   ``optim_compat.Adam(learning_rate=0.01)`` when every def the file builds is that one call
   (one table def, literal arguments) and no optimizer or def comes from elsewhere (another
   module, a factory, a user class); else None."""
-  cached = getattr(q, '_view_def', False)
-  if cached is not False:
-    return cached
+  if q.view_def is not False:
+    return q.view_def
   f, n, found = q.f, q.n, None
   calls = [c for c in f.def_calls if id(c) not in f.wn_inner]
   names = {n.legacy_def(c) for c in calls}
@@ -70,7 +69,7 @@ def view_def(q) -> Optional[str]:
       and len({code(c.with_changes(func=cst.Name('D'))) for c in calls}) == 1):
     args = code(calls[0].with_changes(func=cst.Name('D')))[1:]
     found = f'optim_compat.{names.pop()}{args}'
-  q._view_def = found
+  q.view_def = found
   return found
 
 
@@ -166,17 +165,16 @@ def leave_legacy_only(p, original) -> None:
   if not rule or id(original) not in q.legacy_attr_ids:
     return
   if id(original) not in q.handled and id(original) not in q.hp_owner_ids \
-      and q.is_optimizer(original.value) and viewed(q, original):
-    if not q.blocked:
+      and q.is_optimizer(original.value):
+    if not viewed(q, original):
+      p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState '
+                             'equivalent yet', blocks=True)
+    elif not q.blocked:
       p.fix(original, apply_legacy_view, [('OM017', f'`{code(original)}` (only read here) -> '
                                                     f'the legacy view of the TrainState\'s '
                                                     f'opt_state, laid out as {view_def(q)} '
                                                     'lays out its state')],
             data={'def': view_def(q)})
-  elif id(original) not in q.handled and id(original) not in q.hp_owner_ids \
-      and q.is_optimizer(original.value):
-    p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState equivalent '
-                           'yet', blocks=True)
   elif (id(original) not in p.state_of_step and q.converts and not q.annotated_field(original)
         and not q.is_optimizer(original.value) and q.maybe_optimizer(original.value)):
     # (not `tr.state` where this file's class declares `state: optim.Optimizer`: the field)

@@ -113,7 +113,7 @@ def leave_dual_support(p, original: cst.Tuple) -> None:
   TrainState; the legacy class is gone from Flax >= 0.6."""
   q = p.q
   legacy = q.f.dual_tuples.get(id(original))
-  if legacy is None or q.blocked or not q.converts or not q.opts.fixable('OM015'):
+  if legacy is None or not q.converts or not q.opts.fixable('OM015'):
     return
   dropped = ', '.join(code(q.f.ref_nodes[i]) if i in q.f.ref_nodes else '?' for i in legacy)
   p.fix(original, apply_dual_support,
@@ -128,8 +128,7 @@ def leave_legacy_branch(p, original: cst.If) -> None:
   after the rewrite the optimizers this run converts are TrainStates, which take the else
   branch the author wrote for them."""
   q = p.q
-  if id(original) not in q.f.legacy_branches or q.blocked or not q.converts or \
-      not q.opts.fixable('OM015'):
+  if id(original) not in q.f.legacy_branches or not q.converts or not q.opts.fixable('OM015'):
     return
   p.fix(original, apply_legacy_branch,
         [('OM015', f'`if {code(original.test)}:` branch dropped, its else (if any) kept: code that '
@@ -143,7 +142,7 @@ def leave_docstring(p, original: cst.SimpleString) -> None:
   ``OptimizerDef`` (``Facts.doc_types``): that type is rewritten as an annotation is (OM007)."""
   q = p.q
   found = q.f.doc_types.get(id(original))
-  if not found or q.blocked or not q.converts or not q.opts.fixable('OM007'):
+  if not found or not q.converts or not q.opts.fixable('OM007'):
     return
   p.fix(original, apply_docstring_types,
         [('OM007', f'docstring type {old} -> {new}') for old, new in found.items()],
