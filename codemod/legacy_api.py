@@ -142,6 +142,8 @@ TRAIN_STATE_CLASSES = frozenset({'flax.training.train_state.TrainState'})
 REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
                             'builtins.delattr', 'dataclasses.replace',
                             'flax.serialization.to_state_dict', *PICKLERS})
+#: Deserializers of what :data:`PICKLERS` wrote (``state = pickle.load(f)``: OM018).
+PICKLE_LOADERS = frozenset({'pickle.load', 'pickle.loads', 'joblib.load'})
 #: Calls whose result is their argument, as pickled (``pickle.dump(unreplicate(opt), f)``).
 PICKLE_PASSTHROUGH = frozenset({'flax.jax_utils.unreplicate', 'jax.device_get'})
 #: Calls that only read their argument: ``opt.state...`` passed to one (``jax.tree_util.

@@ -20,7 +20,7 @@ from codemod.facts import following
 from codemod.facts.model import Facts
 from codemod.modern import table as modern_table
 from optim_compat import spec as spec_lib
-from codemod.facts.values import (makes_bare_array, own_function as _own_function,
+from codemod.facts.values import (makes_bare_array, own_function as _own_function, pickled_value,
                                   produces_optimizer, wrapper_of, wraps_factory)
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
                            legacy_module_name, target_names)
@@ -29,6 +29,9 @@ _NN_RENAMED = modern_table.nn_renames()
 _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
 _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
+_TARGET_READ = m.Attribute(value=m.Name(), attr=m.Name('target'))
+_STATE_STEP_READ = m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('state')),
+                               attr=m.Name('step'))
 #: attributes the late checks of the plan look at (a method used as a value, a member of
 #: another module's optimizer)
 #: a parameter named like an optimizer def (`optimizer_def`, `optim_def`, `opt_def`)
@@ -72,6 +75,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self._block_sizes: list[int] = []  # statements in each enclosing indented block
     self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
+    self._pickle_uses = None       # ids of names read as `.target` / `.state.step` or pickled
     #: settled after the visit (codemod.facts.following)
     self.chain_copies: list = []   # (chain, replicated chain): `self.o = replicate(self.o)`
     self.rebinds: set = set()      # bindings a loop, walrus, `with` or unpacking gives other values
@@ -118,6 +122,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     return False
 
   def visit_Module(self, node: cst.Module) -> None:
+    self._module = node
     # the optimizer fields of the module's classes, before any function reading them (a
     # class declared below its users: `optimizer = state.optimizer` in a step above it)
     for stmt in node.body:
@@ -722,10 +727,32 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       f.opt_vars.update(n.name_bindings(targets))  # `optimizer = state.optimizer` (a field)
       if value.attr.value in f.flow_fields:  # (of another module's class the run converts)
         f.field_aliases.update(n.name_bindings(targets))
+    elif self._pickle_round_trip(value, targets):
+      f.pickle_loaded.update(n.name_bindings(targets))
     elif not _passes_name_through(value, targets):
       # `opt = Thing()`: this name also holds something else; never rewrite it blindly
       f.rebound.update(n.name_bindings(targets))
     self._gradient_assign(node, targets, value)
+
+  def _pickle_round_trip(self, value, targets) -> bool:
+    """``state = pickle.load(f)`` where each use of ``state`` reads ``.target`` or
+    ``.state.step``, or pickles it: what the file's own pickling of its optimizer wrote (a
+    TrainState without its tx, OM018), not a rebinding. Another use (stepped, handed on)
+    keeps the name rebound (a loaded TrainState has no tx to step with)."""
+    n = self.n
+    if not (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
+            and n.qnames(value.func) & api.PICKLE_LOADERS):
+      return False
+    scope = n.scope(targets[0])
+    accesses = list(scope.accesses[targets[0].value]) if scope is not None else []
+    if self._pickle_uses is None:
+      module = self._module
+      self._pickle_uses = {id(a.value) for a in m.findall(module, _TARGET_READ)}
+      self._pickle_uses |= {id(a.value.value) for a in m.findall(module, _STATE_STEP_READ)}
+      for call in m.findall(module, m.Call(args=[m.Arg(keyword=None, star=''), m.ZeroOrMore()])):
+        if n.qnames(call.func) & api.PICKLERS:
+          self._pickle_uses.add(id(pickled_value(n, call)))
+    return bool(accesses) and all(id(a.node) in self._pickle_uses for a in accesses)
 
   def _chain_assigned(self, chain: str, value) -> None:
     n, f = self.n, self.f

@@ -68,6 +68,9 @@ class Facts:
   #: modern type}, for functions whose docstring types a parameter `flax.optim.Optimizer`
   doc_types: dict = _field()
   rebound: set = _field(set)          # bindings also assigned something else
+  #: bindings also assigned `pickle.load(...)`, each use of which is `.target`, `.state.step`
+  #: or a pickling: a TrainState this file pickled (OM018), not a rebinding
+  pickle_loaded: set = _field(set)
   params: set = _field(set)           # bindings of function parameters
   loop_vars: set = _field(set)        # bindings of loop and comprehension targets
   made_here_params: set = _field(set)  # parameters only ever given this file's optimizers

@@ -17,6 +17,15 @@ _METHOD_ON_CALL = m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name(
                               | m.Name('replace'))
 
 
+def pickled_value(n: Names, call: cst.Call) -> cst.BaseExpression:
+  """What ``pickle.dump(x, f)`` (a :data:`~codemod.legacy_api.PICKLERS` call with a first
+  positional argument) pickles: ``x``, or ``x`` of ``unreplicate(x)`` / ``jax.device_get(x)``."""
+  value = call.args[0].value
+  if isinstance(value, cst.Call) and value.args and n.qnames(value.func) & api.PICKLE_PASSTHROUGH:
+    return value.args[0].value
+  return value
+
+
 def wrapper_of(n: Names, call) -> str | None:
   """The qualified name of the wrapper (:data:`codemod.legacy_api.WRAPPERS`) when
   ``call`` wraps the function it is given first: ``jax.pmap(step, ...)``, or a configured

@@ -20,7 +20,8 @@ from codemod.plan.queries import Queries
 
 #: Fixes that change optimizer code (OM005 imports and OM006 DynamicScale paths do not).
 CONVERSIONS = frozenset({'OM001', 'OM002', 'OM003', 'OM004', 'OM007', 'OM008', 'OM009', 'OM010',
-                         'OM011', 'OM012', 'OM013', 'OM015', 'OM016', 'OM017'})
+                         'OM011', 'OM012', 'OM013', 'OM015', 'OM016', 'OM017',
+                         'OM018'})
 
 
 @dataclasses.dataclass

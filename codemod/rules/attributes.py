@@ -15,6 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
+from codemod.facts.values import pickled_value
 from codemod.names import code, named_like_optimizer
 from codemod.rules.apply_gradient import stepped_here
 
@@ -100,10 +101,7 @@ def reflection_problem(q, call: cst.Call) -> Optional[str]:
   fn = q.n.qnames(call.func) & api.REFLECTION_FNS
   if not fn or not call.args or call.args[0].keyword is not None:
     return None
-  recv = call.args[0].value
-  if fn <= api.PICKLERS and isinstance(recv, cst.Call) and recv.args and (
-      q.n.qnames(recv.func) & api.PICKLE_PASSTHROUGH):
-    recv = recv.args[0].value
+  recv = pickled_value(q.n, call) if fn <= api.PICKLERS else call.args[0].value
   if not (q.is_optimizer(recv) or q.maybe_optimizer(recv)):
     return None
   excerpt = code(call)
@@ -205,8 +203,28 @@ def leave_rename(p, original) -> None:
                               'TrainState' + q.created_by())
 
 
+def pickles_train_state(q, call: cst.Call) -> bool:
+  """``pickle.dump(opt, f)`` (or of ``unreplicate(opt)``, ``jax.device_get(opt)``) where
+  ``opt`` is one of the optimizers this file converts: it pickles the TrainState without its
+  tx (OM018)."""
+  return (q.converts and bool(q.n.qnames(call.func) & api.PICKLERS) and bool(call.args)
+          and call.args[0].keyword is None and not call.args[0].star
+          and q.is_optimizer(pickled_value(q.n, call)))
+
+
 def leave_reflection(p, original) -> bool:
   q = p.q
+  if pickles_train_state(q, original):
+    arg = original.args[0].value
+    p.fix(original, apply_without_tx, [('OM018', f'`{code(arg)}` pickled -> `{code(arg)}'
+                                            '.replace(tx=None)`: a TrainState\'s Optax '
+                                            'transformation (closures) does not pickle; the '
+                                            'pickle holds step, params and opt_state, and a '
+                                            'loaded one has tx=None (give it `.replace(tx=...)` '
+                                            'before stepping it); a pickle the legacy code wrote '
+                                            'loads only with flax.optim (or '
+                                            'optim_compat.install()), as a flax.optim Optimizer')])
+    return True
   if q.converts and (problem := reflection_problem(q, original)):
     p.flag(original, 'OM121', problem)
     return True
@@ -246,6 +264,16 @@ def apply_replace(ctx, original, updated, fix):
           if a.keyword is not None and a.keyword.value in _FIELD_RENAMES else a
           for a in updated.args]
   return updated.with_changes(args=args)
+
+
+def apply_without_tx(ctx, original, updated, fix):
+  """``pickle.dump(x, f)`` -> ``pickle.dump(x.replace(tx=None), f)`` (OM018)."""
+  first = updated.args[0]
+  value = cst.Call(func=cst.Attribute(value=first.value, attr=cst.Name('replace')),
+                   args=[cst.Arg(cst.Name('None'), keyword=cst.Name('tx'),
+                                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(''),
+                                                       whitespace_after=cst.SimpleWhitespace('')))])
+  return updated.with_changes(args=[first.with_changes(value=value), *updated.args[1:]])
 
 
 def apply_legacy_view(ctx, original, updated, fix):

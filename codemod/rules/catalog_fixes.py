@@ -345,4 +345,34 @@ FIXES = (
                 '`tree_map`, `np.asarray`, `print`, ...) → `optim_compat.legacy_state(opt, '
                 '<the file\'s def>)...`, the legacy view (one table def with literal arguments '
                 'in the file)'),
+    Rule('OM018', 'safe', family='attributes', summary=
+         '`pickle.dump(opt, f)` of a converted optimizer -> `pickle.dump(opt.replace(tx=None), '
+         'f)`: a TrainState\'s tx does not pickle',
+         why='A legacy Optimizer pickles (jax3d\'s mobilenerf stages pickle '
+             '`unreplicate(state)` every 10k steps); a TrainState does not: its `tx` is an Optax '
+             'transformation of closures (AttributeError: Can\'t pickle local object). The '
+             'pickle keeps step, params and opt_state and drops `tx`, which the code that '
+             'made it can give back. A name the file also binds to `pickle.load(...)` is taken '
+             'as such a TrainState when each of its uses reads `.target` / `.state.step` or '
+             'pickles it again; one that is stepped or handed on stays flagged (OM117): a '
+             'loaded TrainState has no tx to step with. A pickle the legacy code wrote loads '
+             'only with flax.optim (or `optim_compat.install()`), as an Optimizer.',
+         before='import pickle\n' + _IMPORT + 'def save(params, path):\n'
+                '  opt = optim.Adam(0.01).create(params)\n'
+                '  pickle.dump(opt, open(path, \'wb\'))\n'
+                '  loaded = pickle.load(open(path, \'rb\'))\n'
+                '  return loaded.target\n',
+         after='import optax\n'
+               'import pickle\n'
+               'from flax.training import train_state\n'
+               '\n'
+               '\n'
+               'def save(params, path):\n'
+               '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(learning_rate=0.01, b1=0.9, b2=0.999, eps=1e-08))\n'
+               '  pickle.dump(opt.replace(tx=None), open(path, \'wb\'))\n'
+               '  loaded = pickle.load(open(path, \'rb\'))\n'
+               '  return loaded.params\n',
+         readme='`pickle.dump(opt, f)` of a converted optimizer (or of `unreplicate(opt)`) → '
+                '`pickle.dump(opt.replace(tx=None), f)`; a name also bound to `pickle.load(...)` '
+                'and only read for `.target` / `.state.step` or pickled is that TrainState'),
 )
