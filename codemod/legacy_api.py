@@ -149,6 +149,11 @@ PICKLE_PASSTHROUGH = frozenset({'flax.jax_utils.unreplicate', 'jax.device_get'})
 #: Calls that only read their argument: ``opt.state...`` passed to one (``jax.tree_util.
 #: tree_leaves(opt.state.param_states)``) becomes a read of the legacy view (OM017); the view
 #: is a fresh tree, so a read that may mutate it (or a name bound to it) keeps OM103.
+#: Table defs whose legacy per-parameter state is laid out by their hyper-parameters
+#: (Adafactor: ``v_row`` / ``v_col`` or ``v`` by ``factored`` and ``min_dim_size_to_factor``,
+#: ``m`` only with ``beta1``): the legacy view's def (OM017) needs their literal arguments;
+#: any other def's view takes the def with no arguments when its own are not literals.
+LAYOUT_BY_HYPER_PARAMS = frozenset({'Adafactor'})
 STATE_READERS = frozenset({
     'jax.tree_util.tree_leaves', 'jax.tree_leaves', 'jax.tree_util.tree_flatten',
     'jax.tree_flatten', 'jax.tree_util.tree_structure', 'jax.tree_structure',

@@ -18,8 +18,8 @@ __all__ = ['AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'GradientDes
            'RMSProp', 'ReplicatedOptimizer', 'SPECS', 'install', 'to_optax', 'DynamicScale',
            'ModelParamTraversal', 'MultiOptimizer', 'WeightNorm',
            # the legacy view of a TrainState (optim_compat.legacy_view)
-           'legacy_state', 'with_legacy_state', 'hyper_params', 'set_hyper_params',
-           'apply_gradients',
+           'legacy_state', 'legacy_state_dict', 'with_legacy_state', 'hyper_params',
+           'set_hyper_params', 'apply_gradients',
            # a TrainState whose params may be a bare array (optim_compat.array_state)
            'ArrayTrainState']
 
@@ -28,8 +28,8 @@ HOMES = {
     **dict.fromkeys(('MultiOptimizer', 'Optimizer', 'OptimizerDef', 'OptimizerState',
                      'ReplicatedOptimizer'), 'optim_compat.base'),
     # to_optax(def, inject=...) wraps base.to_optax
-    **dict.fromkeys(('legacy_state', 'with_legacy_state', 'hyper_params', 'set_hyper_params',
-                     'apply_gradients', 'to_optax'), 'optim_compat.legacy_view'),
+    **dict.fromkeys(('legacy_state', 'legacy_state_dict', 'with_legacy_state', 'hyper_params',
+                     'set_hyper_params', 'apply_gradients', 'to_optax'), 'optim_compat.legacy_view'),
     **dict.fromkeys(('AdaBelief', 'Adadelta', 'Adafactor', 'Adagrad', 'Adam', 'GradientDescent',
                      'LAMB', 'LARS', 'Momentum', 'RMSProp'), 'optim_compat.defs'),
     'DynamicScale': 'optim_compat.dynamic_scale',

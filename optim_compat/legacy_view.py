@@ -10,6 +10,7 @@ the codemod emits, so such code can be emitted line for line (``opt`` an Optimiz
 legacy def ``d``, ``state`` its TrainState):
 
 * ``opt.state`` -> ``optim_compat.legacy_state(state, d)``;
+* ``opt.state_dict()`` -> ``optim_compat.legacy_state_dict(state, d)``;
 * ``opt.replace(state=s)`` -> ``optim_compat.with_legacy_state(state, s, d)``;
 * ``opt.optimizer_def.hyper_params`` -> ``optim_compat.hyper_params(state, d)``;
 * ``opt.apply_gradient(g, **overrides)`` -> ``optim_compat.apply_gradients(state, g, d,
@@ -53,7 +54,7 @@ from optim_compat import base
 from optim_compat import checkpoint_layout as layout
 from optim_compat import transforms
 
-__all__ = ['legacy_state', 'with_legacy_state', 'hyper_params', 'set_hyper_params',
+__all__ = ['legacy_state', 'legacy_state_dict', 'with_legacy_state', 'hyper_params', 'set_hyper_params',
            'apply_gradients', 'to_optax']
 
 #: The multi_transform label of the leaves no group selects (codemod/transform.py FROZEN).
@@ -133,6 +134,27 @@ def legacy_state(train_state, optimizer_def, *, focus=None) -> base.OptimizerSta
   ps = layout._conform(serialization.to_state_dict(template), ps, 'state/param_states')
   return base.OptimizerState(jnp.asarray(step, jnp.int32),
                              serialization.from_state_dict(template, ps))
+
+
+def legacy_state_dict(train_state, optimizer_def, *, focus=None) -> dict:
+  """The legacy ``opt.state_dict()`` of a ``TrainState``.
+
+  Args:
+    train_state, optimizer_def, focus: as for :func:`legacy_state`.
+
+  Returns:
+    ``{'target': ..., 'state': {'step': ..., 'param_states': ...}}``: nested dicts
+    (``flax.serialization.to_state_dict`` of the params and of
+    :func:`legacy_state`, as flax.optim 0.5.3's ``OptimizerDef.state_dict`` builds
+    them); leaves are the TrainState's arrays (a replicated one keeps its device
+    axis, as ``state_dict()`` of a replicated flax.optim Optimizer does).
+
+  Raises:
+    as :func:`legacy_state`.
+  """
+  return {'target': serialization.to_state_dict(train_state.params),
+          'state': serialization.to_state_dict(
+              legacy_state(train_state, optimizer_def, focus=focus))}
 
 
 def _step_like(template, step):

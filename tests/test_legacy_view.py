@@ -233,6 +233,29 @@ def test_surgery_in_process_matches_the_shim_bitwise():
                                     params['encoder']['conv']['kernel'])
 
 
+def test_legacy_state_dict_is_the_optimizers_state_dict():
+  """``legacy_state_dict(state, d)`` is ``opt.state_dict()`` of the shim Optimizer trained
+  alike: the same nested keys (``target``; ``state`` with ``step`` and ``param_states``) and
+  the same leaves bit for bit; replicated, every leaf keeps its device axis."""
+  params = cases.params_for('lamb_wd')
+  kwargs = cases.CASE_BY_ID['lamb_wd'][2]
+  opt_def, _ = _build('LAMB', kwargs)
+  state = train_state.TrainState.create(apply_fn=None, params=params,
+                                        tx=_emitted('LAMB', kwargs))
+  opt = opt_def.create(params)
+  for i in range(3):
+    g = core.reference_grads(params, i)
+    state, opt = state.apply_gradients(grads=g), opt.apply_gradient(g)
+  new, old = oc.legacy_state_dict(state, opt_def), opt.state_dict()
+  assert sorted(new) == ['state', 'target'] and sorted(new['state']) == ['param_states', 'step']
+  assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(old)
+  assert _leaves_equal(new, old) and int(new['state']['step']) == 3
+  n = jax.local_device_count()
+  replicated = oc.legacy_state_dict(jax_utils.replicate(state), opt_def)
+  for a, b in zip(jax.tree_util.tree_leaves(replicated), jax.tree_util.tree_leaves(new)):
+    assert np.shape(a) == (n,) + np.shape(b) and np.array_equal(a[0], b)
+
+
 def test_view_errors_name_what_is_wrong():
   params = cases.params_for('adam_betas')
   kwargs = cases.CASE_BY_ID['adam_betas'][2]

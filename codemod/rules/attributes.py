@@ -54,8 +54,11 @@ _LITERAL = m.OneOf(m.Integer(), m.Float(), m.SimpleString(), m.Name('True'), m.N
 def view_def(q) -> Optional[str]:
   """The shim def for the legacy view of this file's optimizers (OM017), as source:
   ``optim_compat.Adam(learning_rate=0.01)`` when every def the file builds is that one call
-  (one table def, literal arguments) and no optimizer or def comes from elsewhere (another
-  module, a factory, a user class); else None."""
+  (one table def) and no optimizer or def comes from elsewhere (another module, a factory, a
+  user class; a container class of another module is fine: its field holds what this file
+  puts there); else None. The view reads only the def's layout: arguments that are not
+  literals are left out (``optim_compat.Adam()``), except for a def whose layout its
+  hyper-parameters decide (:data:`~codemod.legacy_api.LAYOUT_BY_HYPER_PARAMS`: then None)."""
   if q.view_def is not False:
     return q.view_def
   f, n, found = q.f, q.n, None
@@ -63,13 +66,15 @@ def view_def(q) -> Optional[str]:
   names = {n.legacy_def(c) for c in calls}
   if (calls and len(names) == 1 and not names & {api.MULTI, api.WEIGHT_NORM}
       and not (f.flow_vars or f.flow_used or f.flow_def_vars or f.def_var_factories
-               or f.subclasses or f.flow_fields)
+               or f.subclasses)
       and all(v is not None for v in f.def_vars.values())
       and all(a.keyword is None or a.keyword.value != 'focus' for c in calls for a in c.args)
-      and all(not a.star and m.matches(a.value, _LITERAL) for a in calls[0].args)
       and len({code(c.with_changes(func=cst.Name('D'))) for c in calls}) == 1):
-    args = code(calls[0].with_changes(func=cst.Name('D')))[1:]
-    found = f'optim_compat.{names.pop()}{args}'
+    name = names.pop()
+    if all(not a.star and m.matches(a.value, _LITERAL) for a in calls[0].args):
+      found = f'optim_compat.{name}{code(calls[0].with_changes(func=cst.Name("D")))[1:]}'
+    elif name not in api.LAYOUT_BY_HYPER_PARAMS:
+      found = f'optim_compat.{name}()'
   q.view_def = found
   return found
 
@@ -80,10 +85,22 @@ def viewed(q, attr: cst.Attribute) -> bool:
   fill with another def's): it becomes ``optim_compat.legacy_state(opt, <def>)`` (OM017)."""
   recv = attr.value
   if not (attr.attr.value == 'state' and id(attr) in q.f.state_reads
-          and isinstance(recv, cst.Name) and view_def(q) is not None):
+          or state_dict_call(q, attr) is not None):
+    return False
+  if isinstance(recv, cst.Attribute) and q.annotated_field(recv):
+    recv = recv.value  # `state.optimizer`: a container this file fills (not a parameter)
+    if not isinstance(recv, cst.Name) or q.n.binding(recv) in q.f.params:
+      return False
+  if not isinstance(recv, cst.Name) or view_def(q) is None:
     return False
   b = q.n.binding(recv)  # (a parameter: only if given nothing but this file's optimizers)
   return b not in q.f.params or b in q.f.made_here_params
+
+
+def state_dict_call(q, attr: cst.Attribute) -> Optional[cst.Call]:
+  """``opt.state_dict()`` (called, no arguments) whose attribute is ``attr``, else None."""
+  call = q.f.calls_by_func.get(id(attr)) if attr.attr.value == 'state_dict' else None
+  return call if call is not None and not call.args else None
 
 
 def method_reference(q, attr: cst.Attribute) -> bool:
@@ -102,9 +119,16 @@ def reflection_problem(q, call: cst.Call) -> Optional[str]:
   if not fn or not call.args or call.args[0].keyword is not None:
     return None
   recv = pickled_value(q.n, call) if fn <= api.PICKLERS else call.args[0].value
+  excerpt = code(call)
+  if fn <= api.PICKLERS and (q.is_container(recv) or (
+      isinstance(recv, (cst.Dict, cst.List, cst.Tuple, cst.Set)) and q.mentions_optimizer(recv))):
+    return (f'`{excerpt}`: `{code(recv)}` holds a TrainState, whose Optax transformation '
+            "(`tx`: closures) pickle cannot serialize (AttributeError: Can't pickle local "
+            'object): pickle it with each TrainState as `<it>.replace(tx=None)` and give the tx '
+            'back after loading, or save `flax.serialization.to_bytes(...)`; a pickle the '
+            'legacy code wrote loads only with flax.optim (or optim_compat.install())')
   if not (q.is_optimizer(recv) or q.maybe_optimizer(recv)):
     return None
-  excerpt = code(call)
   if fn <= api.PICKLERS:
     return (f'`{excerpt}`: a TrainState holds its Optax transformation (`tx`: closures), which '
             "pickle cannot serialize (AttributeError: Can't pickle local object; a flax.optim "
@@ -167,6 +191,12 @@ def leave_legacy_only(p, original) -> None:
     if not viewed(q, original):
       p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState '
                              'equivalent yet', blocks=True)
+    elif not q.blocked and (call := state_dict_call(q, original)) is not None:
+      p.fix(call, apply_legacy_state_dict, [('OM017', f'`{code(call)}` -> the legacy state '
+                                                      'dict of the TrainState (`target`, `state` '
+                                                      'with `step` and `param_states`), laid out '
+                                                      f'as {view_def(q)} lays out its state')],
+            data={'def': view_def(q)})
     elif not q.blocked:
       p.fix(original, apply_legacy_view, [('OM017', f'`{code(original)}` (only read here) -> '
                                                     f'the legacy view of the TrainState\'s '
@@ -276,8 +306,13 @@ def apply_without_tx(ctx, original, updated, fix):
   return updated.with_changes(args=[first.with_changes(value=value), *updated.args[1:]])
 
 
-def apply_legacy_view(ctx, original, updated, fix):
+def apply_legacy_view(ctx, original, updated, fix, function='legacy_state'):
   ctx.add_import('optim_compat')
-  return cst.Call(func=cst.parse_expression('optim_compat.legacy_state'),
+  return cst.Call(func=cst.parse_expression(f'optim_compat.{function}'),
                   args=[cst.Arg(updated.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' '))),
                         cst.Arg(cst.parse_expression(fix.data['def']))])
+
+
+def apply_legacy_state_dict(ctx, original, updated, fix):
+  """``opt.state_dict()`` -> ``optim_compat.legacy_state_dict(opt, <def>)`` (OM017)."""
+  return apply_legacy_view(ctx, original.func, updated.func, fix, 'legacy_state_dict')

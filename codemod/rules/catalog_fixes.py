@@ -319,14 +319,20 @@ FIXES = (
                 'an Optax transformation now; the report says so)'),
     Rule('OM017', 'safe', family='attributes', summary=
          '`opt.state...` only read (`jax.tree_util.tree_leaves(opt.state.param_states)`) -> '
-         '`optim_compat.legacy_state(opt, <def>).…`: the legacy view of the TrainState\'s state',
+         '`optim_compat.legacy_state(opt, <def>).…`, `opt.state_dict()` -> '
+         '`optim_compat.legacy_state_dict(opt, <def>)`: the legacy view of the TrainState\'s '
+         'state',
          why='State surgery that only reads the legacy state (alpa\'s sharding checks over '
              '`optimizer.state.param_states`) gets the legacy view of the TrainState\'s '
              '`opt_state`: the same tree flax.optim kept, mapped from the Optax state as the '
              'checkpoint converter maps it (bitwise). Only where the read goes straight into '
              'a call that does not mutate it (tree_leaves, tree_map, np.asarray, print, ...) '
-             'and every def of the file is one table def with literal arguments (the view\'s '
-             'layout); writes (`opt.replace(state=...)`) stay OM103.',
+             'and every def of the file is one table def (the view\'s layout: arguments that '
+             'are not literals are left out, as the layout does not depend on them; '
+             'Adafactor\'s does, so it needs literal ones); writes (`opt.replace(state=...)`) '
+             'stay OM103. `opt.state_dict()` (jax3d\'s nesf logs a histogram of each of its '
+             'leaves) is a fresh tree in flax.optim too: it becomes the legacy state dict, '
+             '`target` and `state` with `step` and `param_states`, bitwise the shim\'s.',
          before='import jax\n' + _IMPORT + 'def moments(params, grads):\n'
                 '  opt = optim.Adam(0.01).create(params)\n'
                 '  opt = opt.apply_gradient(grads)\n'
@@ -343,8 +349,10 @@ FIXES = (
                '  return jax.tree_util.tree_leaves(optim_compat.legacy_state(opt, optim_compat.Adam(0.01)).param_states)\n',
          readme='`opt.state...` only read by a call that does not mutate it (`tree_leaves`, '
                 '`tree_map`, `np.asarray`, `print`, ...) → `optim_compat.legacy_state(opt, '
-                '<the file\'s def>)...`, the legacy view (one table def with literal arguments '
-                'in the file)'),
+                '<the file\'s def>)...`, the legacy view; `opt.state_dict()` → '
+                '`optim_compat.legacy_state_dict(opt, <def>)` (one table def in the file; its '
+                'arguments, where not literals, left out: the view reads only the layout, '
+                'which for Adafactor needs literal ones)'),
     Rule('OM018', 'safe', family='attributes', summary=
          '`pickle.dump(opt, f)` of a converted optimizer -> `pickle.dump(opt.replace(tx=None), '
          'f)`: a TrainState\'s tx does not pickle',

@@ -219,23 +219,44 @@ def removals(q, tree: cst.Module) -> list:
   return [('flax', 'optim', None), ('flax.optim', None, None), *legacy_imports(tree)]
 
 
+def _legacy_alias(alias: cst.ImportAlias) -> bool:
+  return alias.asname is None and (
+      code(alias.name) == api.LEGACY or code(alias.name).startswith(api.LEGACY + '.'))
+
+
 class _PlainFlaxImport(cst.CSTTransformer):
   """``import flax.optim`` -> ``import flax`` (the line still binds ``flax`` for
-  ``flax.linen`` and the like, and Flax >= 0.6 has no ``flax.optim`` to import)."""
+  ``flax.linen`` and the like, and Flax >= 0.6 has no ``flax.optim`` to import); dropped
+  where a module-level ``import flax`` binds it already (a line with comments above it
+  stays, as ``import flax``)."""
+
+  def __init__(self, bound: bool):
+    super().__init__()
+    self.bound = bound  # a module-level `import flax` (no `as`) exists
+
+  def leave_SimpleStatementLine(self, original, updated):
+    if (self.bound and not any(ll.comment for ll in original.leading_lines)
+        and all(isinstance(s, cst.Import) and all(map(_legacy_alias, s.names))
+                for s in original.body)):
+      return cst.RemoveFromParent()
+    return updated
 
   def leave_Import(self, original, updated):
-    names = [a.with_changes(name=cst.Name('flax')) if a.asname is None and (
-        code(a.name) == api.LEGACY or code(a.name).startswith(api.LEGACY + '.')) else a
+    names = [a.with_changes(name=cst.Name('flax')) if _legacy_alias(a) else a
              for a in updated.names]
     return updated.with_changes(names=names)
 
 
 def plain_flax_imports(tree: cst.Module) -> cst.Module:
   """``tree`` with each ``import flax.optim`` the migration kept (its ``flax`` is
-  used) turned into ``import flax``."""
+  used) turned into ``import flax``, or dropped beside a module-level ``import flax``."""
   if not re.search(r'\bimport[^\n#]*\bflax\.optim\b', tree.code):
     return tree
-  return tree.visit(_PlainFlaxImport())
+  bound = any(isinstance(s, cst.Import) and any(code(a.name) == 'flax' and a.asname is None
+                                                for a in s.names)
+              for line in tree.body if isinstance(line, cst.SimpleStatementLine)
+              for s in line.body)
+  return tree.visit(_PlainFlaxImport(bound))
 
 
 def _used_names(source: str) -> tuple[set[str], set[str], int]:
