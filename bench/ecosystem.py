@@ -360,7 +360,8 @@ def installs_shim(tree: ast.Module) -> bool:
 
 #: optim_compat calls of converted code (their arguments may name a legacy def).
 _CONVERTED_CALLS = frozenset({'optim_compat.to_optax', 'optim_compat.legacy_state',
-                              'optim_compat.with_legacy_state'})
+                              'optim_compat.with_legacy_state',
+                              'optim_compat.legacy_state_dict'})
 
 
 def uses_shim(tree: ast.Module) -> bool:

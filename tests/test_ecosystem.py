@@ -140,6 +140,8 @@ def test_shim_and_to_optax():
   viewed = wrapped + ('\nleaves = jax.tree_util.tree_leaves(optim_compat.legacy_state('
                       'opt, optim_compat.Adam(1e-3)).param_states)\n')
   assert outcome(viewed).outcome == 'converted'  # the legacy view's layout def (OM017) too
+  logged = wrapped + ('\nlogged = optim_compat.legacy_state_dict(opt, optim_compat.Adam())\n')
+  assert outcome(logged).outcome == 'converted'  # (its state_dict form)
   outside = wrapped + '\nlayout = optim_compat.Adam(1e-3)\n'
   assert outcome(outside).outcome == 'shim'  # (the same def outside that call)
 
