@@ -31,6 +31,7 @@ given a Python function: ``model.apply_gradient(loss_fn)`` is the user's own met
 - ``shim``: no flax.optim left, pointed at ``optim_compat``'s legacy API (runs);
 - ``residual``: converted, yet a legacy reference (``.apply_gradient(``, ``.target`` on
   an optimizer, ``.state.step``, ``.param_states``, ``.optimizer_def``, ``.hyper_params``,
+  ``.replace(target=...)`` on an optimizer,
   ``optimizer_def.create(``, ``optim.X`` after its import is gone, ...) is left with no
   TODO in the comment lines just above its statement (at most 3 lines up, plus the
   contiguous comment block);
@@ -458,7 +459,8 @@ def legacy_sites(cell: Optional[int], src: str, tree: ast.Module,
   import optim``): their attribute use in a file that no longer binds them is a reference.
   Kinds: ``flax.optim``, ``apply_gradient``, ``compute_gradient``, ``target``,
   ``state.step``, ``param_states``, ``optimizer_def``, ``hyper_params``, ``optim.<name>``,
-  ``replicate``, ``optimize``, ``def.create`` (``optimizer_def.create(params)``).
+  ``replicate``, ``optimize``, ``def.create`` (``optimizer_def.create(params)``),
+  ``replace(target=)`` (also ``state=``, ``optimizer_def=``).
   """
   roots = set(roots) | optimizer_roots(tree)
   optim_names = set(optim_names)
@@ -497,6 +499,9 @@ def legacy_sites(cell: Optional[int], src: str, tree: ast.Module,
         add(node.func, 'optimize')
       elif attr == 'create' and _def_like(recv):
         add(node.func, 'def.create')
+      elif attr == 'replace' and _optimizer_like(recv, roots) and any(
+          k.arg in ('target', 'state', 'optimizer_def') for k in node.keywords):
+        add(node.func, 'replace(target=)')  # a TrainState's replace has no such field
     if not isinstance(node, ast.Attribute):
       continue
     if node.attr == 'target' and _optimizer_like(node.value, roots):

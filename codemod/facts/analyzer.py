@@ -30,6 +30,8 @@ _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
 _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
 _TARGET_READ = m.Attribute(value=m.Name(), attr=m.Name('target'))
+_HYPER_PARAMS = m.Attribute(value=m.Attribute(attr=m.Name('optimizer_def')),
+                            attr=m.Name('hyper_params'))
 _STATE_STEP_READ = m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('state')),
                                attr=m.Name('step'))
 #: attributes the late checks of the plan look at (a method used as a value, a member of
@@ -76,6 +78,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
     self._pickle_uses = None       # ids of names read as `.target` / `.state.step` or pickled
+    self._line = None              # the simple statement line being visited
     #: settled after the visit (codemod.facts.following)
     self.chain_copies: list = []   # (chain, replicated chain): `self.o = replicate(self.o)`
     self.rebinds: set = set()      # bindings a loop, walrus, `with` or unpacking gives other values
@@ -166,6 +169,9 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   def leave_IndentedBlock(self, node) -> None:
     self._blocks.pop()
     self._block_sizes.pop()
+
+  def visit_SimpleStatementLine(self, node) -> None:
+    self._line = node
 
   def visit_SimpleStatementSuite(self, node) -> None:
     self._blocks.append(id(node))
@@ -659,6 +665,16 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     for t in targets:
       if isinstance(t, (cst.Tuple, cst.List)):
         self._unpacking(t, value)
+    if len(targets) == 1 and m.matches(value, _HYPER_PARAMS) and m.matches(
+        targets[0], m.Name() | m.Tuple(elements=[m.ZeroOrMore(m.Element(value=m.Name()))])
+        | m.List(elements=[m.ZeroOrMore(m.Element(value=m.Name()))])):
+      # `hparams = opt.optimizer_def.hyper_params` / `(a_hp, b_hp) = ...`: per-group rates
+      line = self._line
+      removable = (line is not None and len(line.body) == 1 and line.body[0] is node
+                   and not any(ll.comment for ll in line.leading_lines)
+                   and line.trailing_whitespace.comment is None
+                   and (not self._block_sizes or self._block_sizes[-1] > 1))
+      f.hp_assigns[id(value)] = line if removable else None
     if self._class_depth and not self._function_stack and n.legacy_def(value):
       f.escaping[id(value)] = value  # `class Cfg: opt_def = Adam(...)`: used as Cfg.opt_def
     if isinstance(value, cst.Name) and n.binding(value) in f.opt_vars and \

@@ -106,6 +106,10 @@ class Facts:
   handled: set = _field(set)          # ids of legacy_attrs a rule converts
   step_array_uses: set = _field(set)  # ids of `.state.step` nodes used as an array
   hp_reads: dict = _field()           # id(attr) -> (receiver, name, via_optimizer)
+  #: id(`opt.optimizer_def.hyper_params` assigned to a name or unpacked into names) ->
+  #: its statement line, when that line could be dropped (one statement, no comment, not
+  #: alone in its block), else None (OM012: read only for per-group learning rates)
+  hp_assigns: dict = _field()
   def_attrs: list = _field(list)      # attributes of a name that only a def has
   call_funcs: set = _field(set)       # ids of every call's func node
   double_starred: set = _field(set)   # ids of names given as `**name` to a call

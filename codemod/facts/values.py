@@ -150,6 +150,9 @@ def produces_optimizer(n: Names, value) -> bool:
       return True
   if m.matches(func, _METHOD_ON_NAME):
     return n.binding(func.value) in f.opt_vars  # `opt.replace(target=p)` too
+  if (m.matches(func, m.Attribute(value=m.Attribute(), attr=m.Name('replace')))
+      and func.value.attr.value in f.annotated_fields):
+    return True  # `state.optimizer.replace(target=p)`: the optimizer field of a container
   if m.matches(func, _METHOD_ON_CALL):
     return produces_optimizer(n, func.value)  # `Adam(...).create(p).replicate()`
   if isinstance(func, cst.Name) and func.value in f.opt_factories:

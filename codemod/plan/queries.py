@@ -34,6 +34,8 @@ class Queries:
     self.mixed_lr = False   # only some apply calls pass one
     self.hierarchy_lr = False  # injected for a class of another module (codemod.rules.apply_gradient)
     self.group_applies: dict = {}  # id(call) -> (per-group lr expressions, labels)
+    self.positional_labels = False  # MultiOptimizer groups labelled group_<i> (several multis)
+    self.hp_assign_lines: set = set()  # ids of `hp = opt.optimizer_def.hyper_params` lines dropped
     self.bad_refs: dict = {}       # id(reference) -> Problem
     self.hp_values: dict = {}      # id(hyper_params read) -> the literal's source
     self.bad_hp: dict = {}         # id(hyper_params read) -> Problem

@@ -54,6 +54,7 @@ CALL_CHAIN = (
     defs.leave_create,
     apply_gradient.leave_mixed_lr,
     crossmodule.leave_unproven_apply,
+    crossmodule.leave_tree_field_replace,
     crossmodule.leave_def_create,
     _stop_if_unproven,
     apply_gradient.leave_optimize_lr,
@@ -237,3 +238,4 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
 
   def leave_SimpleStatementLine(self, original) -> None:
     methods.leave_optimize(self, original)
+    apply_gradient.leave_hp_assign(self, original)

@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.names import apply_grads, kwargs, template
+from codemod.names import apply_grads, attr_chain, code, kwargs, template
 from codemod.rules import defs
 from optim_compat import spec as spec_lib
 
@@ -108,60 +108,143 @@ def _names_injecting_module(q, node) -> bool:
 def _find_group_applies(q) -> None:
   """Per-group learning rates (``hyper_params=[...]`` of a MultiOptimizer) that convert.
 
-  Converted: every element is ``opt.optimizer_def.hyper_params[i].replace(learning_rate=x)``
-  with ``i`` its position and ``opt`` the receiver (a name), one per group of the file's
-  single MultiOptimizer, whose groups are all defs of the migration table. Each group's
-  transformation is then built with ``inject_hyperparams`` and its learning rate set in
-  ``opt_state.inner_states[label]`` (legacy semantics: the override holds for that call;
-  the file converts only when every apply call overrides, see ``mixed_lr``).
+  Converted: every element replaces only its own group's learning rate, one per group:
+  ``opt.optimizer_def.hyper_params[i].replace(learning_rate=x)``, or read from a name bound
+  to ``opt.optimizer_def.hyper_params`` (``hp[i].replace(...)``; ``(a_hp, b_hp) = ...`` then
+  ``a_hp.replace(...)`` in group order) that nothing else reads (the binding is dropped,
+  OM012), ``opt`` the receiver (a name or an attribute chain such as ``state.optimizer``).
+  The file's MultiOptimizers all have that many groups, of defs of the migration table; with
+  several, every group is labelled by its position (``group_0``, ...), so one apply call fits
+  whichever reaches it. Each group's transformation is then built with
+  ``inject_hyperparams`` and its learning rate set in ``opt_state.inner_states[label]``
+  (legacy semantics: the override holds for that call; the file converts only when every
+  apply call overrides, see ``mixed_lr``).
   """
   n, f = q.n, q.f
   multis = [c for c in f.def_calls if n.legacy_def(c) == api.MULTI]
   calls = [c for c in f.apply_calls if 'hyper_params' in kwargs(c)]
-  if len(multis) != 1 or defs.multi_problem(q, multis[0]) is not None:
+  if not multis or len({len(c.args) for c in multis}) != 1 or any(
+      defs.multi_problem(q, c) is not None for c in multis):
     return
-  multi = multis[0]
-  subs = [arg.value.elements[1].value for arg in multi.args]
-  subs = [f.def_vars.get(n.binding(x)) if isinstance(x, cst.Name) else x for x in subs]
-  if not all(n.legacy_def(x) in spec_lib.SPECS for x in subs):
-    return  # a user def (to_optax) has no injectable learning rate
+  for multi in multis:
+    subs = [arg.value.elements[1].value for arg in multi.args]
+    subs = [f.def_vars.get(n.binding(x)) if isinstance(x, cst.Name) else x for x in subs]
+    if not all(n.legacy_def(x) in spec_lib.SPECS for x in subs):
+      return  # a user def (to_optax) has no injectable learning rate
+  q.positional_labels = len(multis) > 1
+  labels = defs.multi_labels(multis[0], positional=q.positional_labels)
+  found, reads = {}, {}  # id(call) -> lrs; id(hp binding value) -> ids of its names read
   for call in calls:
-    lrs = _group_lrs(call)
-    if lrs is None or len(lrs) != len(multi.args) or not q.is_optimizer(call.func.value):
+    got = _group_lrs(q, call)
+    if got is None or len(got[0]) != len(labels) or not q.is_optimizer(call.func.value):
       continue
-    q.group_applies[id(call)] = (lrs, defs.multi_labels(multi))
-    for element in kwargs(call)['hyper_params'].value.elements:
-      q.handled.add(id(element.value.func.value.value.value))  # `opt.optimizer_def`
+    found[id(call)] = (call, *got)
+    for value_id, name_ids in got[2].items():
+      reads.setdefault(value_id, set()).update(name_ids)
+  unread = {v for v, ids in reads.items() if f.hp_assigns.get(v) is not None
+            and ids >= _hp_binding_reads(q, v)}
+  for call, lrs, handled, bindings in found.values():
+    if not set(bindings) <= unread:
+      continue  # (a binding read elsewhere too, or one on a line that cannot be dropped)
+    q.group_applies[id(call)] = (lrs, labels)
+    q.handled.update(handled)  # each `opt.optimizer_def`
+    q.hp_assign_lines.update(id(f.hp_assigns[v]) for v in bindings)
   q.inject_lr = q.inject_lr or bool(q.group_applies)
   with_lr = [('learning_rate' in kwargs(c)) or id(c) in q.group_applies
              for c in [*f.apply_calls, *f.optimize_calls]]
   q.mixed_lr = any(with_lr) and not all(with_lr)
 
 
-def _group_lrs(call: cst.Call) -> Optional[list]:
-  """The learning-rate expressions of ``opt.apply_gradient(g, hyper_params=[...])`` when
-  each element only replaces its own group's learning rate, else None."""
+_HP_SOURCE = m.Attribute(value=m.Attribute(attr=m.Name('optimizer_def')),
+                         attr=m.Name('hyper_params'))
+
+
+def _hp_binding_reads(q, value_id) -> set:
+  """Ids of every read of the names bound to the ``hyper_params`` value ``value_id``."""
+  for targets, value in q.f.assignments:
+    if id(value) == value_id:
+      names = [targets[0]] if isinstance(targets[0], cst.Name) else [
+          e.value for e in targets[0].elements]
+      reads = set()
+      for name in names:
+        scope = q.n.scope(name)
+        reads.update(id(a.node) for a in (scope.accesses[name.value] if scope else ()))
+      return reads
+  return set()
+
+
+def _group_hp(q, expr, i: int, recv):
+  """``(owner value id or None, owner `.optimizer_def` node, read Name ids)`` when ``expr`` is
+  group ``i``'s hyper-parameters of ``recv``: ``recv.optimizer_def.hyper_params[i]``, or
+  through a name bound to ``recv.optimizer_def.hyper_params`` (``hp[i]``, or the ``i``-th name
+  it was unpacked into); else None."""
+  n = q.n
+
+  def owner(value):
+    return m.matches(value, _HP_SOURCE) and code(value.value.value) == code(recv)
+
+  if isinstance(expr, cst.Subscript):
+    index = expr.slice
+    if len(index) != 1 or not m.matches(index[0].slice, m.Index(value=m.Integer())) \
+        or int(index[0].slice.value.value, 0) != i:
+      return None
+    base = expr.value
+    if owner(base):
+      return None, base.value, set()
+    if isinstance(base, cst.Name) and (bound := n.assignment(base)) is not None:
+      targets, value = bound
+      if isinstance(targets[0], cst.Name) and len(targets) == 1 and owner(value):
+        return id(value), value.value, {id(base)}
+    return None
+  if isinstance(expr, cst.Name) and (bound := _unpacked_from(q, expr)) is not None:
+    position, value = bound
+    if position == i and owner(value):
+      return id(value), value.value, {id(expr)}
+  return None
+
+
+def _unpacked_from(q, name: cst.Name):
+  """``(position, value)`` when ``name``'s only binding is the ``position``-th name of
+  ``(a, b) = value``, else None."""
+  scope = q.n.scope(name)
+  bindings = list(scope[name.value]) if scope is not None else []
+  node = getattr(bindings[0], 'node', None) if len(bindings) == 1 else None
+  for targets, value in q.f.assignments:
+    if len(targets) == 1 and isinstance(targets[0], (cst.Tuple, cst.List)):
+      for position, element in enumerate(targets[0].elements):
+        if element.value is node:
+          return position, value
+  return None
+
+
+def _group_lrs(q, call: cst.Call):
+  """``(learning-rate expressions, ids of the ``.optimizer_def`` nodes read, {id of a bound
+  ``hyper_params`` value: ids of its names read here})`` of ``opt.apply_gradient(g,
+  hyper_params=[...])`` when each element only replaces its own group's learning rate
+  (:func:`_group_hp`), else None."""
   kw = kwargs(call)
   positional = [x for x in call.args if x.keyword is None]
   recv = call.func.value
   if set(kw) != {'hyper_params'} or len(positional) != 1 or any(x.star for x in call.args) \
-      or not isinstance(recv, cst.Name) or not isinstance(kw['hyper_params'].value, cst.List):
+      or not (isinstance(recv, cst.Name) or attr_chain(recv) is not None) \
+      or not isinstance(kw['hyper_params'].value, cst.List):
     return None
-  lrs = []
+  lrs, handled, reads = [], [], {}
   for i, element in enumerate(kw['hyper_params'].value.elements):
     value = element.value
     if not isinstance(element, cst.Element) or not m.matches(value, m.Call(
-        func=m.Attribute(value=m.Subscript(value=m.Attribute(
-            value=m.Attribute(value=m.Name(recv.value), attr=m.Name('optimizer_def')),
-            attr=m.Name('hyper_params'))), attr=m.Name('replace')),
+        func=m.Attribute(attr=m.Name('replace')),
         args=[m.Arg(keyword=m.Name('learning_rate'), star='')])):
       return None
-    index = value.func.value.slice
-    if len(index) != 1 or not m.matches(index[0].slice, m.Index(value=m.Integer())) \
-        or int(index[0].slice.value.value, 0) != i:
+    got = _group_hp(q, value.func.value, i, recv)
+    if got is None:
       return None
+    value_id, owner, names = got
+    handled.append(id(owner))
+    if value_id is not None:
+      reads.setdefault(value_id, set()).update(names)
     lrs.append(value.args[0].value)
-  return lrs
+  return lrs, handled, reads
 
 
 # -- checks -----------------------------------------------------------------------------------
@@ -212,10 +295,12 @@ def apply_problem(q, call: cst.Call) -> Optional[str]:
               'optax.inject_hyperparams and set the values in opt_state.hyperparams')
     if 'hyper_params' in other:
       return ('apply_gradient(hyper_params=[...]): per-group learning rates convert only as '
-              '`[opt.optimizer_def.hyper_params[i].replace(learning_rate=x), ...]`, one per '
-              "group in order, for the file's single MultiOptimizer of table defs, on every "
-              'apply call; otherwise inject them by hand with optax.inject_hyperparams, per '
-              'group at opt_state.inner_states[label].inner_state.hyperparams')
+              '`[opt.optimizer_def.hyper_params[i].replace(learning_rate=x), ...]` (or through '
+              'a name bound to `opt.optimizer_def.hyper_params` that nothing else reads), one '
+              "per group in order, where the file's MultiOptimizers all have that many groups "
+              'of table defs, on every apply call; otherwise inject them by hand with '
+              'optax.inject_hyperparams, per group at '
+              'opt_state.inner_states[label].inner_state.hyperparams')
     if any(a.star for a in call.args):
       return ('apply_gradient with *args / **kwargs: which overrides it passes cannot be '
               'told; convert it by hand (learning_rate: optax.inject_hyperparams)')
@@ -419,7 +504,20 @@ def leave_apply(p, original) -> bool:
   return True
 
 
+def leave_hp_assign(p, original) -> None:
+  """``hp = opt.optimizer_def.hyper_params`` read only for the per-group learning rates of
+  apply calls that convert: the line is dropped (OM012)."""
+  if id(original) in p.q.hp_assign_lines and p.q.converts:
+    p.fix(original, apply_drop_line, [('OM012', f'`{code(original.body[0])}` (read only for '
+                                                'the per-group learning rates set below) '
+                                                'dropped')])
+
+
 # -- fixes ----------------------------------------------------------------------------------
+def apply_drop_line(ctx, original, updated, fix):
+  return cst.RemovalSentinel.REMOVE
+
+
 def apply_apply(ctx, original, updated, fix):
   kw = kwargs(updated)
   grads = apply_grads(updated)

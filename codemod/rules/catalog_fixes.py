@@ -212,7 +212,10 @@ FIXES = (
     Rule('OM012', 'safe', family='defs', summary=
          '`opt.optimizer_def.hyper_params.<name>` -> the literal the def was built with',
          why='An Optax transformation keeps no hyper-parameters to read back; legacy per-call '
-             'overrides never changed the def\'s values, so the literal is what the read gave.',
+             'overrides never changed the def\'s values, so the literal is what the read gave. '
+             'A name bound to the whole `hyper_params` and read only as each group\'s '
+             '`.replace(learning_rate=x)` in `apply_gradient(g, hyper_params=[...])` (l2p\'s '
+             'freeze branch) goes with that call\'s conversion (OM002): the line is dropped.',
          before=_IMPORT + 'def make(params):\n'
                 '  opt_def = optim.Adam(learning_rate=3e-4)\n'
                 '  return opt_def.create(params), opt_def.hyper_params.learning_rate\n',
@@ -224,7 +227,9 @@ FIXES = (
                '  opt_def = optax.adam(learning_rate=3e-4, b1=0.9, b2=0.999, eps=1e-08)\n'
                '  return train_state.TrainState.create(apply_fn=None, params=params, tx=opt_def), 3e-4\n',
          readme='`opt.optimizer_def.hyper_params.<name>` / `opt_def.hyper_params.<name>` → the '
-                'literal the def was built with (legacy per-call overrides never changed it)'),
+                'literal the def was built with (legacy per-call overrides never changed it); '
+                '`hp = opt.optimizer_def.hyper_params` (or `(a_hp, b_hp) = ...`) read only for '
+                'the per-group learning rates of apply calls that convert → dropped'),
     Rule('OM013', 'safe', family='restores', summary=
          'restoring an optimizer checkpoint -> `optim_compat.checkpoint.restore_legacy` (legacy '
          'layout converted; a TrainState-layout checkpoint or none yet behaves as '

@@ -347,6 +347,29 @@ def tree_field_message(q, value) -> Optional[str]:
           'flax.optim Optimizer (on the shim); migrate them together')
 
 
+def leave_tree_field_replace(p, original) -> bool:
+  """``state.optimizer.replace(target=...)`` where ``state.optimizer`` is named like the
+  optimizer field of a class elsewhere in the tree that this run makes a TrainState, and
+  nothing here says what it holds (a TrainState's ``replace`` has no ``target`` field: the
+  call would fail there). Ends the call's chain when it flags."""
+  q = p.q
+  func = original.func
+  if not m.matches(func, m.Attribute(value=m.Attribute(), attr=m.Name('replace'))):
+    return False
+  fields = sorted({a.keyword.value for a in original.args if a.keyword is not None}
+                  & api.OPTIMIZER_FIELDS)
+  recv = func.value
+  f = q.f
+  if (not fields or f.flow is None or q.is_optimizer(recv) or recv.attr.value in f.annotated_fields
+      or (found := f.flow.tree_fields.get(recv.attr.value)) is None or not found.converted):
+    return False
+  p.flag(original, 'OM122', f'`{code(recv)}` is named like the `{recv.attr.value}` field of '
+                            f'{found.where}, which this run makes a TrainState: if it is that '
+                            'one, `.replace(target=...)` is `.replace(params=...)` there '
+                            '(`state=` has no counterpart); convert this by hand')
+  return True
+
+
 def named_member(attr: cst.Attribute):
   """``(receiver, member)`` for a flax.optim Optimizer member read on a value named like an
   optimizer (:data:`codemod.legacy_api.OPTIMIZER_NAMED`): ``optimizer.target``,

@@ -147,12 +147,15 @@ def multi_problem(q, call) -> Optional[Problem]:
   return None
 
 
-def multi_labels(call: cst.Call) -> list[str]:
-  """The multi_transform label of each group: the traversal's name, else ``group_<i>``."""
+def multi_labels(call: cst.Call, positional: bool = False) -> list[str]:
+  """The multi_transform label of each group: the traversal's name, else (or ``positional``:
+  a file whose apply calls set per-group rates on any of several MultiOptimizers)
+  ``group_<i>``."""
   labels = []
   for i, arg in enumerate(call.args):
     traversal = arg.value.elements[0].value
-    labels.append(traversal.value if isinstance(traversal, cst.Name) else f'group_{i}')
+    labels.append(traversal.value if isinstance(traversal, cst.Name) and not positional
+                  else f'group_{i}')
   return [f'group_{i}' if labels.count(label) > 1 or label == api.FROZEN else label
           for i, label in enumerate(labels)]
 
@@ -529,7 +532,7 @@ def apply_multi(ctx, original, updated, fix):
       sub = _to_optax(ctx.q, sub)  # (its rate injected as the table groups' are)
       ctx.add_import('optim_compat')
     groups.append([label, code(u_trav), sub])
-  for g, label in zip(groups, multi_labels(original)):
+  for g, label in zip(groups, multi_labels(original, ctx.q.positional_labels)):
     g[0] = label
   txs = ', '.join(f'{g[0]!r}: {g[2]}' for g in groups)
   source = (f'optax.multi_transform({{{txs}, {api.FROZEN!r}: optax.set_to_zero()}}, '
