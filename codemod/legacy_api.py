@@ -224,7 +224,8 @@ _APPLY_GRADIENT = re.compile(r'\.\s*apply_gradient\b')
 #: (``train_state.optimizer.target``, ``opt.state.step``: :data:`OPTIMIZER_NAMED`) in a file
 #: that never imports flax.optim.
 _NAMED_MEMBER = re.compile(
-    r'opt\w*\s*\.\s*(?:target|optimizer_def|state\s*\.\s*(?:step|param_states))\b', re.I)
+    r'opt\w*\s*\.\s*(?:target|optimizer_def|state\s*\.\s*(?:step|param_states))\b'
+    r'|opt\w*\s*\.\s*replace\s*\(\s*(?:target|state|optimizer_def)\s*=', re.I)
 #: ... and on ``get_optimizer(config).create(p)`` (a call named like a def's maker).
 _CALL_CREATE = re.compile(r'\)\s*\.\s*create\s*\(')
 OPTIM_WORD = re.compile(r'optim', re.I)  # (also the analyzer's def-maker call names)
@@ -263,7 +264,8 @@ def may_need_rewrite(text: str) -> bool:
   form, ``flax.optim.X``, the module name in a string, ``getattr(flax, 'optim')``, an alias
   of ``flax`` followed by ``.optim``) except the flags in files that never import it: on
   ``.apply_gradient``, on ``optimizer_def.create(...)`` and ``get_optimizer(c).create(...)``,
-  and on ``.target`` / ``.state.step`` / ``.optimizer_def`` of a value named like an optimizer. So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
+  and on ``.target`` / ``.state.step`` / ``.optimizer_def`` / ``.replace(target=...)`` of a
+  value named like an optimizer. So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
   "optim" beside ``import flax``, or another library's ``.target`` alone do not cost a parse.
   """
   if 'apply_gradient' in text and _APPLY_GRADIENT.search(text) is not None:

@@ -1533,3 +1533,17 @@ def test_a_container_reaches_a_restore_through_its_maker_and_a_helper_parameter(
     assert result.error is None
     assert ('restore_legacy(workdir, state)' in result.new) == converted, result.new
     assert ('OM013' in [f.rule for f in result.manual]) == (not converted), result.new
+
+
+def test_a_replace_of_a_legacy_field_alone_passes_the_prefilter_and_is_flagged():
+  """scenic's vivit evaluation_lib.py, found by the independent set: its only Optimizer API is
+  `train_state.optimizer.replace(target=restored_params)` (a TrainState's replace has no
+  `target`), so the prefilter skipped the file and the call was left with no TODO."""
+  source = ('def restore(train_state, restored_params):\n'
+            '  new_optimizer = train_state.optimizer.replace(target=restored_params)\n'
+            '  return train_state.replace(optimizer=new_optimizer)\n')
+  assert engine.may_need_rewrite(source)
+  result = engine.rewrite_source(source, 'evaluation_lib.py')
+  assert [(f.line, f.rule) for f in result.manual] == [(2, 'OM122')]
+  assert '`.replace(target=...)` is `.replace(params=...)`' in result.manual[0].message
+  assert not engine.may_need_rewrite('x = dataclasses.replace(cfg, target=3)\n')

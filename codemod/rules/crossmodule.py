@@ -361,12 +361,16 @@ def leave_tree_field_replace(p, original) -> bool:
   recv = func.value
   f = q.f
   if (not fields or f.flow is None or q.is_optimizer(recv) or recv.attr.value in f.annotated_fields
-      or (found := f.flow.tree_fields.get(recv.attr.value)) is None or not found.converted):
+      or recv.attr.value in f.legacy_fields
+      or (found := f.flow.tree_fields.get(recv.attr.value)) is None):
     return False
-  p.flag(original, 'OM122', f'`{code(recv)}` is named like the `{recv.attr.value}` field of '
-                            f'{found.where}, which this run makes a TrainState: if it is that '
-                            'one, `.replace(target=...)` is `.replace(params=...)` there '
-                            '(`state=` has no counterpart); convert this by hand')
+  if found.converted:
+    p.flag(original, 'OM122', f'`{code(recv)}` is named like the `{recv.attr.value}` field of '
+                              f'{found.where}, which this run makes a TrainState: if it is that '
+                              'one, `.replace(target=...)` is `.replace(params=...)` there '
+                              '(`state=` has no counterpart); convert this by hand')
+  else:
+    p.flag(original, 'OM122', tree_field_message(q, recv))  # (it stays a shim Optimizer)
   return True
 
 
