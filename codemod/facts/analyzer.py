@@ -20,7 +20,8 @@ from codemod.facts import following
 from codemod.facts.model import Facts
 from codemod.modern import table as modern_table
 from optim_compat import spec as spec_lib
-from codemod.facts.values import (makes_bare_array, own_function as _own_function, pickled_value,
+from codemod.facts.values import (DEF_HYPER_PARAMS, makes_bare_array,
+                                  own_function as _own_function, pickled_value,
                                   produces_optimizer, wrapper_of, wraps_factory)
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
                            legacy_module_name, target_names)
@@ -30,8 +31,6 @@ _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
 _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
 _TARGET_READ = m.Attribute(value=m.Name(), attr=m.Name('target'))
-_HYPER_PARAMS = m.Attribute(value=m.Attribute(attr=m.Name('optimizer_def')),
-                            attr=m.Name('hyper_params'))
 _STATE_STEP_READ = m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('state')),
                                attr=m.Name('step'))
 #: attributes the late checks of the plan look at (a method used as a value, a member of
@@ -665,7 +664,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     for t in targets:
       if isinstance(t, (cst.Tuple, cst.List)):
         self._unpacking(t, value)
-    if len(targets) == 1 and m.matches(value, _HYPER_PARAMS) and m.matches(
+    if len(targets) == 1 and m.matches(value, DEF_HYPER_PARAMS) and m.matches(
         targets[0], m.Name() | m.Tuple(elements=[m.ZeroOrMore(m.Element(value=m.Name()))])
         | m.List(elements=[m.ZeroOrMore(m.Element(value=m.Name()))])):
       # `hparams = opt.optimizer_def.hyper_params` / `(a_hp, b_hp) = ...`: per-group rates

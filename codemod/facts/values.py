@@ -17,6 +17,11 @@ _METHOD_ON_CALL = m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name(
                               | m.Name('replace'))
 
 
+#: ``opt.optimizer_def.hyper_params`` (the whole hyper-parameters of an optimizer's def).
+DEF_HYPER_PARAMS = m.Attribute(value=m.Attribute(attr=m.Name('optimizer_def')),
+                               attr=m.Name('hyper_params'))
+
+
 def pickled_value(n: Names, call: cst.Call) -> cst.BaseExpression:
   """What ``pickle.dump(x, f)`` (a :data:`~codemod.legacy_api.PICKLERS` call with a first
   positional argument) pickles: ``x``, or ``x`` of ``unreplicate(x)`` / ``jax.device_get(x)``."""

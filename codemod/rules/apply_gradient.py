@@ -15,6 +15,7 @@ import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.names import apply_grads, attr_chain, code, kwargs, template
+from codemod.facts.values import DEF_HYPER_PARAMS
 from codemod.rules import defs
 from optim_compat import spec as spec_lib
 
@@ -155,10 +156,6 @@ def _find_group_applies(q) -> None:
   q.mixed_lr = any(with_lr) and not all(with_lr)
 
 
-_HP_SOURCE = m.Attribute(value=m.Attribute(attr=m.Name('optimizer_def')),
-                         attr=m.Name('hyper_params'))
-
-
 def _hp_binding_reads(q, value_id) -> set:
   """Ids of every read of the names bound to the ``hyper_params`` value ``value_id``."""
   for targets, value in q.f.assignments:
@@ -181,7 +178,7 @@ def _group_hp(q, expr, i: int, recv):
   n = q.n
 
   def owner(value):
-    return m.matches(value, _HP_SOURCE) and code(value.value.value) == code(recv)
+    return m.matches(value, DEF_HYPER_PARAMS) and code(value.value.value) == code(recv)
 
   if isinstance(expr, cst.Subscript):
     index = expr.slice

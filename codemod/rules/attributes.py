@@ -89,7 +89,8 @@ def viewed(q, attr: cst.Attribute) -> bool:
     return False
   if isinstance(recv, cst.Attribute) and q.annotated_field(recv):
     recv = recv.value  # `state.optimizer`: a container this file fills (not a parameter)
-    if not isinstance(recv, cst.Name) or q.n.binding(recv) in q.f.params:
+    if not isinstance(recv, cst.Name) or q.n.binding(recv) in q.f.params \
+        or q.n.binding(recv) not in q.f.container_vars:
       return False
   if not isinstance(recv, cst.Name) or view_def(q) is None:
     return False
