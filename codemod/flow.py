@@ -811,14 +811,14 @@ def _why(source: SourceFile, plan, options, todos: bool = True) -> str:
   return 'see its report'
 
 
-def _uses(plan, shown, changes, outside, why, lines=True) -> list[DefUse]:
+def _uses(plan, shown, changes, outside, why) -> list[DefUse]:
   """One file's uses of (def) factories, from its plan. Why a user keeps its legacy code: its
   own first reason, not what the factory's TrainState meets there (OM123, which holding the
-  factory removes); ``lines``: name its line (not for a notebook: the plan numbers the lines
-  of its cells joined)."""
+  factory removes). The user is named by its file alone: a line number would move with the
+  TODO lines a run adds above it, and the next run would write its flags again."""
   first = None if outside else next(
       (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
-  where = shown if first is None or not lines else f'{shown}:{first.line}'
+  where = shown
   use_why = why if first is None else first.why
   summary = plan.summary
   # (a def factory's user converts only with changes: its `.create`s are rewritten; a
@@ -847,7 +847,7 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   changes = plan.changes and not outside  # read, never written: what it holds is what stays
   if notebook:
     return [], [], _uses(plan, shown, changes, outside,  # (its text is JSON: no TODO read)
-                         _why(source, plan, options, todos=False), lines=False)
+                         _why(source, plan, options, todos=False))
   why = NOT_IN_RUN if outside else _why(source, plan, options)
   summary = plan.summary
   found = {}
