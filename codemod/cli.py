@@ -199,6 +199,10 @@ def _removed_api_hint(e: BaseException, where: str) -> Optional[str]:
   value became (``.unfreeze()`` of the dict ``init`` returns since flax 0.7.1); or None.
   ``where``: the user's file it died in (:func:`_failing_file`), the file to rewrite."""
   from codemod.modern import table
+  if isinstance(e, ValueError) and 'should be absolute' in str(e):
+    return ('optim-migrate run: Flax >= 0.7 saves checkpoints with orbax, which needs an '
+            'absolute directory: pass os.path.abspath(dir) to save_checkpoint '
+            f'(`optim-migrate rewrite --write {where}` does so, OM013)')
   if isinstance(e, AttributeError) and isinstance(getattr(e, 'obj', None), dict):
     api = table.dict_method_gone(getattr(e, 'name', None))
     if api is None:

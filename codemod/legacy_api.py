@@ -142,6 +142,9 @@ TRAIN_STATE_CLASSES = frozenset({'flax.training.train_state.TrainState'})
 REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
                             'builtins.delattr', 'dataclasses.replace',
                             'flax.serialization.to_state_dict', *PICKLERS})
+#: Members only a flax.optim Optimizer has, read on a pickle-loaded name (OM018 / OM121).
+PICKLED_MEMBER_READS = frozenset({'target', 'state', 'apply_gradient', 'optimizer_def',
+                                  'state_dict', 'restore_state', 'compute_gradient'})
 #: Deserializers of what :data:`PICKLERS` wrote (``state = pickle.load(f)``: OM018).
 PICKLE_LOADERS = frozenset({'pickle.load', 'pickle.loads', 'joblib.load'})
 #: Calls whose result is their argument, as pickled (``pickle.dump(unreplicate(opt), f)``).
@@ -203,7 +206,8 @@ TELLTALES = tuple(dict.fromkeys(
 WORDS = frozenset({
     'optim', 'create', 'nn', *(part for m in OPTIMIZER_MEMBERS for part in m.path),
     *DEF_ONLY_ATTRS, *ANNOTATIONS, *DYNAMIC_SCALE, TRAVERSAL, 'OptimizerState',
-    *(qname.rsplit('.', 1)[1] for qname in RESTORES)})
+    *(qname.rsplit('.', 1)[1] for qname in RESTORES),
+    *(qname.rsplit('.', 1)[1] for qname in PICKLE_LOADERS)})  # (`x = pickle.load(f)`: OM018)
 WORDS_RE = re.compile(r'\b(' + '|'.join(sorted(WORDS)) + r')\b')
 #: Spellings that reference flax.optim (the file prefilter, :func:`may_need_rewrite`):
 #: ``flax.optim`` (``import flax.optim``, ``from flax.optim[.adam] import``, ``flax.optim.X``,

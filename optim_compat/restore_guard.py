@@ -16,10 +16,15 @@ step, the params). Every other call is Flax's own, unchanged. It runs at every s
 code imports it at the top; importing it here would cost every shim user orbax's import,
 about 0.35 s). Code that bound the function itself
 (``from flax.training.checkpoints import restore_checkpoint``) before that keeps Flax's.
+
+Both wrappers (and ``save_checkpoint``'s) also make a relative local directory absolute:
+Flax >= 0.7 reads and writes with orbax, which rejects one ('Checkpoint path should be
+absolute'), where legacy code on Flax <= 0.5.3 passed ``'ckpt'`` (the same directory).
 """
 from __future__ import annotations
 
 import functools
+import os
 import pathlib
 import sys
 
@@ -71,6 +76,15 @@ def _wants_legacy_restore(ckpt_dir, target, step) -> str | None:
   return 'msgpack'
 
 
+def _local_absolute(ckpt_dir):
+  """``ckpt_dir`` made absolute when it is a relative local path (str or path; a URL such as
+  ``gs://...`` and anything else unchanged)."""
+  if isinstance(ckpt_dir, (str, pathlib.PurePath)) and '://' not in str(ckpt_dir) \
+      and not os.path.isabs(ckpt_dir):
+    return os.path.abspath(ckpt_dir)
+  return ckpt_dir
+
+
 def install() -> None:
   """Wrap ``flax.training.checkpoints.restore_checkpoint`` (once; see the module docstring).
 
@@ -91,6 +105,7 @@ def install() -> None:
   @functools.wraps(flax_restore)
   def restore_checkpoint(ckpt_dir, target=None, step=None, prefix='checkpoint_', *args,
                          **kwargs):
+    ckpt_dir = _local_absolute(ckpt_dir)
     kind = (_wants_legacy_restore(ckpt_dir, target, step)
             if not args and not kwargs and prefix == 'checkpoint_' else None)
     from optim_compat.checkpoint import restore_legacy
@@ -108,6 +123,15 @@ def install() -> None:
 
   setattr(restore_checkpoint, _MARK, True)
   checkpoints.restore_checkpoint = restore_checkpoint
+  flax_save = checkpoints.save_checkpoint
+
+  @functools.wraps(flax_save)
+  def save_checkpoint(ckpt_dir, *args, **kwargs):
+    return flax_save(_local_absolute(ckpt_dir), *args, **kwargs)
+
+  if not getattr(flax_save, _MARK, False):
+    setattr(save_checkpoint, _MARK, True)
+    checkpoints.save_checkpoint = save_checkpoint
 
 
 def install_if_imported() -> None:

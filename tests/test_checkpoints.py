@@ -979,6 +979,23 @@ def test_the_shims_own_checkpoints_still_restore_through_flax(tmp_path):
   assert checkpoints.restore_checkpoint(str(tmp_path / 'none'), opt) is opt  # fresh run
 
 
+def test_legacy_code_on_the_shim_saves_and_restores_a_relative_directory(tmp_path, monkeypatch):
+  """Found by a new user: legacy code passes `'ck'` (Flax <= 0.5.3 took it); Flax >= 0.7 reads
+  and writes with orbax, which rejects a relative directory. With the shim's checkpoint
+  wrappers installed (a shim `create` once flax.training.checkpoints is imported), both work,
+  on the same directory, as before."""
+  monkeypatch.chdir(tmp_path)
+  params = {'w': jnp.arange(3.0)}
+  opt = oc.Adam(0.1).create(params)  # (installs the wrappers)
+  opt = checkpoints.restore_checkpoint('ck', opt)  # nothing yet: a fresh run
+  opt = opt.apply_gradient({'w': jnp.ones(3)})
+  checkpoints.save_checkpoint('ck', opt, step=int(opt.state.step))
+  assert [p.name for p in (tmp_path / 'ck').iterdir()] == ['checkpoint_1']
+  again = checkpoints.restore_checkpoint('ck', oc.Adam(0.1).create(params))
+  assert int(again.state.step) == 1
+  np.testing.assert_array_equal(again.target['w'], opt.target['w'])
+
+
 def test_a_train_state_checkpoint_of_another_optimizer_is_an_error_not_a_fresh_start(tmp_path):
   params, state = _adam_train_state(spec.SPECS['Adam'].emit({'learning_rate': '0.1'}))
   checkpoints.save_checkpoint(str(tmp_path), state, step=3)

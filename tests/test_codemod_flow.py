@@ -1348,7 +1348,7 @@ def test_a_script_directory_imports_its_siblings_by_bare_name(tmp_path):
       '  assert isinstance(optimizer, flax.optim.Optimizer)\n')
   proc = _cli('rewrite', '--write', 'examples', cwd=kept)
   models = (kept / 'examples' / 'ppo' / 'models.py').read_text()
-  assert 'optim.Adam(' in models and 'used by ppo/ppo_lib_test.py:7' in models, models
+  assert 'optim.Adam(' in models and 'used by ppo/ppo_lib_test.py, which' in models, models
   assert 'optimizer.apply_gradient(g, learning_rate=lr)' in (
       kept / 'examples' / 'ppo' / 'ppo_lib.py').read_text()
 

@@ -31,6 +31,9 @@ _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
 _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
 _TARGET_READ = m.Attribute(value=m.Name(), attr=m.Name('target'))
+#: a flax.optim Optimizer member read on a name (``x.target``, ``x.apply_gradient``, ...)
+_MEMBER_READ = m.Attribute(value=m.Name(),
+                           attr=m.OneOf(*map(m.Name, sorted(api.PICKLED_MEMBER_READS))))
 _STATE_STEP_READ = m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('state')),
                                attr=m.Name('step'))
 #: attributes the late checks of the plan look at (a method used as a value, a member of
@@ -77,6 +80,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self._receivers: set = set()  # ids of methods' first parameters (codemod.facts.analyzer)
     self._blocks: list[int] = []   # ids of the statement blocks being visited
     self._pickle_uses = None       # ids of names read as `.target` / `.state.step` or pickled
+    self._member_uses = None       # ids of names read with a flax.optim Optimizer member
     self._line = None              # the simple statement line being visited
     #: settled after the visit (codemod.facts.following)
     self.chain_copies: list = []   # (chain, replicated chain): `self.o = replicate(self.o)`
@@ -753,8 +757,10 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     """``state = pickle.load(f)`` where each use of ``state`` reads ``.target`` or
     ``.state.step``, or pickles it: what the file's own pickling of its optimizer wrote (a
     TrainState without its tx, OM018), not a rebinding. Another use (stepped, handed on)
-    keeps the name rebound (a loaded TrainState has no tx to step with)."""
-    n = self.n
+    keeps the name rebound (a loaded TrainState has no tx to step with); where one of its
+    uses is an Optimizer member, the load is recorded (``Facts.pickle_unsure``: flagged
+    where the file's pickles are TrainStates)."""
+    n, f = self.n, self.f
     if not (len(targets) == 1 and isinstance(targets[0], cst.Name) and isinstance(value, cst.Call)
             and n.qnames(value.func) & api.PICKLE_LOADERS):
       return False
@@ -764,10 +770,15 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       module = self._module
       self._pickle_uses = {id(a.value) for a in m.findall(module, _TARGET_READ)}
       self._pickle_uses |= {id(a.value.value) for a in m.findall(module, _STATE_STEP_READ)}
+      self._member_uses = {id(a.value) for a in m.findall(module, _MEMBER_READ)}
       for call in m.findall(module, m.Call(args=[m.Arg(keyword=None, star=''), m.ZeroOrMore()])):
         if n.qnames(call.func) & api.PICKLERS:
           self._pickle_uses.add(id(pickled_value(n, call)))
-    return bool(accesses) and all(id(a.node) in self._pickle_uses for a in accesses)
+    if bool(accesses) and all(id(a.node) in self._pickle_uses for a in accesses):
+      return True
+    if any(id(a.node) in self._member_uses for a in accesses):
+      f.pickle_unsure[n.binding(targets[0])] = value
+    return False
 
   def _chain_assigned(self, chain: str, value) -> None:
     n, f = self.n, self.f

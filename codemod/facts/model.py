@@ -71,6 +71,9 @@ class Facts:
   #: bindings also assigned `pickle.load(...)`, each use of which is `.target`, `.state.step`
   #: or a pickling: a TrainState this file pickled (OM018), not a rebinding
   pickle_loaded: set = _field(set)
+  #: binding -> its `pickle.load(...)` call, for a name also read with an Optimizer member but
+  #: used otherwise too (stepped, handed on): flagged where this file's pickles are TrainStates
+  pickle_unsure: dict = _field()
   params: set = _field(set)           # bindings of function parameters
   loop_vars: set = _field(set)        # bindings of loop and comprehension targets
   made_here_params: set = _field(set)  # parameters only ever given this file's optimizers

@@ -13,6 +13,9 @@ import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.names import attr_chain, kwargs, names_in_targets
+from codemod.facts.values import pickled_value
+
+_FIRST_POSITIONAL = m.Call(args=[m.Arg(keyword=None, star=''), m.ZeroOrMore()])
 
 
 class Queries:
@@ -49,6 +52,7 @@ class Queries:
     self.def_only = None           # (cache of codemod.rules.defs.def_only_uses)
     self.view_def = False          # (cache of codemod.rules.attributes.view_def; False: unset)
     self._container_receivers = None  # (cache of container_receivers)
+    self._pickles_converted = None  # (cache of pickles_converted)
 
   @property
   def converts(self) -> bool:
@@ -65,6 +69,8 @@ class Queries:
         return f.flow_vars[b].converted
       # in a file without flax.optim only the flow proves anything (a field of another
       # module's converted class read into a name: `optimizer = state.optimizer`)
+      if b in f.pickle_loaded and b not in f.opt_vars:  # `x = pickle.load(f)`, read as one
+        return f.uses_legacy and self.pickles_converted()
       return b in f.opt_vars and (f.uses_legacy or b in f.field_aliases)
     if self.annotated_field(expr):
       return True
@@ -99,9 +105,30 @@ class Queries:
       return True
     if isinstance(value, cst.Name) and self.n.binding(value) in self.container_receivers():
       return False  # `ts.optimizer` is read too: a container of this file's class, no Optimizer
+    if (isinstance(value, cst.Name) and self.n.binding(value) in f.pickle_unsure
+        and self.pickles_converted()):
+      return True  # loaded from this file's pickles, also stepped or handed on
     return isinstance(value, cst.Name) and self.n.binding(value) not in f.container_params and (
         self.n.binding(value) in (f.params | f.loop_vars | self.maybe_vars)
         or self.n.binding(value) in (f.rebound & f.opt_vars))
+
+  def pickles_converted(self) -> bool:
+    """This file pickles one of the optimizers it converts (OM018), so what it loads back with
+    ``pickle.load`` is such a TrainState (without its tx)."""
+    if self._pickles_converted is None:
+      self._pickles_converted = False  # (while deciding: a loaded name is not yet one)
+      f, n = self.f, self.n
+      found = False
+      if f.uses_legacy and (f.pickle_loaded or f.pickle_unsure):
+        for call in m.findall(self.analysis.module, _FIRST_POSITIONAL):
+          if n.qnames(call.func) & api.PICKLERS:
+            value = pickled_value(n, call)
+            if not (isinstance(value, cst.Name) and n.binding(value) in f.pickle_loaded) \
+                and self.is_optimizer(value):
+              found = True
+              break
+      self._pickles_converted = found
+    return self._pickles_converted
 
   def container_receivers(self) -> set:
     """Bindings of names read as ``<name>.<field>`` for a field this file's classes annotate

@@ -60,9 +60,9 @@ CALL_CHAIN = (
     apply_gradient.leave_optimize_lr,
     methods.leave_method,
     apply_gradient.leave_apply_problem,
+    restores.leave_save,  # (also where the file keeps its legacy code: orbax's absolute path)
     _stop_if_blocked,
     restores.leave_restore,
-    restores.leave_save,
     apply_gradient.leave_apply,
     attributes.leave_replace,
 )

@@ -256,6 +256,16 @@ def leave_reflection(p, original) -> bool:
                                             'loads only with flax.optim (or '
                                             'optim_compat.install()), as a flax.optim Optimizer')])
     return True
+  if q.converts and any(v is original for v in q.f.pickle_unsure.values()) \
+      and q.pickles_converted():
+    p.flag(original, 'OM121', f'`{code(original)}`: this file pickles its optimizers as '
+                              'TrainStates without their tx (OM018), and what is loaded here is '
+                              'read as an Optimizer but also used otherwise (stepped, handed '
+                              'on): a loaded TrainState needs `.replace(tx=...)` before it steps '
+                              'and its `.target` is `.params`; convert its uses by hand (a pickle '
+                              'the legacy code wrote loads only with flax.optim, or '
+                              'optim_compat.install())')
+    return True
   if q.converts and (problem := reflection_problem(q, original)):
     p.flag(original, 'OM121', problem)
     return True

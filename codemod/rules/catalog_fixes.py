@@ -252,7 +252,9 @@ FIXES = (
                 '`serialization.from_state_dict` / `from_bytes` → '
                 '`optim_compat.checkpoint.restore_legacy(...)`: legacy checkpoints are '
                 'converted, TrainState-layout ones and fresh runs (no checkpoint yet) behave as '
-                'before; other arguments (`prefix=`, ...) are flagged'),
+                'before; other arguments (`prefix=`, ...) are flagged; '
+                '`checkpoints.save_checkpoint(dir, ...)` → `os.path.abspath(dir)` (orbax, Flax '
+                '≥ 0.7, rejects a relative directory), also in a file kept on the shim'),
     Rule('OM014', 'safe', family='fallback', summary=
          'a file that keeps its legacy optimizer code -> `optim_compat.install()` before its '
          'first flax.optim use: it runs on the shim (legacy numerics) on Flax >= 0.6',
@@ -375,8 +377,8 @@ FIXES = (
                 '  pickle.dump(opt, open(path, \'wb\'))\n'
                 '  loaded = pickle.load(open(path, \'rb\'))\n'
                 '  return loaded.target\n',
-         after='import optax\n'
-               'import pickle\n'
+         after='import pickle\n'
+               'import optax\n'
                'from flax.training import train_state\n'
                '\n'
                '\n'

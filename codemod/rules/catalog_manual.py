@@ -273,23 +273,25 @@ MANUAL = (
                 'the file keeps its legacy code)'),
     Rule('OM116', 'manual', family='attributes', summary=
          'an optimizer or def member with no TrainState / Optax counterpart',
-         why='`.state_dict()`, `.optimizer_def` other than a hyper-parameter read, `.optimize` '
-             'not unpacked into names, a def\'s `.init_state`, `.apply_gradient` used as a '
-             'value: nothing to convert them to. ' + _KEPT,
-         before=_IMPORT + 'def save(params):\n'
+         why='`.restore_state(...)`, `.state_dict()` where the view cannot be laid out (OM017), '
+             '`.optimizer_def` other than a hyper-parameter read, `.optimize` not unpacked into '
+             'names, a def\'s `.init_state`, `.apply_gradient` used as a value: nothing to '
+             'convert them to. ' + _KEPT,
+         before=_IMPORT + 'def load(params, saved):\n'
                 '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
-                '  return opt.state_dict()\n',
+                '  return opt.restore_state(saved)\n',
          after='import optim_compat\n'
                'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
                'from flax import optim\n'
                '\n'
                '\n'
-               'def save(params):\n'
+               'def load(params, saved):\n'
                '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
-               '  # TODO(optim-migrate): OM116: `.state_dict` of a flax.optim Optimizer has no TrainState equivalent yet (this file keeps its legacy optimizer code)\n'
-               '  return opt.state_dict()\n',
+               '  # TODO(optim-migrate): OM116: `.restore_state` of a flax.optim Optimizer has no TrainState equivalent yet (this file keeps its legacy optimizer code)\n'
+               '  return opt.restore_state(saved)\n',
          readme='a member of an optimizer or def with no `TrainState` / Optax counterpart: '
-                '`.state_dict()`, `.optimize` not unpacked into names, a def\'s `.init_state`, '
+                '`.restore_state(...)`, `.state_dict()` where the legacy view cannot be laid out '
+                '(OM017), `.optimize` not unpacked into names, a def\'s `.init_state`, '
                 '`.apply_gradient` used as a value (`jax.jit(opt.apply_gradient)`), '
                 '`.replicate(...)` with other arguments than `devices` / `axis_name` (the file '
                 'keeps its legacy code)'),

@@ -82,9 +82,9 @@ def _names_a_dict_of_optimizers(q, target) -> bool:
 
 
 def leave_save(p, original) -> bool:
-  """``checkpoints.save_checkpoint(d, ...)`` in a file that converts (whatever it saves):
-  ``d`` -> ``os.path.abspath(d)`` (Flax >= 0.7 saves with orbax, which rejects a relative
-  directory: 'Checkpoint path should be absolute'). Ends the call's chain."""
+  """``checkpoints.save_checkpoint(d, ...)`` in a legacy file, converted or kept on the shim
+  (whatever it saves): ``d`` -> ``os.path.abspath(d)`` (Flax >= 0.7 saves with orbax, which
+  rejects a relative directory: 'Checkpoint path should be absolute'). Ends the call's chain."""
   q = p.q
   if not any(original is c for c in q.f.saves) or not q.opts.fixable('OM013'):
     return False
