@@ -1547,3 +1547,19 @@ def test_a_replace_of_a_legacy_field_alone_passes_the_prefilter_and_is_flagged()
   assert [(f.line, f.rule) for f in result.manual] == [(2, 'OM122')]
   assert '`.replace(target=...)` is `.replace(params=...)`' in result.manual[0].message
   assert not engine.may_need_rewrite('x = dataclasses.replace(cfg, target=3)\n')
+
+
+def test_a_name_holding_an_optimizers_parameters_is_never_taken_for_an_optimizer():
+  """jax3d's mobilenerf stage2 keeps `vars = unreplicated_state.target` (the params) and
+  pickles `vars`; the name is also bound to `pickle.load(...)` of a params file. The params
+  of an optimizer are no optimizer: pickling them needs nothing (it was flagged OM121)."""
+  source = ('import pickle\nfrom flax import optim\n\n\ndef train(params, grads, path):\n'
+            '  vars = pickle.load(open(path, "rb"))\n'
+            '  state = optim.Adam(0.1).create(vars)\n'
+            '  state = state.apply_gradient(grads)\n'
+            '  vars = state.target["dense"]\n'
+            '  pickle.dump(vars, open(path, "wb"))\n'
+            '  return vars\n')
+  result = engine.rewrite_source(source, 'stage.py')
+  assert result.manual == [] and 'vars = state.params["dense"]' in result.new
+  assert 'pickle.dump(vars, open(path, "wb"))' in result.new

@@ -18,6 +18,14 @@ from codemod.facts.values import pickled_value
 _FIRST_POSITIONAL = m.Call(args=[m.Arg(keyword=None, star=''), m.ZeroOrMore()])
 
 
+def _params_of(value) -> bool:
+  """``value`` reads an optimizer's parameters: ``x.target`` / ``x.params``, subscripted or
+  not (``opt.target['w']``)."""
+  while isinstance(value, cst.Subscript):
+    value = value.value
+  return isinstance(value, cst.Attribute) and value.attr.value in ('target', 'params')
+
+
 class Queries:
   """Read-only questions over one module's analysis."""
 
@@ -205,9 +213,11 @@ class Queries:
         isinstance(e, cst.Call) and isinstance(e.func, cst.Name)
         and e.func.value in f.bundle_factories) or (
         (fac := n.factory_of_call(e, bundle=True)) is not None and fac.converted)
-    # (not `tstate = TrainState(optimizer, mstate)`: a container holds the optimizer)
+    # (not `tstate = TrainState(optimizer, mstate)`: a container holds the optimizer; nor
+    # `params = opt.target[...]`: an optimizer's parameters, never an optimizer)
     from_optimizer = [(targets, value, self.mentions(value, maybe))
-                      for targets, value in f.assignments if id(value) not in f.container_values]
+                      for targets, value in f.assignments if id(value) not in f.container_values
+                      and not _params_of(value)]
     in_found = lambda e: isinstance(e, cst.Name) and n.binding(e) in found
     changed = True
     while changed:  # `opts = [...create(p)...]; first, second = opts`: derived from derived
