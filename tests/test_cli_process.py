@@ -76,11 +76,20 @@ def _live(match) -> list[int]:
   return out
 
 
+def _as_a_shell_starts_it() -> None:
+  """In the child before exec: SIGINT delivered and at its default, as a shell starts a
+  foreground job (an ignored or blocked SIGINT would be inherited across exec: seen twice in
+  the full suite, where the jobs=1 run then finished instead of stopping)."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _start(tree: pathlib.Path, *flags: str) -> subprocess.Popen:
   """The CLI rewriting ``tree`` in its own process group (pgid = its pid)."""
   return subprocess.Popen([sys.executable, '-m', 'codemod.cli', 'rewrite', '--write', *flags,
                            str(tree)], cwd=tree.parent, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, start_new_session=True)
+                          stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          preexec_fn=_as_a_shell_starts_it)
 
 
 def _wait_until(what, timeout: float, proc: subprocess.Popen):
