@@ -773,7 +773,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       self._member_uses = {id(a.value) for a in m.findall(module, _MEMBER_READ)}
       for call in m.findall(module, m.Call(args=[m.Arg(keyword=None, star=''), m.ZeroOrMore()])):
         if n.qnames(call.func) & api.PICKLERS:
-          self._pickle_uses.add(id(pickled_value(n, call)))
+          f.pickled.append(pickled_value(n, call))
+          self._pickle_uses.add(id(f.pickled[-1]))
     if bool(accesses) and all(id(a.node) in self._pickle_uses for a in accesses):
       return True
     if any(id(a.node) in self._member_uses for a in accesses):

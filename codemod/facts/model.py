@@ -74,6 +74,9 @@ class Facts:
   #: binding -> its `pickle.load(...)` call, for a name also read with an Optimizer member but
   #: used otherwise too (stepped, handed on): flagged where this file's pickles are TrainStates
   pickle_unsure: dict = _field()
+  #: what each pickle.dump / dumps / joblib.dump call pickles (its first argument, through
+  #: unreplicate / device_get), collected once the file binds a name to pickle.load(...)
+  pickled: list = _field(list)
   params: set = _field(set)           # bindings of function parameters
   loop_vars: set = _field(set)        # bindings of loop and comprehension targets
   made_here_params: set = _field(set)  # parameters only ever given this file's optimizers

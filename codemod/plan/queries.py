@@ -13,9 +13,6 @@ import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.names import attr_chain, kwargs, names_in_targets
-from codemod.facts.values import pickled_value
-
-_FIRST_POSITIONAL = m.Call(args=[m.Arg(keyword=None, star=''), m.ZeroOrMore()])
 
 
 def _params_of(value) -> bool:
@@ -126,16 +123,9 @@ class Queries:
     if self._pickles_converted is None:
       self._pickles_converted = False  # (while deciding: a loaded name is not yet one)
       f, n = self.f, self.n
-      found = False
-      if f.uses_legacy and (f.pickle_loaded or f.pickle_unsure):
-        for call in m.findall(self.analysis.module, _FIRST_POSITIONAL):
-          if n.qnames(call.func) & api.PICKLERS:
-            value = pickled_value(n, call)
-            if not (isinstance(value, cst.Name) and n.binding(value) in f.pickle_loaded) \
-                and self.is_optimizer(value):
-              found = True
-              break
-      self._pickles_converted = found
+      self._pickles_converted = f.uses_legacy and any(
+          not (isinstance(value, cst.Name) and n.binding(value) in f.pickle_loaded)
+          and self.is_optimizer(value) for value in f.pickled)
     return self._pickles_converted
 
   def container_receivers(self) -> set:

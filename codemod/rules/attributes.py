@@ -16,7 +16,7 @@ import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.facts.values import pickled_value
-from codemod.names import code, named_like_optimizer
+from codemod.names import code, named_like_optimizer, template
 from codemod.rules.apply_gradient import stepped_here
 
 #: keyword renames of ``replace(...)``: legacy field -> TrainState field
@@ -310,10 +310,7 @@ def apply_replace(ctx, original, updated, fix):
 def apply_without_tx(ctx, original, updated, fix):
   """``pickle.dump(x, f)`` -> ``pickle.dump(x.replace(tx=None), f)`` (OM018)."""
   first = updated.args[0]
-  value = cst.Call(func=cst.Attribute(value=first.value, attr=cst.Name('replace')),
-                   args=[cst.Arg(cst.Name('None'), keyword=cst.Name('tx'),
-                                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(''),
-                                                       whitespace_after=cst.SimpleWhitespace('')))])
+  value = template('X.replace(tx=None)', X=first.value)
   return updated.with_changes(args=[first.with_changes(value=value), *updated.args[1:]])
 
 
