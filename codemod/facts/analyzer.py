@@ -24,7 +24,7 @@ from codemod.facts.values import (DEF_HYPER_PARAMS, makes_bare_array,
                                   own_function as _own_function, pickled_value,
                                   produces_optimizer, wrapper_of, wraps_factory)
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
-                           legacy_module_name, target_names)
+                           legacy_module_name, named_like_optimizer, target_names)
 
 _NN_RENAMED = modern_table.nn_renames()
 _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
@@ -34,6 +34,7 @@ _TARGET_READ = m.Attribute(value=m.Name(), attr=m.Name('target'))
 #: a flax.optim Optimizer member read on a name (``x.target``, ``x.apply_gradient``, ...)
 _MEMBER_READ = m.Attribute(value=m.Name(),
                            attr=m.OneOf(*map(m.Name, sorted(api.PICKLED_MEMBER_READS))))
+_OPTIMIZER_ARG = m.Arg(keyword=m.Name(), value=m.Name())
 _STATE_STEP_READ = m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('state')),
                                attr=m.Name('step'))
 #: attributes the late checks of the plan look at (a method used as a value, a member of
@@ -771,6 +772,10 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       self._pickle_uses = {id(a.value) for a in m.findall(module, _TARGET_READ)}
       self._pickle_uses |= {id(a.value.value) for a in m.findall(module, _STATE_STEP_READ)}
       self._member_uses = {id(a.value) for a in m.findall(module, _MEMBER_READ)}
+      # (handed on as an optimizer: `S(optimizer=o)`, `s.replace(optimizer=o)`)
+      self._member_uses |= {id(a.value) for a in m.findall(module, _OPTIMIZER_ARG)
+                            if a.keyword.value in f.annotated_fields
+                            or named_like_optimizer(a.keyword)}
       for call in m.findall(module, m.Call(args=[m.Arg(keyword=None, star=''), m.ZeroOrMore()])):
         if n.qnames(call.func) & api.PICKLERS:
           f.pickled.append(pickled_value(n, call))
