@@ -908,6 +908,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       self.def_factory_calls.append((node, made))
     if m.matches(node.func, m.Attribute(attr=m.Name('create'))):
       self.consumed_defs.add(id(node.func.value))
+      if {'params', 'tx'} <= {a.keyword.value for a in node.args if a.keyword is not None}:
+        f.train_state_creates.append(node)  # (TrainState.create's own keywords)
       if isinstance(node.func.value, cst.Name):
         self.create_receivers.add(id(node.func.value))
       for arg in node.args:

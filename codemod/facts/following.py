@@ -44,7 +44,8 @@ def settle(analyzer) -> None:
                                         api.WRAPPERS[wrapper_of(n, call)].methods))]
   if f.uses_legacy or f.flow_vars:
     _follow_parameters(n, sites)
-  if f.uses_legacy and f.create_calls:
+  if f.uses_legacy and (f.create_calls or (f.train_state_creates and not f.apply_calls
+                                           and not f.flow_used and not f.flow_vars)):
     _follow_uncalled(n)
   if containers:
     _follow_containers(analyzer, sites)
@@ -270,8 +271,10 @@ _OPTIMIZER_PARAM = re.compile(r'(?:\w+_)?(?:optimizer|opt)(?:_\w+)?')
 
 def _follow_uncalled(n: Names) -> None:
   """A module-level function that nothing in this file names, in a file that creates its own
-  optimizers (alpa's benchmarks each define ``compute_data_parallel_cost(optimizer, ...)`` and
-  call none): a parameter named as an optimizer (:data:`_OPTIMIZER_PARAM`) holds this file's
+  optimizers, or whose only training state is a ``TrainState.create(..., params=..., tx=...)``
+  and which steps no flax.optim Optimizer (alpa's benchmarks each define
+  ``compute_data_parallel_cost(optimizer, ...)`` and call none; ``benchmark_gpt_bert.py``
+  already builds an Optax TrainState): a parameter named as an optimizer (:data:`_OPTIMIZER_PARAM`) holds this file's
   kind of optimizer, a ``TrainState`` once rewritten, when it is used only for ``.target``
   and ``.apply_gradient(...)`` (which convert: were OM117); any other use (``.state``, a
   restore into it, passed on) proves nothing. Another module calling it is the flow's
