@@ -662,10 +662,17 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     found = self.def_factory_of(recv)
     return None if found is not None and found.allowed else found
 
+  def visit_AugAssign(self, node: cst.AugAssign) -> None:
+    self.f.stored.add(id(node.target))
+
+  def visit_Del(self, node: cst.Del) -> None:
+    self.f.stored.add(id(node.target))
+
   def visit_Assign(self, node: cst.Assign) -> None:
     n, f = self.n, self.f
     value = node.value
     targets = [t.target for t in node.targets]
+    f.stored.update(map(id, targets))
     for t in targets:
       if isinstance(t, (cst.Tuple, cst.List)):
         self._unpacking(t, value)

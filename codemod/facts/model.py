@@ -58,6 +58,7 @@ class Facts:
   def_default_calls: dict = _field()  # ... and id(that def) -> the `.get(...)` call
   wn_inner: set = _field(set)         # ids of def calls wrapped by WeightNorm(...)
   create_calls: list = _field(list)   # `<def>.create(...)`
+  stored: set = _field(set)           # ids of the targets of `=`, augmented `=` and `del`
   #: `<cls>.create(..., params=..., tx=...)`: a flax TrainState (or subclass) this file makes
   train_state_creates: list = _field(list)
   array_vars: dict = _field()         # binding -> every `=` gives it a bare array (`w = jnp.zeros(3)`)

@@ -288,6 +288,12 @@ def prepare(q) -> None:
     if not via_opt and not (isinstance(recv, cst.Name) and n.binding(recv) in f.def_vars):
       continue
     value, problem = hp_value(q, recv, name, via_opt)
+    if attr_id in f.stored:  # `opt.optimizer_def.hyper_params.learning_rate = x`
+      value, problem = None, Problem(
+          'OM119', f'hyper_params.{name} is assigned here: a def\'s hyper-parameters are a '
+                   'frozen dataclass (this fails on flax.optim too); an Optax transformation '
+                   'built with optax.inject_hyperparams takes a new value in '
+                   'opt_state.hyperparams: migrate it by hand')
     if problem:
       q.bad_hp[attr_id] = problem
     else:
