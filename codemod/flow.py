@@ -200,6 +200,37 @@ class UserDef(_Entry):
 
 
 @dataclasses.dataclass(frozen=True)
+class Handoff(_Entry):
+  """A module's class with optimizer fields whose instances that module hands to a function
+  of another module (l2p's ``train_continual.py`` calls ``utils.state_with_new_param(state,
+  p)``; ``utils.py`` reads ``state.optimizer.target`` and never names the class): in the
+  receiving module ``<anything>.<field>`` holds that class's optimizer, as in a module that
+  imports the class's (:meth:`Flow.handoffs_to`). Kept in the factories table, never a
+  factory.
+
+  Attributes:
+    qualified: a key, ``'<receiver>@<cls>'``.
+    path: the handing module's file, as the run names it.
+    converted: the run makes the class's optimizer fields TrainStates.
+    why: the first manual item of the handing file when not converted.
+    receiver: the function handed an instance, as the handing module imports it
+      (``'libml.utils.state_with_new_param'``).
+    cls: the class, qualified (``'train_continual.TrainState'``).
+    fields: its optimizer fields (``('optimizer',)``).
+    sibling: the module the receiver is, were it a sibling of the handing module (a script
+      run from its directory imports its neighbours by their bare names), or ``''``.
+  """
+  receiver: str = ''
+  cls: str = ''
+  fields: tuple[str, ...] = ()
+  sibling: str = ''
+
+  def as_fields(self) -> 'Fields':
+    """The handed class as the receiving module registers it."""
+    return Fields(self.cls, self.path, self.converted, self.why, fields=self.fields)
+
+
+@dataclasses.dataclass(frozen=True)
 class DefUse:
   """One file's use of a :class:`DefFactory` the pre-pass let convert, or of a converted
   :class:`Factory` (never in the tables).
@@ -285,7 +316,7 @@ class Flow:
     """The factory ``qname`` names (absolute, or relative to this file's package)."""
     found = self._find(self.factories, qname)
     return None if isinstance(found, (Fields, ContainerFactory, DefFactory, Layout,
-                                      UserDef)) else found
+                                      UserDef, Handoff)) else found
 
   def resolve_user_def(self, qname: str) -> Optional[UserDef]:
     """The user OptimizerDef subclass ``qname`` names (:class:`UserDef`), if any."""
@@ -351,6 +382,13 @@ class Flow:
     found = [f for f in self.factories.values() if isinstance(f, Fields)
              and (f.qualified == dotted or f.qualified.endswith(f'.{dotted}'))]
     return found[0] if len(found) == 1 else None
+
+  def handoffs_to(self) -> list[Handoff]:
+    """The :class:`Handoff` s whose receiving function is of this file's module."""
+    if not self.module:
+      return []
+    return [f for f in self.factories.values() if isinstance(f, Handoff)
+            and self.module in (f.receiver.rsplit('.', 1)[0], f.sibling)]
 
   def fields_of_module(self, qname: str) -> list[Fields]:
     """The classes with optimizer fields (:class:`Fields`) the module ``qname`` (absolute,
@@ -901,6 +939,14 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                     for name, _ in names]
   classes += [UserDef(f'{name}.{cls}', shown, True) for cls in summary.user_defs
               for name, _ in names]
+  classes += [Handoff(f'{receiver}@{name}.{cls}', shown, converted, '' if converted else why,
+                      receiver=receiver, cls=f'{name}.{cls}', fields=tuple(summary.fields[cls][0]),
+                      sibling=f'{name.rsplit(".", 1)[0]}.{receiver.rsplit(".", 1)[0]}'
+                      if '.' in name and not written.startswith('.') else '')
+              for converted in [plan.converts and changes]
+              for written, owned in summary.handoffs.items() for cls in owned
+              if cls in summary.fields for name, is_package in names
+              if (receiver := absolute_name(written, name, is_package)) is not None]
   uses = _uses(plan, shown, changes, outside, why)
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
              if summary.defs and changes and plan.converts else [])

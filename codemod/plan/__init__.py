@@ -53,6 +53,9 @@ class Summary:
   def_sinks: dict = dataclasses.field(default_factory=dict)
   #: module-level classes subclassing a flax.optim def (on the shim wherever they are)
   user_defs: tuple = ()
+  #: another module's function (qualified, as imported) -> the classes of this module with
+  #: optimizer fields whose instances this module hands it (codemod.flow.Handoff)
+  handoffs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -132,7 +135,8 @@ def make_plan(analysis, options) -> Plan:
       factory_uses={name: (converts, given) for name, given in crossmodule.factory_lr(q).items()},
       container_factories=dict.fromkeys(sorted(f.container_makers), converts),
       def_sinks={name: (parameter, converts) for name, parameter in sorted(f.def_sinks.items())},
-      user_defs=_user_defs(analysis))
+      user_defs=_user_defs(analysis),
+      handoffs=crossmodule.container_handoffs(q))
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
@@ -181,4 +185,4 @@ def _unselected(plan: Plan, options) -> None:
                                                            False),
                          def_sinks={k: (parameter, False)
                                     for k, (parameter, _) in plan.summary.def_sinks.items()},
-                         user_defs=plan.summary.user_defs)
+                         user_defs=plan.summary.user_defs, handoffs=plan.summary.handoffs)

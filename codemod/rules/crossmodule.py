@@ -423,3 +423,32 @@ def leave_unproven_member(p, original) -> None:
     # the `.apply_gradient` of this name is flagged as unproven: so is its `.target` / `.state`
     text, blocking = unproven_message(q, original.value, f'`.{original.attr.value}`')
     p.flag(original, 'OM122', text, blocks=blocking)
+
+
+def container_handoffs(q) -> dict:
+  """The functions of other modules this module hands instances of its classes with optimizer
+  fields (l2p's ``train_continual.py`` passes its ``state`` to ``utils.state_with_new_param
+  (state, p)``, whose module reads ``state.optimizer.target`` without naming the class):
+  ``{qualified function as imported (relative ones too): (class, ...)}``
+  (:class:`codemod.flow.Handoff`). An instance is a name assigned one or read as
+  ``<name>.<field>``, passed as an argument of a call whose function an import binds."""
+  from libcst.metadata import QualifiedNameSource
+  f, n = q.f, q.n
+  if not f.declared_fields:
+    return {}
+  containers = f.container_vars | f.container_params | q.container_receivers()
+  classes = tuple(sorted(f.declared_fields))
+  found: dict = {}
+  for call in f.calls_by_func.values():
+    if not any(a.star == '' and ((isinstance(a.value, cst.Name)
+                                  and n.binding(a.value) in containers)
+                                 or (isinstance(a.value, cst.Call)
+                                     and isinstance(a.value.func, cst.Name)
+                                     and a.value.func.value in f.declared_fields))
+               for a in call.args):
+      continue
+    scope = n.scope(call.func)
+    for qname in (scope.get_qualified_names_for(call.func) if scope is not None else ()):
+      if qname.source is QualifiedNameSource.IMPORT:
+        found[qname.name] = classes
+  return dict(sorted(found.items()))
