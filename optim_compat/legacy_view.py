@@ -513,8 +513,9 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
 
   Args:
     opt_def: any legacy def whose ``hyper_params`` is a dataclass (table defs,
-      user ``OptimizerDef`` subclasses, ``WeightNorm``; not ``MultiOptimizer``,
-      whose groups are injected one by one in the codemod's ``multi_transform``).
+      user ``OptimizerDef`` subclasses, ``WeightNorm``, whose injectable names are its
+      wrapped def's and ``wn_decay`` / ``wn_eps``; not ``MultiOptimizer``, whose groups
+      are injected one by one in the codemod's ``multi_transform``).
     inject: names of the fields to inject; each value must be a number, or None (legacy
       allows a None learning rate when every ``apply_gradient`` passes one): it then
       starts at 0.0, as the codemod's injected Optax chains do, to be set before each
@@ -542,19 +543,18 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
   if not dataclasses.is_dataclass(hp):
     raise TypeError(f'{type(opt_def).__name__}: hyper-parameters are a {type(hp).__name__}, '
                     f'not a dataclass: inject each MultiOptimizer group\'s own def instead')
-  fields = [f.name for f in dataclasses.fields(hp)]
+  values, static = _hyper_param_values(opt_def, hp)
+  fields = list(values)
   unknown = [n for n in inject if n not in fields]
   if unknown:
     raise TypeError(f'{type(opt_def).__name__} has no hyper-parameter(s) {unknown} to inject; '
                     f'valid: {fields}')
-  entry = getattr(opt_def, '_spec', None)
-  static = [h.name for h in entry.hyper_params if h.static] if entry is not None else []
   for name in inject:
     if name in static:
       raise TypeError(f'{type(opt_def).__name__}: hyper-parameter {name!r} cannot be injected: '
                       f'legacy flax.optim branches on its value in Python (a traced value '
                       f'would take the other branch\'s arithmetic); build one tx per value')
-    value = getattr(hp, name)
+    value = values[name]
     if value is None:
       continue  # (set per call: starts at 0.0 below)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.ndarray, np.generic,
@@ -566,9 +566,23 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
     return base.to_optax(opt_def, **values)
 
   factory.__signature__ = inspect.Signature([
-      inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=getattr(hp, n))
+      inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=values[n])
       for n in fields])
   factory.__name__ = factory.__qualname__ = f'{type(opt_def).__name__}_to_optax'
   static = tuple(n for n in fields if n not in inject)
   return optax.inject_hyperparams(factory, static_args=static)(
-      **{n: 0.0 if n in inject and getattr(hp, n) is None else getattr(hp, n) for n in fields})
+      **{n: 0.0 if n in inject and values[n] is None else values[n] for n in fields})
+
+
+def _hyper_param_values(opt_def, hp) -> tuple[dict, set]:
+  """``({name: value}, static names)`` of the hyper-parameters ``to_optax`` may override by
+  name. A ``WeightNorm``'s are its wrapped def's (legacy forwards every override but
+  ``wn_decay`` / ``wn_eps`` to it: ``apply_gradient(g, learning_rate=lr)`` sets the inner
+  Adam's rate) beside its own two; its ``inner`` dataclass is not one."""
+  from optim_compat.weight_norm import WeightNorm
+  if isinstance(opt_def, WeightNorm):
+    inner, inner_static = _hyper_param_values(opt_def.wrapped_optimizer, hp.inner)
+    return {**inner, 'wn_decay': hp.wn_decay, 'wn_eps': hp.wn_eps}, inner_static
+  entry = getattr(opt_def, '_spec', None)
+  static = {h.name for h in entry.hyper_params if h.static} if entry is not None else set()
+  return {f.name: getattr(hp, f.name) for f in dataclasses.fields(hp)}, static

@@ -980,6 +980,12 @@ _RESUMING = {
         "optimizer = optimization_params.get('optimizer', optax.adam(learning_rate=learning_rate, ",
         'optim_compat.ArrayTrainState.create(apply_fn=None, params=jnp.asarray(initial), '
         'tx=optimizer)'),
+    # nerfies' / hypernerf's `optimizer_def = optim.WeightNorm(optimizer_def)` where the config
+    # asks, with an apply-time rate in a pmapped step (before: OM101 kept the file legacy)
+    'legacy_weight_norm_checkpoint.py': (
+        'optimizer_def = optim_compat.WeightNorm(optimizer_def, wn_decay=1e-3)',
+        "tx=optim_compat.to_optax(optimizer_def, inject=('learning_rate',))",
+        'optim_compat.checkpoint.restore_legacy(workdir, optimizer)'),
 }
 
 

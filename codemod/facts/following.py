@@ -20,6 +20,7 @@ def settle(analyzer) -> None:
   f.rebound.update(analyzer.rebinds & f.opt_vars)
   _split_def_rebinds(n, analyzer.assign_sites)
   _other_values_of_defs(n, analyzer.assign_sites)
+  _weight_norm_rebinds(n, analyzer.assign_sites)
   changed = True
   while changed:  # `self.o = jax_utils.replicate(self.o)` wherever it stands in the file
     changed = False
@@ -172,6 +173,31 @@ def _other_values_of_defs(n: Names, assign_sites: dict) -> None:
       # factory): each user def is wrapped where it is assigned, `tx=d` left as is
       f.mixed_user_bindings.add(b)
       f.user_def_wraps.update(id(v) for v in users)
+
+
+def _weight_norm_rebinds(n: Names, assign_sites: dict) -> None:
+  """``d = Adam(lr)`` then, where the config asks, ``d = WeightNorm(d)`` (nerfies' and
+  hypernerf's ``train.py``): an Optax transformation cannot be wrapped in WeightNorm, so
+  such a name keeps the shim's defs (``optim_compat.Adam(lr)``, ``optim_compat.WeightNorm(d)``)
+  and its ``.create`` takes ``optim_compat.to_optax(d)``: bitwise legacy, in the legacy
+  state layout (``Facts.shim_def_vars``). Every plain assignment of the name before a
+  ``d = d.create(p)`` must be a table def or such a wrap."""
+  from optim_compat import spec as spec_lib
+  f = n.facts
+  for b in f.def_vars:
+    values = []
+    for target, value, _ in assign_sites.get(b, []):
+      if m.matches(value, m.Call(func=m.Attribute(value=m.Name(target.value),
+                                                   attr=m.Name('create')))):
+        break
+      values.append(value)
+    wraps = [v for v in values if n.legacy_def(v) == api.WEIGHT_NORM and v.args
+             and v.args[0].keyword is None and not v.args[0].star
+             and isinstance(v.args[0].value, cst.Name) and n.binding(v.args[0].value) == b]
+    if wraps and b not in f.rebound and all(
+        any(v is w for w in wraps) or n.legacy_def(v) in spec_lib.SPECS for v in values):
+      f.shim_def_vars.add(b)
+      f.shim_defs.update(id(v) for v in values)
 
 
 def _accesses(n: Names, name: cst.Name):

@@ -17,23 +17,18 @@ MANUAL = (
                 'still reported (until deleted); this version flags those uses as `OM106`–`OM125`'),
     Rule('OM101', 'manual', family='defs', summary='legacy optimizer def not in the migration table yet',
          why='Only defs of the migration table have a measured Optax form. ' + _KEPT,
-         before=_IMPORT + 'def make(params):\n'
-                '  return optim.WeightNorm(optim.Adam(0.1)).create(params)\n\n\n'
-                'def step(opt, grads):\n  return opt.apply_gradient(grads, learning_rate=0.1)\n',
+         before=_IMPORT + 'def make(params, inner_def):\n'
+                '  return optim.WeightNorm(inner_def).create(params)\n',
          after='import optim_compat\n'
                'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
                'from flax import optim\n'
                '\n'
                '\n'
-               'def make(params):\n'
-               '  # TODO(optim-migrate): OM101: WeightNorm is converted only around a def of the migration table and without learning_rate at apply time; use optim_compat.WeightNorm meanwhile (this file keeps its legacy optimizer code)\n'
-               '  return optim.WeightNorm(optim.Adam(0.1)).create(params)\n'
-               '\n'
-               '\n'
-               'def step(opt, grads):\n'
-               '  return opt.apply_gradient(grads, learning_rate=0.1)\n',
-         readme='`WeightNorm` around anything but a table def, or with a learning rate at apply '
-                'time; `MultiOptimizer` groups that are not table defs'),
+               'def make(params, inner_def):\n'
+               '  # TODO(optim-migrate): OM101: WeightNorm is converted only around a def of the migration table; use optim_compat.WeightNorm meanwhile (this file keeps its legacy optimizer code)\n'
+               '  return optim.WeightNorm(inner_def).create(params)\n',
+         readme='`WeightNorm` around anything but a table def built in place; `MultiOptimizer` '
+                'groups that are not table defs'),
     Rule('OM102', 'manual', family='apply_gradient', summary=
          'per-call hyper-parameter override other than learning_rate, or mixed '
          'override/no-override apply sites',

@@ -106,10 +106,11 @@ def def_problem(q, call: cst.Call) -> Optional[Problem]:
     return multi_problem(q, call)
   if name == api.WEIGHT_NORM:
     inner = call.args[0].value if call.args and call.args[0].keyword is None else None
-    if inner is None or q.n.legacy_def(inner) not in spec_lib.SPECS or q.inject_lr:
-      return Problem('OM101', 'WeightNorm is converted only around a def of the migration table '
-                              'and without learning_rate at apply time; use '
-                              'optim_compat.WeightNorm meanwhile')
+    if id(call) in q.f.shim_defs:
+      return None  # `d = WeightNorm(d)` of a name holding the shim's defs
+    if inner is None or q.n.legacy_def(inner) not in spec_lib.SPECS:
+      return Problem('OM101', 'WeightNorm is converted only around a def of the migration '
+                              'table; use optim_compat.WeightNorm meanwhile')
     return def_problem(q, inner)
   spec = spec_lib.SPECS.get(name)
   if dynamic_args(q.n, call, spec):
@@ -384,6 +385,14 @@ def leave_def_call(p, original) -> bool:
     return True
   if q.blocked or id(original) in q.f.wn_inner:
     return True
+  if id(original) in q.f.shim_defs:
+    p.fix(original, apply_shim_def, [('OM001', f'flax.optim.{name}(...) -> optim_compat.{name}'
+                                               '(...): the name is wrapped in WeightNorm where '
+                                               'the config asks, so it keeps the shim\'s defs '
+                                               '(bitwise legacy) and TrainState gets '
+                                               f'{_to_optax(q, "<it>")}')],
+          data={'name': name})
+    return True
   if name == api.WEIGHT_NORM:
     source = _weight_norm_source(q, original)
     p.fix(original, apply_weight_norm, [('OM001', f'flax.optim.WeightNorm(...) -> {source} (no '
@@ -506,7 +515,9 @@ def _weight_norm_source(q, original) -> str:
   inner_src = code(inner.with_changes(func=cst.parse_expression(f'optim_compat.{inner_name}')))
   rest = ''.join(', ' + code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
                  for a in original.args[1:])
-  return f'optim_compat.to_optax(optim_compat.WeightNorm({inner_src}{rest}))'
+  # (a learning rate set at apply time reaches the wrapped def's, as legacy forwards it)
+  inject = ", inject=('learning_rate',)" if q.inject_lr else ''
+  return f'optim_compat.to_optax(optim_compat.WeightNorm({inner_src}{rest}){inject})'
 
 
 def apply_weight_norm(ctx, original, updated, fix):
@@ -556,9 +567,10 @@ def apply_create(ctx, original, updated, fix):
     focus = None  # legacy: every param
   tx = code(updated.func.value)
   o_recv = original.func.value
-  if n.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and
-                               n.binding(o_recv) not in f.mixed_user_bindings and
-                               n.is_user_def(f.def_vars.get(n.binding(o_recv)))):
+  if n.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and (
+      n.binding(o_recv) in f.shim_def_vars or (
+          n.binding(o_recv) not in f.mixed_user_bindings
+          and n.is_user_def(f.def_vars.get(n.binding(o_recv)))))):
     tx = _to_optax(ctx.q, tx)
     ctx.add_import('optim_compat')
   if focus is not None:
@@ -579,6 +591,12 @@ def _to_optax(q, source: str) -> str:
   def's hyper-parameter dataclass holds it in ``opt_state.hyperparams``)."""
   inject = ", inject=('learning_rate',)" if q.inject_lr else ''
   return f'optim_compat.to_optax({source}{inject})'
+
+
+def apply_shim_def(ctx, original, updated, fix):
+  """``optim.Adam(lr)`` -> ``optim_compat.Adam(lr)``: the same def, the shim's."""
+  ctx.add_import('optim_compat')
+  return updated.with_changes(func=cst.parse_expression(f'optim_compat.{fix.data["name"]}'))
 
 
 def apply_user_wrap(ctx, original, updated, fix):
