@@ -118,8 +118,13 @@ class Fields(_Entry):
     converted: its file's rewrite annotates them ``train_state.TrainState`` (and makes the
       optimizers stored there TrainStates); False: that file keeps its legacy code.
     why: the first manual item of the defining file when not converted.
+    held: set by the pre-pass (:func:`build_flows`) when a file reading those fields keeps its
+      legacy code: the file and why; the class's module then keeps its legacy code (OM123),
+      and so does a module storing an optimizer in the class, so that what the fields hold
+      stays a flax.optim Optimizer (on the shim) for that reader.
   """
   fields: tuple[str, ...] = ()
+  held: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -600,8 +605,36 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   factories, steps, found = settle(creators)
   factories, steps, found, scanned = _decide_def_factories(
       factories, steps, found, creators, settle, texts, files, outside)
+  factories, steps, found = _decide_fields(factories, steps, found, scanned, settle)
   return _decide_factories(factories, steps, found, scanned, settle, texts, files, sources,
                            options, outside, inject_classes)
+
+
+def _decide_fields(factories, steps, found, scanned, settle):
+  """Classes with optimizer fields whose fields a file that keeps its legacy code reads
+  (hypernerf's ``training.py`` steps ``state.optimizer`` with flax.optim state surgery, while
+  ``train.py`` would store a TrainState there): held (:attr:`Fields.held`), decided again
+  until nothing changes. ``(factories, steps, found)``."""
+  held: dict[tuple[str, str], str] = {}
+  for _ in range(MAX_ROUNDS):
+    converted = {q: f for q, f in factories.items() if isinstance(f, Fields) and f.converted}
+    new_held = {}
+    for _, _, file_uses in found.values():
+      for use in file_uses:
+        entry = converted.get(use.qualified)
+        if entry is not None and not use.converted and use.path != entry.path:
+          new_held.setdefault((entry.path, entry.function),
+                              f'{use.where or use.path}, which keeps its legacy code '
+                              f'({use.why})')
+    new_held = {k: v for k, v in new_held.items() if k not in held}
+    if not new_held:
+      break
+    held.update(new_held)
+    seed = {q: dataclasses.replace(f, held=held[(f.path, f.function)])
+            if isinstance(f, Fields) and (f.path, f.function) in held else f
+            for q, f in factories.items()}
+    factories, steps, found = settle(scanned, seed=seed)
+  return factories, steps, found
 
 
 def _decide_def_factories(factories, steps, found, creators, settle, texts, files, outside):
@@ -867,6 +900,17 @@ def _uses(plan, shown, changes, outside, why) -> list[DefUse]:
           for q, ok, inject in kept]
 
 
+def _field_uses(plan, shown, outside, why) -> list[DefUse]:
+  """One file's reads of the fields of other modules' classes with optimizer fields
+  (:attr:`codemod.plan.Summary.field_uses`), as uses: not converted where the file keeps its
+  legacy code (or lies outside the run), so that :func:`_decide_fields` holds the class."""
+  first = None if outside else next(
+      (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
+  return [DefUse(q, shown, ok and not outside, why='' if ok and not outside else
+                 (first.why if first is not None else why), where=shown)
+          for q, ok in plan.summary.field_uses.items()]
+
+
 def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
           ) -> tuple[list[Factory], list[Step], list[DefUse]]:
   """The factories and step functions one file defines, as the run's rewrite makes them:
@@ -913,7 +957,8 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
     steps.extend(Step(f'{name}.{function}', shown, params, converted, '' if converted else why)
                  for name, _ in names)
   classes = [Fields(f'{name}.{cls}', shown, converted and changes,
-                   '' if converted and changes else why, fields=tuple(fields))
+                   '' if converted and changes else why, fields=tuple(fields),
+                   held=getattr(own.get(f'{name}.{cls}'), 'held', ''))
              for cls, (fields, converted) in summary.fields.items() for name, _ in names]
   classes += [Fields(f'{name}.{cls}', shown, True, fields=tuple(fields))  # migrated before this run
               for cls, fields in migrated_field_classes(source.module, source.text).items()
@@ -948,6 +993,7 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
               if cls in summary.fields for name, is_package in names
               if (receiver := absolute_name(written, name, is_package)) is not None]
   uses = _uses(plan, shown, changes, outside, why)
+  uses += _field_uses(plan, shown, outside, why)
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
              if summary.defs and changes and plan.converts else [])
   return ([Factory(f'{name}.{function}', shown, converted, inject, why, migrated=migrated,

@@ -1005,7 +1005,9 @@ def test_a_helper_reading_the_field_of_a_container_from_a_module_nobody_imports(
 def test_a_helper_handed_a_converted_and_a_legacy_container_stays_flagged(tmp_path):
   """Two modules hand helper.py their containers; b.py keeps its legacy code (an in-place
   hyper-parameter assignment, OM119): helper.py's `state.optimizer.target` may be either
-  kind, so it is flagged naming b.py's class, not converted."""
+  kind, so it is flagged, not converted; helper.py, kept legacy, reads a.py's class's field
+  too, so a.py keeps its legacy code with it (OM123, codemod.flow.Fields.held) and the
+  program runs on the shim."""
   head = 'import flax\nfrom flax import optim\nfrom helper import get_params\n\n\n'
   (tmp_path / 'a.py').write_text(
       head + '@flax.struct.dataclass\nclass State:\n  optimizer: optim.Optimizer\n\n\n'
@@ -1019,8 +1021,58 @@ def test_a_helper_handed_a_converted_and_a_legacy_container_stays_flagged(tmp_pa
   assert proc.returncode == 1, proc.stderr
   helper = (tmp_path / 'helper.py').read_text()
   assert 'return state.optimizer.target\n' in helper
-  assert '# TODO(optim-migrate): OM122: `state.optimizer` is created by b.py:Holder' in helper
+  assert '# TODO(optim-migrate): OM122: `state.optimizer` is created by ' in helper
   assert 'OM119' in (tmp_path / 'b.py').read_text()
+  a = (tmp_path / 'a.py').read_text()
+  assert ('# TODO(optim-migrate): OM123: the optimizer fields of `State` are read by helper.py, '
+          'which keeps its legacy code') in a and 'optim_compat.install()' in a
+  run = _run_tree(tmp_path, "import jax.numpy as jnp, a\nprint(a.main({'w': jnp.ones(2)}))")
+  assert run.returncode == 0 and "'w'" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_container_whose_reader_keeps_legacy_code_keeps_its_creators_legacy(tmp_path):
+  """hypernerf's shape (found with the independent set): model_utils.py declares the container,
+  train.py stores its optimizer there, training.py steps `state.optimizer` with flax.optim
+  state surgery (OM103) and keeps its legacy code. Before, the class and train.py converted
+  and training.py got a TrainState: an AttributeError at run time, with "keeps its legacy
+  code" on the line. Now the class is held for its reader (OM123 at the class and at the
+  construction): the three stay on the shim together and the program runs; a second run
+  changes nothing."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'model_utils.py').write_text(
+      'from flax import optim\nfrom flax import struct\n\n\n@struct.dataclass\n'
+      'class TrainState:\n  optimizer: optim.Optimizer\n')
+  (tree / 'training.py').write_text(
+      'import jax\nimport jax.numpy as jnp\nimport flax\nimport model_utils\n\n\n'
+      'def reset(state: flax.optim.OptimizerState):\n'
+      '  return flax.optim.OptimizerState(state.step, state.param_states)\n\n\n'
+      'def train_step(state: model_utils.TrainState, lr):\n'
+      '  optimizer = state.optimizer\n'
+      '  optimizer = optimizer.replace(state=reset(optimizer.state))\n'
+      "  grad = jax.grad(lambda p: jnp.sum(p['w'] ** 2))(optimizer.target)\n"
+      '  return state.replace(optimizer=optimizer.apply_gradient(grad, learning_rate=lr))\n')
+  (tree / 'train.py').write_text(
+      'import jax.numpy as jnp\nfrom flax import optim\nimport model_utils\nimport training\n\n\n'
+      'def main():\n'
+      "  optimizer = optim.Adam(0.1).create({'w': jnp.ones(3)})\n"
+      '  state = model_utils.TrainState(optimizer=optimizer)\n'
+      '  for _ in range(3):\n    state = training.train_step(state, 0.1)\n'
+      '  return state.optimizer.target\n')
+  proc = _cli('rewrite', '--write', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert re.search(r'model_utils\.py:\d+:1: OM123 \[manual\] the optimizer fields of `TrainState` '
+                   r'are read by training\.py, which keeps its legacy code \(OM103: ', proc.stderr)
+  assert re.search(r'train\.py:\d+:11: OM123 \[manual\] `model_utils\.TrainState` is '
+                   r'model_utils\.py:TrainState, whose optimizer fields are read by training\.py',
+                   proc.stderr)
+  for name in ('model_utils.py', 'train.py', 'training.py'):
+    text = (tree / name).read_text()
+    assert 'optim_compat.install()' in text and 'train_state' not in text, name
+  run = _run_tree(tree, 'import train\nprint(train.main())')
+  assert run.returncode == 0 and "'w'" in run.stdout, run.stderr[-2000:]
+  again = _cli('rewrite', '--check', 'tree', cwd=tmp_path)
+  assert '0 would be rewritten' in again.stderr, again.stderr
 
 
 def test_helpers_handed_the_scripts_container_migrated_match_real_flax_optim(

@@ -651,6 +651,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     found = next((x for q in sorted(self.n.qnames(func))
                   if (x := f.flow.resolve_fields(q) or f.flow.resolve_container_factory(q))
                   is not None), None)
+    if getattr(found, 'held', ''):
+      f.held_containers[id(value)] = found  # (kept legacy for a reader: codemod.flow)
     return found is not None and found.converted
 
   def def_created(self, value):

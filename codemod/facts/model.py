@@ -152,6 +152,9 @@ class Facts:
   # -- other modules (codemod.flow) -------------------------------------------------------
   flow_vars: dict = _field()          # binding -> flow.Factory whose result it holds
   flow_used: dict = _field()          # qualified name -> flow.Factory this file calls
+  #: id(call) -> the held codemod.flow.Fields it constructs (`TrainState(optimizer=opt)` of a
+  #: class another module's reader keeps legacy)
+  held_containers: dict = _field()
   #: qualified name -> flow.Fields: another module's class with optimizer fields named here
   flow_classes: dict = _field()
   flow_fields: set = _field(set)      # the fields of those that their module converts

@@ -56,6 +56,9 @@ class Summary:
   #: another module's function (qualified, as imported) -> the classes of this module with
   #: optimizer fields whose instances this module hands it (codemod.flow.Handoff)
   handoffs: dict = dataclasses.field(default_factory=dict)
+  #: another module's class with optimizer fields whose fields this module reads
+  #: (qualified) -> this module converts (codemod.flow.Fields.held)
+  field_uses: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -136,7 +139,8 @@ def make_plan(analysis, options) -> Plan:
       container_factories=dict.fromkeys(sorted(f.container_makers), converts),
       def_sinks={name: (parameter, converts) for name, parameter in sorted(f.def_sinks.items())},
       user_defs=_user_defs(analysis),
-      handoffs=crossmodule.container_handoffs(q))
+      handoffs=crossmodule.container_handoffs(q),
+      field_uses=dict.fromkeys(crossmodule.field_uses(q), converts))
   _unselected(plan, options)
   if plan.verdict != 'untouched' and (shim := fallback.plan(q)) is not None:
     plan.findings.append(shim)  # the file keeps flax.optim code: it runs on the shim
@@ -185,4 +189,5 @@ def _unselected(plan: Plan, options) -> None:
                                                            False),
                          def_sinks={k: (parameter, False)
                                     for k, (parameter, _) in plan.summary.def_sinks.items()},
-                         user_defs=plan.summary.user_defs, handoffs=plan.summary.handoffs)
+                         user_defs=plan.summary.user_defs, handoffs=plan.summary.handoffs,
+                         field_uses=dict.fromkeys(plan.summary.field_uses, False))

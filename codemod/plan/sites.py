@@ -46,8 +46,14 @@ def _step_calls(p, original) -> bool:
   return bool(p.q.step_calls) and crossmodule.leave_step_call(p, original)
 
 
+def _held_container(p, original) -> bool:
+  crossmodule.leave_held_container(p, original)
+  return False
+
+
 #: The links of a call's chain, in order; a link returning True ends it.
 CALL_CHAIN = (
+    _held_container,
     defs.leave_def_call,
     _step_calls,
     attributes.leave_reflection,
@@ -177,6 +183,7 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
 
   def visit_ClassDef(self, node) -> None:
     references.visit_class(self, node)
+    crossmodule.visit_class(self, node)
 
   def visit_FunctionDef(self, node) -> None:
     crossmodule.visit_function(self, node)

@@ -214,11 +214,23 @@ def held_factory(q, function: str):
   return found if getattr(found, 'held', '') else None
 
 
+def held_class(q, name: str):
+  """This module's class ``name`` with optimizer fields when the run keeps it legacy for a
+  file reading its fields (``codemod.flow.Fields.held``), else None."""
+  flow = q.f.flow
+  if flow is None or not flow.module or name not in q.f.declared_fields:
+    return None
+  found = flow.factories.get(f'{flow.module}.{name}')
+  return found if getattr(found, 'held', '') else None
+
+
 def blocks(q) -> bool:
   """A step kept legacy that would get this file's optimizer as a TrainState; a use of an
   optimizer nothing proves, or that another module's factory kept legacy makes."""
   f = q.f
   if any(held_factory(q, fn.name.value) for fn in f.top_functions):
+    return True
+  if any(held_class(q, name) for name in f.declared_fields) or f.held_containers:
     return True
   if any(not step.converted and q.own_optimizer(arg)
          for uses in q.step_calls.values() for step, _, arg in uses):
@@ -242,6 +254,38 @@ def visit_function(p, node) -> None:
     p.flag(node, 'OM123', f'what `{node.name.value}` returns is used by {found.held}: kept a '
                           'flax.optim Optimizer with it, on the shim (a TrainState would fail '
                           'there); migrate them together', blocks=True)
+
+
+def visit_class(p, node) -> None:
+  """A class with optimizer fields kept legacy for a file reading them: flagged at its
+  ``class`` line."""
+  if p.q.f.flow is not None and (found := held_class(p.q, node.name.value)) is not None:
+    p.flag(node, 'OM123', f'the optimizer fields of `{node.name.value}` are read by '
+                          f'{found.held}: what they hold stays a flax.optim Optimizer, on the '
+                          'shim (a TrainState would fail there); migrate them together',
+           blocks=True)
+
+
+def leave_held_container(p, original) -> None:
+  """``TrainState(optimizer=opt)`` of another module's class that the run keeps legacy for a
+  reader of its fields: this file keeps its legacy code with it."""
+  found = p.q.f.held_containers.get(id(original))
+  if found is not None:
+    p.flag(original, 'OM123', f'`{code(original.func)}` is {found.where}, whose optimizer fields '
+                              f'are read by {found.held}: what this file stores there stays a '
+                              'flax.optim Optimizer, on the shim (a TrainState would fail '
+                              'there); migrate them together', blocks=True)
+
+
+def field_uses(q) -> list[str]:
+  """The classes with optimizer fields of other modules (qualified) whose fields this module
+  reads as ``<x>.<field>`` (:attr:`codemod.plan.Summary.field_uses`)."""
+  f = q.f
+  if not f.flow_classes:
+    return []
+  read = {a.attr.value for a in m.findall(q.analysis.module, m.Attribute())}
+  return sorted(qualified for qualified, found in f.flow_classes.items()
+                if read & set(found.fields))
 
 
 def visit_name(p, node) -> None:
