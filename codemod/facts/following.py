@@ -179,8 +179,8 @@ def _weight_norm_rebinds(n: Names, assign_sites: dict) -> None:
   """``d = Adam(lr)`` then, where the config asks, ``d = WeightNorm(d)`` (nerfies' and
   hypernerf's ``train.py``): an Optax transformation cannot be wrapped in WeightNorm, so
   such a name keeps the shim's defs (``optim_compat.Adam(lr)``, ``optim_compat.WeightNorm(d)``)
-  and its ``.create`` takes ``optim_compat.to_optax(d)``: bitwise legacy, in the legacy
-  state layout (``Facts.shim_def_vars``). Every plain assignment of the name before a
+  and its ``.create`` takes ``optim_compat.to_optax(d)``: the legacy state layout, bitwise
+  the shim's, the params within 2 ulp (``Facts.shim_def_vars``). Every plain assignment of the name before a
   ``d = d.create(p)`` must be a table def or such a wrap."""
   from optim_compat import spec as spec_lib
   f = n.facts
@@ -300,8 +300,8 @@ def _follow_uncalled(n: Names) -> None:
   optimizers, or whose only training state is a ``TrainState.create(..., params=..., tx=...)``
   and which steps no flax.optim Optimizer (alpa's benchmarks each define
   ``compute_data_parallel_cost(optimizer, ...)`` and call none; ``benchmark_gpt_bert.py``
-  already builds an Optax TrainState): a parameter named as an optimizer (:data:`_OPTIMIZER_PARAM`) holds this file's
-  kind of optimizer, a ``TrainState`` once rewritten, when it is used only for ``.target``
+  already builds an Optax TrainState): a parameter named as an optimizer
+  (:data:`_OPTIMIZER_PARAM`) holds this file's kind of optimizer, a ``TrainState`` once rewritten, when it is used only for ``.target``
   and ``.apply_gradient(...)`` (which convert: were OM117); any other use (``.state``, a
   restore into it, passed on) proves nothing. Another module calling it is the flow's
   (:class:`codemod.flow.Step`)."""

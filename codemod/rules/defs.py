@@ -389,7 +389,8 @@ def leave_def_call(p, original) -> bool:
     p.fix(original, apply_shim_def, [('OM001', f'flax.optim.{name}(...) -> optim_compat.{name}'
                                                '(...): the name is wrapped in WeightNorm where '
                                                'the config asks, so it keeps the shim\'s defs '
-                                               '(bitwise legacy) and TrainState gets '
+                                               '(legacy numerics: state bitwise, params within '
+                                               '2 ulp) and TrainState gets '
                                                f'{_to_optax(q, "<it>")}')],
           data={'name': name})
     return True
