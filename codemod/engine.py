@@ -31,7 +31,7 @@ from codemod.rewrite import apply_plan
 from codemod.rules import Options
 from codemod.result import FileResult  # noqa: F401 - re-exported
 from codemod.rules.imports import import_finding
-from codemod.sources import SourceFile, decode_source, read_source, write_atomic  # noqa: F401
+from codemod.sources import SourceFile, decode_source, parse, read_source, write_atomic  # noqa: F401
 
 #: The prefilters and the result class live in light modules (no LibCST: a run whose files
 #: are all cache hits loads neither), kept here for their callers.
@@ -56,7 +56,7 @@ def rewrite_source(source: str, path: str = '<string>',
     result.new = source
   else:
     try:
-      module = cst.parse_module(source)
+      module = parse(source)
     except cst.ParserSyntaxError as e:
       result.error = parse_error(path, source, e)
       return result
@@ -176,7 +176,7 @@ def parse_error(path: str, source: str, error: cst.ParserSyntaxError) -> str:
   except SyntaxError as e:
     if e.lineno:
       return f'{path}:{e.lineno}:{e.offset or 1}: cannot parse: {e.msg}'
-  except (ValueError, OverflowError):
+  except (ValueError, OverflowError, RecursionError, MemoryError):
     pass
   return f'{path}:{error.editor_line}:{error.editor_column}: cannot parse: {error.message}'
 
@@ -261,7 +261,7 @@ def plan_notebook(source: SourceFile, options: Options | None = None, flow=None)
     return FileResult(path, module_text)  # (unchanged: nothing is rewritten)
   try:
     notebook.rewrite_notebook(source.data.decode('utf-8'), str(source.path), options, capture)
-    module = cst.parse_module(joined[0]) if joined else None
+    module = parse(joined[0]) if joined else None
   except (OSError, UnicodeDecodeError, notebook.NotebookError, cst.ParserSyntaxError):
     return None
   return None if module is None else plan_parsed(module, joined[0], options, flow)

@@ -75,9 +75,40 @@ class SourceFile:
       libcst.ParserSyntaxError: it does not parse (and the errors of :attr:`text`).
     """
     if self._module is None:
-      import libcst as cst  # loaded at the first parse: a cache hit needs no LibCST
-      self._module = cst.parse_module(self.text)
+      self._module = parse(self.text)
     return self._module
+
+
+def parse(text: str) -> 'cst.Module':
+  """LibCST's parse of ``text``, unless CPython refuses it for its depth.
+
+  LibCST's native parser overflows its stack, and kills the process (SIGSEGV), on
+  expressions nested a few thousand deep (``(((...)))``, a 20,000-term sum); CPython refuses
+  such code first (``too many nested parentheses`` past 200 levels, a RecursionError while
+  building its tree), so its AST parse runs before LibCST's and its refusal is the error.
+
+  Raises:
+    libcst.ParserSyntaxError: CPython refuses ``text`` for its depth (its message and
+      position), or LibCST cannot parse it.
+  """
+  import ast
+  import libcst as cst  # loaded at the first parse: a cache hit needs no LibCST
+  refused = None
+  try:
+    compile(text, '<depth check>', 'exec', flags=ast.PyCF_ONLY_AST, dont_inherit=True)
+  except SyntaxError as e:
+    if 'too many' in (e.msg or '') and 'nested' in (e.msg or ''):
+      refused = (e.msg, e.lineno or 1, (e.offset or 1) - 1)
+  except (RecursionError, MemoryError) as e:
+    refused = (f'nested too deeply: CPython cannot parse it either ({type(e).__name__})', 1, 0)
+  except (ValueError, OverflowError):
+    pass  # (a NUL byte: LibCST says where)
+  if refused is not None:
+    message, line, column = refused
+    lines = text.splitlines(keepends=True) or ['']
+    raise cst.ParserSyntaxError(message, lines=lines, raw_line=min(line, len(lines)),
+                                raw_column=max(column, 0))
+  return cst.parse_module(text)
 
 
 def unreadable(source: SourceFile) -> Optional[str]:

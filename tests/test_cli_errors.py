@@ -162,3 +162,32 @@ def test_a_named_file_the_prefilters_pass_over_still_gets_a_verdict(tmp_path, ca
   assert '5 file(s) scanned: 0 would be rewritten, 0 flagged (0 manual item(s)), 4 failed' in err
   for name, (data, _) in bad.items():
     assert (tmp_path / 'tree' / name).read_bytes() == data  # nothing written
+
+
+def test_code_nested_beyond_cpythons_limits_is_a_parse_error_not_a_crash(tmp_path):
+  """Found by a new user: a file with an expression nested 3000 deep (or a 20,000-term sum)
+  killed the whole run with SIGSEGV (exit 139, nothing printed: LibCST's native parser
+  overflowed its stack), and the other files of the run got no result; nested 201 deep,
+  which CPython refuses, it was rewritten. Now CPython's refusal is the file's error (exit
+  2, the file left as is) and the run goes on."""
+  import subprocess
+  import sys
+  legacy = 'from flax import optim\nopt = optim.Adam(0.1).create(p)\n'
+  cases = {'deep.py': legacy + 'x = ' + '(' * 3000 + '1' + ')' * 3000 + '\n',
+           'n201.py': legacy + 'x = ' + '(' * 201 + '1' + ')' * 201 + '\n',
+           'huge.py': legacy + 'x = ' + ' + '.join(['1'] * 20000) + '\n',
+           'good.py': legacy}
+  for name, text in cases.items():
+    (tmp_path / name).write_text(text)
+  root = pathlib.Path(__file__).resolve().parents[1]
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--write', '--no-cache',
+                         '--jobs', '1', '.'], capture_output=True, text=True, cwd=tmp_path,
+                        env={**__import__('os').environ, 'PYTHONPATH': str(root)}, timeout=300)
+  assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+  assert 'deep.py:3:205: cannot parse: too many nested parentheses\n' in proc.stderr
+  assert 'n201.py:3:205: cannot parse: too many nested parentheses\n' in proc.stderr
+  assert ('huge.py:1:1: cannot parse: nested too deeply: CPython cannot parse it either '
+          '(RecursionError)\n') in proc.stderr
+  for name in ('deep.py', 'n201.py', 'huge.py'):
+    assert (tmp_path / name).read_text() == cases[name], name
+  assert 'train_state.TrainState.create' in (tmp_path / 'good.py').read_text()

@@ -31,6 +31,7 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 from codemod import import_scope
 from codemod.rules import Options
 from codemod.findings import Finding
+from codemod.sources import parse
 from codemod.modern.base import _DROP, _FROZEN, _GROUPS, _PIL, _SCATTER, _STATIC, _Base
 from codemod.modern import table
 from codemod.modern.facts import _Facts
@@ -60,7 +61,7 @@ def rewrite_source(source: str, options: Options | None = None) -> tuple[str, li
     libcst.ParserSyntaxError: ``source`` does not parse.
   """
   options = options or Options()
-  module = cst.parse_module(source)
+  module = parse(source)
   wrapper = cst.MetadataWrapper(module, unsafe_skip_copy=True)
   facts = _Facts()
   wrapper.visit(facts)
