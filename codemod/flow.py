@@ -206,18 +206,16 @@ class UserDef(_Entry):
 
 @dataclasses.dataclass(frozen=True)
 class Handoff(_Entry):
-  """A module's class with optimizer fields whose instances that module hands to a function
-  of another module (l2p's ``train_continual.py`` calls ``utils.state_with_new_param(state,
-  p)``; ``utils.py`` reads ``state.optimizer.target`` and never names the class): in the
-  receiving module ``<anything>.<field>`` holds that class's optimizer, as in a module that
-  imports the class's (:meth:`Flow.handoffs_to`). Kept in the factories table, never a
-  factory.
+  """A class with optimizer fields whose instances a module hands to a function of another
+  module (l2p's ``train_continual.py`` calls ``utils.state_with_new_param(state, p)``;
+  ``utils.py`` reads ``state.optimizer.target`` and never names the class): in the receiving
+  module ``<anything>.<field>`` holds that class's optimizer, as in a module that imports the
+  class's (:meth:`Flow.handoffs_to`; the class's own :class:`Fields` entry says whether the
+  run converts it). Kept in the factories table, never a factory.
 
   Attributes:
     qualified: a key, ``'<receiver>@<cls>'``.
     path: the handing module's file, as the run names it.
-    converted: the run makes the class's optimizer fields TrainStates.
-    why: the first manual item of the handing file when not converted.
     receiver: the function handed an instance, as the handing module imports it
       (``'libml.utils.state_with_new_param'``).
     cls: the class, qualified (``'train_continual.TrainState'``).
@@ -229,10 +227,6 @@ class Handoff(_Entry):
   cls: str = ''
   fields: tuple[str, ...] = ()
   sibling: str = ''
-
-  def as_fields(self) -> 'Fields':
-    """The handed class as the receiving module registers it."""
-    return Fields(self.cls, self.path, self.converted, self.why, fields=self.fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -606,8 +600,34 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   factories, steps, found, scanned = _decide_def_factories(
       factories, steps, found, creators, settle, texts, files, outside)
   factories, steps, found = _decide_fields(factories, steps, found, scanned, settle)
-  return _decide_factories(factories, steps, found, scanned, settle, texts, files, sources,
-                           options, outside, inject_classes)
+  factories, steps = _decide_factories(factories, steps, found, scanned, settle, texts, files,
+                                       sources, options, outside, inject_classes)
+  return _handoffs_elsewhere(factories, steps, scanned, texts, files, sources, options,
+                             outside, inject_classes), steps
+
+
+def _handoffs_elsewhere(factories, steps, scanned, texts, files, sources, options, outside,
+                        inject_classes):
+  """The :class:`Handoff` s of the files the pre-pass did not plan that build instances of a
+  class with optimizer fields (calling its class or a :class:`ContainerFactory` by name) and
+  may hand them to another module's function (``state = create_train_state(...)`` then
+  ``helpers.param_norm(state)`` in a ``train.py`` that never imports flax.optim): planned once
+  with the tables as they are, their hand-offs added."""
+  makers = {f.function for f in factories.values()
+            if isinstance(f, (Fields, ContainerFactory))}
+  if not makers:
+    return factories
+  found = dict(factories)
+  for path, names, shown in files:
+    text = texts.get(path)
+    if (text is None or (path, names, shown) in scanned or path in outside
+        or 'import' not in text or not any(_calls(text, f'.{name}') for name in makers)):
+      continue
+    flow = Flow(factories, *(names[0] if names else (None, False)), steps, inject_classes)
+    for entry in _scan(sources[path], names, shown, options, flow)[0]:
+      if isinstance(entry, Handoff):
+        found.setdefault(entry.qualified, entry)
+  return found
 
 
 def _decide_fields(factories, steps, found, scanned, settle):
@@ -984,14 +1004,14 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
                     for name, _ in names]
   classes += [UserDef(f'{name}.{cls}', shown, True) for cls in summary.user_defs
               for name, _ in names]
-  classes += [Handoff(f'{receiver}@{name}.{cls}', shown, converted, '' if converted else why,
-                      receiver=receiver, cls=f'{name}.{cls}', fields=tuple(summary.fields[cls][0]),
+  classes += [Handoff(f'{receiver}@{qualified}', shown, True, receiver=receiver,
+                      cls=qualified, fields=fields,
                       sibling=f'{name.rsplit(".", 1)[0]}.{receiver.rsplit(".", 1)[0]}'
                       if '.' in name and not written.startswith('.') else '')
-              for converted in [plan.converts and changes]
-              for written, owned in summary.handoffs.items() for cls in owned
-              if cls in summary.fields for name, is_package in names
-              if (receiver := absolute_name(written, name, is_package)) is not None]
+              for written, handed in summary.handoffs.items() for cls, fields in handed
+              for name, is_package in names
+              if (receiver := absolute_name(written, name, is_package)) is not None
+              for qualified in [cls if '.' in cls else f'{name}.{cls}']]
   uses = _uses(plan, shown, changes, outside, why)
   uses += _field_uses(plan, shown, outside, why)
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]

@@ -1075,6 +1075,38 @@ def test_a_container_whose_reader_keeps_legacy_code_keeps_its_creators_legacy(tm
   assert '0 would be rewritten' in again.stderr, again.stderr
 
 
+def test_a_helper_handed_instances_of_another_modules_container_converts(tmp_path):
+  """Found by a new user (helper-17): state.py declares the container and its factory,
+  train.py (which never imports flax.optim) builds one with `create_train_state(...)` and
+  hands it to helpers.py (`helpers.param_norm(state)`), which reads `state.optimizer.target`.
+  The hand-off was followed only from the class's own module: helpers.py kept four OM122
+  TODOs and the migrated program failed there. A module the pre-pass did not plan that builds
+  instances (calls the class or its factory) is planned for its hand-offs too."""
+  pkg = tmp_path / 'proj'
+  pkg.mkdir()
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'state.py').write_text(
+      'from flax import optim\nfrom flax import struct\n\n\n@struct.dataclass\n'
+      'class TrainState:\n  optimizer: optim.Optimizer\n\n\n'
+      'def create_train_state(params):\n'
+      '  return TrainState(optimizer=optim.Momentum(0.1).create(params))\n')
+  (pkg / 'helpers.py').write_text(
+      'import jax\n\n\ndef param_norm(state):\n'
+      '  return sum(float((x ** 2).sum()) for x in jax.tree_util.tree_leaves(state.optimizer.target))\n\n\n'
+      'def current_step(state):\n  return int(state.optimizer.state.step)\n')
+  (pkg / 'train.py').write_text(
+      'import jax.numpy as jnp\nfrom proj import helpers\nfrom proj.state import create_train_state\n\n\n'
+      "def main():\n  state = create_train_state({'w': jnp.ones(3)})\n"
+      '  return helpers.param_norm(state), helpers.current_step(state)\n')
+  proc = _cli('rewrite', '--write', 'proj', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  helpers = (pkg / 'helpers.py').read_text()
+  assert 'TODO' not in helpers and 'state.optimizer.params' in helpers
+  assert 'int(state.optimizer.step)' in helpers
+  run = _run_tree(tmp_path, 'from proj import train\nprint(train.main())')
+  assert run.returncode == 0 and run.stdout.strip() == '(3.0, 0)', run.stderr[-2000:]
+
+
 def test_helpers_handed_the_scripts_container_migrated_match_real_flax_optim(
     legacy_python, tmp_path):
   """Issue 17, l2p's libml/utils.py: train.py declares its container and hands it to

@@ -142,9 +142,10 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
                           for x in m.findall(small.annotation, m.Name() | m.Attribute()))):
                 self.f.annotated_fields.add(small.target.value)
                 self.f.container_classes.add(stmt.name.value)
-    if self.f.flow is not None:  # another module hands this one its containers
+    if self.f.flow is not None:  # another module hands this one containers of a class
       for handoff in self.f.flow.handoffs_to():
-        self._register_fields(handoff.as_fields())
+        if (found := self.f.flow.resolve_fields(handoff.cls)) is not None:
+          self._register_fields(found)
 
   # -- contexts ----------------------------------------------------------------------------
   def visit_Annotation(self, node) -> None:

@@ -470,18 +470,23 @@ def leave_unproven_member(p, original) -> None:
 
 
 def container_handoffs(q) -> dict:
-  """The functions of other modules this module hands instances of its classes with optimizer
-  fields (l2p's ``train_continual.py`` passes its ``state`` to ``utils.state_with_new_param
-  (state, p)``, whose module reads ``state.optimizer.target`` without naming the class):
-  ``{qualified function as imported (relative ones too): (class, ...)}``
-  (:class:`codemod.flow.Handoff`). An instance is a name assigned one or read as
-  ``<name>.<field>``, passed as an argument of a call whose function an import binds."""
+  """The functions of other modules this module hands instances of classes with optimizer
+  fields: its own (l2p's ``train_continual.py`` passes its ``state`` to
+  ``utils.state_with_new_param(state, p)``, whose module reads ``state.optimizer.target``
+  without naming the class), or another module's that it names or imports
+  (``state = create_train_state(...)`` of ``proj.state``, then ``helpers.param_norm(state)``):
+  ``{qualified function as imported (relative ones too): ((class, fields), ...)}``, an own
+  class by its name, another module's qualified (:class:`codemod.flow.Handoff`). An instance
+  is a name assigned one or read as ``<name>.<field>``, or an own class called in place,
+  passed as an argument of a call whose function an import binds."""
   from libcst.metadata import QualifiedNameSource
   f, n = q.f, q.n
-  if not f.declared_fields:
+  classes = tuple((cls, tuple(fields)) for cls, fields in sorted(f.declared_fields.items()))
+  classes += tuple((qualified, tuple(found.fields))
+                   for qualified, found in sorted(f.flow_classes.items()))
+  if not classes:
     return {}
   containers = f.container_vars | f.container_params | q.container_receivers()
-  classes = tuple(sorted(f.declared_fields))
   found: dict = {}
   for call in f.calls_by_func.values():
     if not any(a.star == '' and ((isinstance(a.value, cst.Name)
