@@ -139,6 +139,9 @@ PICKLERS = frozenset({'pickle.dump', 'pickle.dumps', 'joblib.dump'})
 #: TrainState (OM015).
 TYPE_TESTS = frozenset({'builtins.isinstance', 'builtins.issubclass'})
 TRAIN_STATE_CLASSES = frozenset({'flax.training.train_state.TrainState'})
+#: Flax's ``freeze``: ``opt.replace(target=flax.core.freeze(p))`` keeps the kind the
+#: TrainState's params have once converted (codemod.rules.attributes, OM003)
+FREEZE_FUNCTIONS = frozenset({'flax.core.freeze', 'flax.core.frozen_dict.freeze'})
 REFLECTION_FNS = frozenset({'builtins.getattr', 'builtins.hasattr', 'builtins.setattr',
                             'builtins.delattr', 'dataclasses.replace',
                             'flax.serialization.to_state_dict', *PICKLERS})

@@ -1115,16 +1115,22 @@ def test_helpers_handed_the_scripts_container_migrated_match_real_flax_optim(
   nor train.py. Each of its 9 field reads and `.replace(target=...)` was flagged OM122. The
   module handed the instances now reads the field as the class's converted one (as a module
   importing the class's module does), its uncalled private helper too; the migrated program
-  matches real flax.optim 0.5.3 (old stack) over two tasks."""
+  matches real flax.optim 0.5.3 (old stack) over two tasks, its params the tree `init` returns
+  on each stack (a FrozenDict, then a dict)."""
   new, rows = _migrated_copy(HANDOFF, tmp_path)
   assert rows and all(r['applied'] for r in rows)  # (no manual item)
   utils = (new / 'libml' / 'utils.py').read_text()
   assert '.target' not in utils.replace("['target']", '') and 'TODO' not in utils
-  assert utils.count('optimizer.replace(params=') == 2
+  assert utils.count('optimizer.replace(params=') == 3
+  # l2p's `replace(target=flax.core.freeze(p))`: the params keep the kind the TrainState's have
+  # (init's FrozenDict on the old stack, its dict since flax 0.7.1: a FrozenDict there would
+  # not match opt_state at the next step)
+  assert ('params=flax.core.freeze(param_dict) if isinstance(state.optimizer.params, '
+          'flax.core.FrozenDict) else flax.core.unfreeze(param_dict))') in utils
   old, new_ = _run_on_both_stacks(legacy_python, HANDOFF, new, tmp_path)
   assert int(old['step']) == int(new_['step']) == 30
   assert not np.any(old['task1/head/kernel'] == 0)  # the head was reset, then trained
-  assert old['losses'][14] < 0.6 * old['losses'][0]  # it trained
+  assert old['losses'][14] < 0.8 * old['losses'][0]  # it trained
 
 
 DEF_FACTORY = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_def_factory'

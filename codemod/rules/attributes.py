@@ -280,7 +280,12 @@ def leave_replace(p, original) -> bool:
   recv = original.func.value
   if q.is_optimizer(recv):
     if any(a.keyword is not None and a.keyword.value in _FIELD_RENAMES for a in original.args):
-      p.fix(original, apply_replace, [('OM003', 'replace(target=...) -> replace(params=...)')])
+      frozen = _frozen_target(q, original)
+      p.fix(original, apply_replace, [('OM003', 'replace(target=...) -> replace(params=...)' + (
+          ': the frozen params take the kind the TrainState\'s have (`flax.core.freeze(p)` '
+          'matched them when Flax `init` returned a FrozenDict; since flax 0.7.1 it returns a '
+          'dict, and a FrozenDict there would not match opt_state\'s tree at the next step)'
+          if frozen else ''))], data={'frozen': frozen})
   elif ((fields := {a.keyword.value for a in original.args if a.keyword is not None}
           & api.OPTIMIZER_FIELDS) and not fields <= q.f.annotated_fields
         and q.maybe_optimizer(recv)):
@@ -300,11 +305,47 @@ def apply_rename(ctx, original, updated, fix):
   return updated.with_changes(value=recv, attr=cst.Name(member.train_state))
 
 
+def _frozen_target(q, call: cst.Call) -> bool:
+  """``opt.replace(target=flax.core.freeze(p))`` (or ``freeze(p)`` imported from Flax) on a
+  receiver that is a name or an attribute chain: the value is kept of the kind the
+  TrainState's params have."""
+  recv = call.func.value
+  value = next((a.value for a in call.args if a.keyword is not None
+                and a.keyword.value == 'target'), None)
+  return (isinstance(value, cst.Call) and isinstance(value.func, (cst.Attribute, cst.Name))
+          and bool(q.n.qnames(value.func) & api.FREEZE_FUNCTIONS) and len(value.args) == 1
+          and value.args[0].keyword is None and not value.args[0].star
+          and _plain_chain(recv))
+
+
+def _plain_chain(expr) -> bool:
+  while isinstance(expr, cst.Attribute):
+    expr = expr.value
+  return isinstance(expr, cst.Name)
+
+
 def apply_replace(ctx, original, updated, fix):
   args = [a.with_changes(keyword=cst.Name(_FIELD_RENAMES[a.keyword.value]))
           if a.keyword is not None and a.keyword.value in _FIELD_RENAMES else a
           for a in updated.args]
+  if fix.data and fix.data.get('frozen'):
+    # `replace(params=flax.core.freeze(p))` -> the kind the TrainState's params have:
+    # `F.freeze(p) if isinstance(R.params, F.FrozenDict) else F.unfreeze(p)`
+    args = [a.with_changes(value=_of_params_kind(ctx, updated.func.value, a.value))
+            if a.keyword is not None and a.keyword.value == 'params'
+            and isinstance(a.value, cst.Call) else a for a in args]
   return updated.with_changes(args=args)
+
+
+def _of_params_kind(ctx, recv, freeze: cst.Call) -> cst.BaseExpression:
+  if isinstance(freeze.func, cst.Attribute):
+    module = code(freeze.func.value)
+  else:  # `freeze(p)` after `from flax.core import freeze`
+    module = 'flax.core'
+    ctx.add_import('flax')
+  value = freeze.args[0].value
+  return template(f'F if isinstance(R.params, {module}.FrozenDict) else {module}.unfreeze(V)',
+                  F=freeze, R=recv, V=value)
 
 
 def apply_without_tx(ctx, original, updated, fix):

@@ -72,7 +72,11 @@ FIXES = (
                'def params_of(params):\n'
                '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(learning_rate=0.1))\n'
                '  return opt.params\n',
-         readme='`.target` → `.params` and `replace(target=)` → `replace(params=)`'),
+         readme='`.target` → `.params` and `replace(target=)` → `replace(params=)`; '
+                '`replace(target=flax.core.freeze(p))` keeps the kind the TrainState\'s params '
+                'have (`freeze(p) if isinstance(opt.params, flax.core.FrozenDict) else '
+                'flax.core.unfreeze(p)`: Flax `init` returns a dict since 0.7.1, and a '
+                'FrozenDict would not match `opt_state` at the next step)'),
     Rule('OM004', 'safe', family='attributes', summary=
          '`opt.state.step` -> `opt.step` (also `step[0]` on a replicated optimizer)',
          why='A TrainState keeps the step count on itself; note that a fresh one holds the '
