@@ -43,7 +43,8 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
   ``opt_state``, and a value this cannot evaluate would be written as 0.0.
 
   Raises:
-    CheckpointError: not a call of a table entry (a bare ``Adam``: call it), an
+    CheckpointError: not a call of a table entry (a bare ``Adam``: call it; ``WeightNorm`` /
+      ``MultiOptimizer``: restored at run time instead, the message says how), an
       unknown argument, one given twice (``Adam(1e-3, learning_rate=2)``), ``*``/``**``
       unpacking, a non-literal value (the learning rate only with
       ``learning_rate_injected``), a literal that is not a number, True/False or
@@ -59,6 +60,13 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
       raise CheckpointError(f'--optimizer {text!r} is the class {e.detail}, not called: call it, '
                             f'e.g. {e.detail}(learning_rate=1e-3)') from None
     call = None
+  if call is not None and call.name in ('WeightNorm', 'MultiOptimizer'):
+    raise CheckpointError(
+        f'--optimizer {text!r}: {call.name} has no Optax chain to convert to; the code the '
+        f'codemod writes for it keeps the legacy state layout (optim_compat.to_optax(...)), '
+        'and optim_compat.checkpoint.restore_legacy(dir, state) restores this checkpoint '
+        'into it at run time (convert-checkpoint takes one of '
+        f'{sorted(spec.SPECS)})')
   if call is None or call.name not in spec.SPECS:
     raise CheckpointError(f'--optimizer {text!r}: expected one of {sorted(spec.SPECS)} '
                           f'called with its legacy arguments')

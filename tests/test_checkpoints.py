@@ -528,7 +528,12 @@ def test_optimizer_class_not_called_or_non_numeric_hyperparameter_is_refused(tmp
       ('optim.Adam', "--optimizer 'optim.Adam' is the class Adam, not called: call it"),
       ("Adam(learning_rate='x')", "learning_rate='x' is a str, not a number, True/False or None"),
       ('Adam(1e-3, beta1=[0.9])', 'beta1=[0.9] is a list, not a number'),
-      ("Adam('1e-3')", "learning_rate='1e-3' is a str")]:
+      ("Adam('1e-3')", "learning_rate='1e-3' is a str"),
+      # (found by a new user: the codemod emits to_optax(WeightNorm(...)), restored at run time)
+      ('WeightNorm(Adam(3e-3))', "--optimizer 'WeightNorm(Adam(3e-3))': WeightNorm has no Optax "
+                                 'chain to convert to; the code the codemod writes for it keeps '
+                                 'the legacy state layout (optim_compat.to_optax(...)), and '
+                                 'optim_compat.checkpoint.restore_legacy(dir, state) restores')]:
     assert _cli(src, dst, '--optimizer', bad) == 2, bad
     err = capsys.readouterr().err
     assert message in err and 'Traceback' not in err, err
