@@ -155,8 +155,9 @@ def cmd_rewrite(args) -> int:
                  for why in [named_file_problem(pathlib.Path(p))] if why)
   files = iter_python_files(paths, config.get('exclude', ()))
   # a directory with nothing to take is a wrong path far more often than a finished job
-  missing.update((p, 'no .py or .ipynb file in this directory (hidden folders, virtualenvs, '
-                  'build/dist and the config\'s `exclude` globs are skipped)')
+  missing.update((p, 'no .py or .ipynb file taken in this directory (hidden folders, '
+                  'virtualenvs, build/dist, the config\'s `exclude` globs and symlinks to '
+                  'files outside it are skipped)')
                  for p in paths if pathlib.Path(p).is_dir() and not any(
                      f.is_relative_to(p) for f in files)  # (no second walk when it took some)
                  and not iter_python_files([p], config.get('exclude', ())))
