@@ -4,10 +4,11 @@ from __future__ import annotations
 from typing import Optional
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import ImportAssignment, ScopeProvider
 
 from codemod.visiting import NoAttributeHooks
-from codemod.modern.helpers import _dotted_name
+from codemod.modern.helpers import _code, _dotted_name
 
 
 class _Facts(NoAttributeHooks, cst.CSTVisitor):
@@ -42,6 +43,10 @@ class _Facts(NoAttributeHooks, cst.CSTVisitor):
     self.attr_names: set[int] = set()                # ids of the `.x` Names of attributes
     self.annotated: set[int] = set()                 # ids of Names / Attributes in annotations
     self.assign_of: dict[int, cst.Assign] = {}       # id(value) -> its Assign
+    #: ids of `x.unfreeze()` calls a test on `x` guards (`x.unfreeze() if hasattr(x,
+    #: 'unfreeze') else dict(x)`, `if isinstance(x, FrozenDict): x = x.unfreeze()`): right on
+    #: a dict and on a FrozenDict as written, so OM207 / OM208 leave them
+    self.guarded_unfreeze: set[int] = set()
     self._annotation = 0
 
   def on_visit(self, node):
@@ -97,6 +102,28 @@ class _Facts(NoAttributeHooks, cst.CSTVisitor):
 
   def visit_Del(self, node):
     self._store(node.target)
+
+  def visit_IfExp(self, node):
+    self._guard(node.test, node.body)
+
+  def visit_If(self, node):
+    self._guard(node.test, node.body)
+
+  def _guard(self, test, body) -> None:
+    """``hasattr(x, 'unfreeze')`` / ``isinstance(x, ...FrozenDict)`` guarding ``body``."""
+    if not (isinstance(test, cst.Call) and isinstance(test.func, cst.Name) and len(test.args) == 2
+            and not any(a.star or a.keyword for a in test.args)):
+      return
+    subject, kind = test.args[0].value, test.args[1].value
+    if not ((test.func.value == 'hasattr' and m.matches(kind, m.SimpleString())
+             and kind.evaluated_value == 'unfreeze')
+            or (test.func.value == 'isinstance'
+                and m.matches(kind, m.Name('FrozenDict') | m.Attribute(attr=m.Name('FrozenDict'))))):
+      return
+    text = _code(subject)
+    for call in m.findall(body, m.Call(func=m.Attribute(attr=m.Name('unfreeze')), args=[])):
+      if _code(call.func.value) == text:
+        self.guarded_unfreeze.add(id(call))
 
   def visit_Module(self, node):
     scopes = {s for s in self.metadata[ScopeProvider].values() if s is not None}

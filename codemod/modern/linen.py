@@ -96,8 +96,8 @@ class _Linen:
         return updated
       proven = True
     else:
-      if original.args:
-        return updated
+      if original.args or id(original) in self.facts.guarded_unfreeze:
+        return updated  # (guarded by a test on the receiver: right as written)
       proven = self.from_init(receiver)
       if not proven and not (self.facts.imports_flax or self.facts.imports_jax):
         return updated  # (`.unfreeze()` is FrozenDict's alone: a JAX file without flax still flags)
