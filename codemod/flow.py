@@ -222,11 +222,15 @@ class Handoff(_Entry):
     fields: its optimizer fields (``('optimizer',)``).
     sibling: the module the receiver is, were it a sibling of the handing module (a script
       run from its directory imports its neighbours by their bare names), or ``''``.
+    mixed: the handing module also calls the receiver with something else in that argument
+      (a namedtuple standing in for the container): the receiving module then registers no
+      hand-off at all (its field reads stay flagged).
   """
   receiver: str = ''
   cls: str = ''
   fields: tuple[str, ...] = ()
   sibling: str = ''
+  mixed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1005,10 +1009,10 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   classes += [UserDef(f'{name}.{cls}', shown, True) for cls in summary.user_defs
               for name, _ in names]
   classes += [Handoff(f'{receiver}@{qualified}', shown, True, receiver=receiver,
-                      cls=qualified, fields=fields,
+                      cls=qualified, fields=fields, mixed=mixed,
                       sibling=f'{name.rsplit(".", 1)[0]}.{receiver.rsplit(".", 1)[0]}'
                       if '.' in name and not written.startswith('.') else '')
-              for written, handed in summary.handoffs.items() for cls, fields in handed
+              for written, (handed, mixed) in summary.handoffs.items() for cls, fields in handed
               for name, is_package in names
               if (receiver := absolute_name(written, name, is_package)) is not None
               for qualified in [cls if '.' in cls else f'{name}.{cls}']]

@@ -1107,6 +1107,31 @@ def test_a_helper_handed_instances_of_another_modules_container_converts(tmp_pat
   assert run.returncode == 0 and run.stdout.strip() == '(3.0, 0)', run.stderr[-2000:]
 
 
+def test_a_helper_also_called_with_something_else_is_flagged_not_converted(tmp_path):
+  """Found by a new user (helper-18): run.py hands `helpers.params_of` its container and also a
+  namedtuple standing in for one (`Fake(optimizer=FakeOpt(target=...))`); helpers.py's
+  `s.optimizer.target` became `.params` and failed on the namedtuple, on a line with no TODO.
+  A mixed hand-off proves nothing: the helper's field reads stay flagged (OM122)."""
+  pkg = tmp_path / 'pkg'
+  pkg.mkdir()
+  (pkg / '__init__.py').write_text('')
+  (pkg / 'states.py').write_text(
+      'import flax\nfrom flax import optim\n\n\n@flax.struct.dataclass\nclass State:\n'
+      '  optimizer: optim.Optimizer\n\n\ndef make(p):\n'
+      '  return State(optimizer=optim.Adam(1e-3).create(p))\n')
+  (pkg / 'helpers.py').write_text('def params_of(s):\n  return s.optimizer.target\n')
+  (pkg / 'run.py').write_text(
+      'import collections\nfrom pkg import helpers, states\n\n'
+      "Fake = collections.namedtuple('Fake', ['optimizer'])\n"
+      "FakeOpt = collections.namedtuple('FakeOpt', ['target'])\n\n\n"
+      'def main(p):\n  a = states.make(p)\n'
+      '  return helpers.params_of(a), helpers.params_of(Fake(optimizer=FakeOpt(target=p)))\n')
+  proc = _cli('rewrite', '--write', 'pkg', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  helpers = (pkg / 'helpers.py').read_text()
+  assert 'return s.optimizer.target\n' in helpers and 'TODO(optim-migrate): OM122' in helpers
+
+
 def test_helpers_handed_the_scripts_container_migrated_match_real_flax_optim(
     legacy_python, tmp_path):
   """Issue 17, l2p's libml/utils.py: train.py declares its container and hands it to

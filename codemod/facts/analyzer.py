@@ -69,6 +69,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self._classes: list[str] = []  # names of the classes being visited
     flow = self.f.flow
     self._field_classes = flow.field_classes if flow is not None else frozenset()
+    self._own_fields: frozenset = frozenset()  # the module's own classes' optimizer fields
     self._annotation_depth = 0
     self._subclass_depth = 0
     self._state_step: set[int] = set()
@@ -142,8 +143,10 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
                           for x in m.findall(small.annotation, m.Name() | m.Attribute()))):
                 self.f.annotated_fields.add(small.target.value)
                 self.f.container_classes.add(stmt.name.value)
+    self._own_fields = frozenset(self.f.annotated_fields)
     if self.f.flow is not None:  # another module hands this one containers of a class
-      for handoff in self.f.flow.handoffs_to():
+      handoffs = self.f.flow.handoffs_to()
+      for handoff in ([] if any(h.mixed for h in handoffs) else handoffs):
         if (found := self.f.flow.resolve_fields(handoff.cls)) is not None:
           self._register_fields(found)
 
@@ -243,6 +246,12 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     else:
       for field in found.fields:
         f.legacy_fields.setdefault(field, found)
+    # a field name one class here converts and another keeps legacy: `<x>.<field>` may be
+    # either, so it is neither converted nor taken for the converted one (flagged)
+    for field in f.flow_fields & set(f.legacy_fields):
+      f.flow_fields.discard(field)
+      if field not in self._own_fields:
+        f.annotated_fields.discard(field)
 
   def _field_class(self, node) -> None:
     """``node`` names another module's class with optimizer fields (``codemod.flow.Fields``):

@@ -53,9 +53,9 @@ class Summary:
   def_sinks: dict = dataclasses.field(default_factory=dict)
   #: module-level classes subclassing a flax.optim def (on the shim wherever they are)
   user_defs: tuple = ()
-  #: another module's function (qualified, as imported) -> ((class, its optimizer fields),
-  #: ...) whose instances this module hands it: its own by name, another module's qualified
-  #: (codemod.flow.Handoff)
+  #: another module's function (qualified, as imported) -> (((class, its optimizer fields),
+  #: ...), mixed) whose instances this module hands it: its own by name, another module's
+  #: qualified; mixed: some call passes something else there (codemod.flow.Handoff)
   handoffs: dict = dataclasses.field(default_factory=dict)
   #: another module's class with optimizer fields whose fields this module reads
   #: (qualified) -> this module converts (codemod.flow.Fields.held)

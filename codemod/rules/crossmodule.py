@@ -475,10 +475,12 @@ def container_handoffs(q) -> dict:
   ``utils.state_with_new_param(state, p)``, whose module reads ``state.optimizer.target``
   without naming the class), or another module's that it names or imports
   (``state = create_train_state(...)`` of ``proj.state``, then ``helpers.param_norm(state)``):
-  ``{qualified function as imported (relative ones too): ((class, fields), ...)}``, an own
-  class by its name, another module's qualified (:class:`codemod.flow.Handoff`). An instance
+  ``{qualified function as imported (relative ones too): (((class, fields), ...), mixed)}``,
+  an own class by its name, another module's qualified (:class:`codemod.flow.Handoff`);
+  ``mixed``: some call of it here passes something else in that argument. An instance
   is a name assigned one or read as ``<name>.<field>``, or an own class called in place,
-  passed as an argument of a call whose function an import binds."""
+  passed as an argument of a call whose function an import binds, in the same argument of
+  every call of that function in this module."""
   from libcst.metadata import QualifiedNameSource
   f, n = q.f, q.n
   classes = tuple((cls, tuple(fields)) for cls, fields in sorted(f.declared_fields.items()))
@@ -487,17 +489,24 @@ def container_handoffs(q) -> dict:
   if not classes:
     return {}
   containers = f.container_vars | f.container_params | q.container_receivers()
-  found: dict = {}
+
+  def container(value) -> bool:
+    return ((isinstance(value, cst.Name) and n.binding(value) in containers)
+            or (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
+                and value.func.value in f.declared_fields))
+  slots: dict = {}  # qualified function -> the slots of each call of it: those given one
   for call in f.calls_by_func.values():
-    if not any(a.star == '' and ((isinstance(a.value, cst.Name)
-                                  and n.binding(a.value) in containers)
-                                 or (isinstance(a.value, cst.Call)
-                                     and isinstance(a.value.func, cst.Name)
-                                     and a.value.func.value in f.declared_fields))
-               for a in call.args):
-      continue
     scope = n.scope(call.func)
-    for qname in (scope.get_qualified_names_for(call.func) if scope is not None else ()):
-      if qname.source is QualifiedNameSource.IMPORT:
-        found[qname.name] = classes
-  return dict(sorted(found.items()))
+    names = [qname.name for qname in (scope.get_qualified_names_for(call.func) if scope else ())
+             if qname.source is QualifiedNameSource.IMPORT]
+    if not names:
+      continue
+    given = frozenset(a.keyword.value if a.keyword is not None else i
+                      for i, a in enumerate(call.args) if a.star == '' and container(a.value))
+    for name in names:
+      slots.setdefault(name, []).append(given)
+  # every call of the function here hands an instance in the same argument; one called with
+  # something else there too (a namedtuple standing in for it) is a mixed hand-off: its module
+  # then proves nothing by it (codemod.flow.Handoff.mixed)
+  return {name: (classes, not all(g == given[0] for g in given))
+          for name, given in sorted(slots.items()) if any(given)}
