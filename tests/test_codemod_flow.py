@@ -1132,6 +1132,32 @@ def test_a_helper_also_called_with_something_else_is_flagged_not_converted(tmp_p
   assert 'return s.optimizer.target\n' in helpers and 'TODO(optim-migrate): OM122' in helpers
 
 
+def test_a_field_two_classes_name_alike_one_kept_legacy_is_flagged_where_read(tmp_path):
+  """Found by a new user (helper-18): sa.py's StateA converts, sb.py's StateB keeps its legacy
+  code (an in-place hyper-parameter replace, OM116/OM119); run.py reads `.optimizer` of both.
+  `b.optimizer.apply_gradient(g)` became `apply_gradients(grads=g)` on a shim Optimizer, with
+  no TODO. A field name converted by one class and kept by another is neither: flagged."""
+  pkg = tmp_path / 'pkg'
+  pkg.mkdir()
+  (pkg / '__init__.py').write_text('')
+  head = 'import flax\nfrom flax import optim, struct\n\n\n@struct.dataclass\n'
+  (pkg / 'sa.py').write_text(head + 'class StateA:\n  optimizer: flax.optim.Optimizer\n\n\n'
+                             'def make_a(p):\n  return StateA(optimizer=optim.Adam(1e-3).create(p))\n')
+  (pkg / 'sb.py').write_text(
+      head + 'class StateB:\n  optimizer: flax.optim.Optimizer\n\n\ndef make_b(p):\n'
+      '  opt = optim.Adagrad(1e-2).create(p)\n'
+      '  opt.optimizer_def.hyper_params = opt.optimizer_def.hyper_params.replace(learning_rate=0.5)\n'
+      '  return StateB(optimizer=opt)\n')
+  (pkg / 'run.py').write_text(
+      'from pkg import sa, sb\n\n\ndef main(p, g):\n  a, b = sa.make_a(p), sb.make_b(p)\n'
+      '  a = a.replace(optimizer=a.optimizer.apply_gradient(g))\n'
+      '  return b.replace(optimizer=b.optimizer.apply_gradient(g)), a\n')
+  proc = _cli('rewrite', '--write', 'pkg', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  run = (pkg / 'run.py').read_text()
+  assert 'apply_gradients' not in run and run.count('TODO(optim-migrate): OM122') == 2, run
+
+
 def test_helpers_handed_the_scripts_container_migrated_match_real_flax_optim(
     legacy_python, tmp_path):
   """Issue 17, l2p's libml/utils.py: train.py declares its container and hands it to
