@@ -906,13 +906,19 @@ def _why(source: SourceFile, plan, options, todos: bool = True) -> str:
   return 'see its report'
 
 
+def _first_blocking(plan, outside):
+  """The file's own first reason to keep its legacy code (not what a held entry of the flow
+  meets there, OM123), or None (none, or a file outside the run)."""
+  return None if outside else next(
+      (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
+
+
 def _uses(plan, shown, changes, outside, why) -> list[DefUse]:
   """One file's uses of (def) factories, from its plan. Why a user keeps its legacy code: its
   own first reason, not what the factory's TrainState meets there (OM123, which holding the
   factory removes). The user is named by its file alone: a line number would move with the
   TODO lines a run adds above it, and the next run would write its flags again."""
-  first = None if outside else next(
-      (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
+  first = _first_blocking(plan, outside)
   where = shown
   use_why = why if first is None else first.why
   summary = plan.summary
@@ -928,8 +934,7 @@ def _field_uses(plan, shown, outside, why) -> list[DefUse]:
   """One file's reads of the fields of other modules' classes with optimizer fields
   (:attr:`codemod.plan.Summary.field_uses`), as uses: not converted where the file keeps its
   legacy code (or lies outside the run), so that :func:`_decide_fields` holds the class."""
-  first = None if outside else next(
-      (f for f in plan.findings if f.blocks and f.rule != 'OM123'), None)
+  first = _first_blocking(plan, outside)
   return [DefUse(q, shown, ok and not outside, why='' if ok and not outside else
                  (first.why if first is not None else why), where=shown)
           for q, ok in plan.summary.field_uses.items()]

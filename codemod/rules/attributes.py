@@ -16,7 +16,7 @@ import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.facts.values import pickled_value
-from codemod.names import code, named_like_optimizer, template
+from codemod.names import attr_chain, code, named_like_optimizer, template
 from codemod.rules.apply_gradient import stepped_here
 
 #: keyword renames of ``replace(...)``: legacy field -> TrainState field
@@ -315,13 +315,7 @@ def _frozen_target(q, call: cst.Call) -> bool:
   return (isinstance(value, cst.Call) and isinstance(value.func, (cst.Attribute, cst.Name))
           and bool(q.n.qnames(value.func) & api.FREEZE_FUNCTIONS) and len(value.args) == 1
           and value.args[0].keyword is None and not value.args[0].star
-          and _plain_chain(recv))
-
-
-def _plain_chain(expr) -> bool:
-  while isinstance(expr, cst.Attribute):
-    expr = expr.value
-  return isinstance(expr, cst.Name)
+          and (isinstance(recv, cst.Name) or attr_chain(recv) is not None))
 
 
 def apply_replace(ctx, original, updated, fix):
