@@ -228,9 +228,9 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
     attributes.leave_method_reference(self, original)
     if references.leave_reference(self, original):
       return
-    attributes.leave_legacy_only(self, original)
+    no_equivalent = attributes.leave_legacy_only(self, original)
     defs.leave_def_attribute(self, original)
-    if crossmodule.leave_unconverted_member(self, original):
+    if crossmodule.leave_unconverted_member(self, original, no_equivalent):
       return
     crossmodule.leave_flow_failure(self, original)
     crossmodule.leave_unproven_member(self, original)

@@ -181,17 +181,20 @@ def leave_method_reference(p, original) -> None:
                               'converted: call it, or convert by hand', blocks=True)
 
 
-def leave_legacy_only(p, original) -> None:
+def leave_legacy_only(p, original) -> bool:
+  """Flags (OM103 / OM116 / OM117) or converts (OM017) a member a TrainState lacks; True
+  when it flagged the member as having no equivalent."""
   q = p.q
   attr = original.attr.value
   rule = api.LEGACY_ONLY_ATTRS.get(attr)
   if not rule or id(original) not in q.legacy_attr_ids:
-    return
+    return False
   if id(original) not in q.handled and id(original) not in q.hp_owner_ids \
       and q.is_optimizer(original.value):
     if not viewed(q, original):
       p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState '
                              'equivalent yet', blocks=True)
+      return True
     elif not q.blocked and (call := state_dict_call(q, original)) is not None:
       p.fix(call, apply_legacy_state_dict, [('OM017', f'`{code(call)}` -> the legacy state '
                                                       'dict of the TrainState (`target`, `state` '
@@ -211,6 +214,7 @@ def leave_legacy_only(p, original) -> None:
     p.flag(original, 'OM117', f'if `{code(original.value)}` is a flax.optim Optimizer '
                               f'(a TrainState after this rewrite), `.{attr}` has no TrainState '
                               'equivalent: convert it by hand' + q.created_by())
+  return False
 
 
 def leave_rename(p, original) -> None:

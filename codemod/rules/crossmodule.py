@@ -353,10 +353,22 @@ def leave_def_create(p, original) -> bool:
   return True
 
 
-def leave_unconverted_member(p, original) -> bool:
+#: The members of a flax.optim Optimizer flagged (OM122) on a value another module's factory or
+#: class kept legacy makes (``.apply_gradient`` is flagged at its call).
+UNCONVERTED_MEMBERS = frozenset({'target', *api.LEGACY_ONLY_ATTRS})
+
+
+def leave_unconverted_member(p, original, no_equivalent=False) -> bool:
+  """``.target``, ``.state``, ``.optimizer_def``, ``.replace(target=...)``... on what another
+  module kept legacy makes: each such use is flagged, not only the first of a function
+  (a member already flagged as having no TrainState equivalent, ``no_equivalent``, once)."""
   q = p.q
-  if original.attr.value in ('target', 'state') and q.unconverted(original.value):
-    text, blocking = unproven_message(q, original.value, f'`.{original.attr.value}`')
+  member = original.attr.value
+  if (member in UNCONVERTED_MEMBERS or q.field_replace(original)) and q.unconverted(original.value):
+    if no_equivalent and member not in ('target', 'state'):
+      return True
+    shown = 'replace(target=...)' if member == 'replace' else member
+    text, blocking = unproven_message(q, original.value, f'`.{shown}`')
     p.flag(original, 'OM122', text, blocks=blocking)
     return True
   return False
