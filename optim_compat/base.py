@@ -97,7 +97,7 @@ class OptimizerDef:
       return None, OptimizerState(state.step + 1, state.param_states)
     if self._spec is None:  # a user's per-leaf def: the legacy loop, exactly
       treedef = jax.tree_util.tree_structure(params)
-      flat_states = treedef.flatten_up_to(state.param_states)
+      flat_states = legacy_rule.flatten_up_to(treedef, state.param_states)
       flat_params = treedef.flatten_up_to(params)
       flat_grads = legacy_rule.flatten_like(treedef, grads, flat_params)
       out = [self.apply_param_gradient(state.step, hyper_params, p, s, g)

@@ -10,11 +10,13 @@ public names are ``optim_compat.transforms``'s.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from flax.core import FrozenDict
 
 
 class LegacyRuleState(NamedTuple):
@@ -61,7 +63,7 @@ def from_legacy_rule(opt_def, hyper_params, param_update) -> optax.GradientTrans
       raise ValueError('legacy optimizer rules need params: call tx.update(grads, state, params)')
     treedef = jax.tree_util.tree_structure(params)
     flat_p = treedef.flatten_up_to(params)
-    flat_s = treedef.flatten_up_to(state.param_states)
+    flat_s = flatten_up_to(treedef, state.param_states)
     # the table's rules need an array or number per leaf; a user's rule may take None
     flat_g = flatten_like(treedef, updates, flat_p,
                           strict=getattr(opt_def, '_spec', None) is not None)
@@ -80,6 +82,53 @@ def _is_nnx_variable(x) -> bool:
 
 def _unwrap(x):
   return x.get_value() if _is_nnx_variable(x) else x
+
+
+def flatten_up_to(treedef, tree):
+  """``treedef.flatten_up_to(tree)``, where a ``dict`` of ``tree`` may stand for a
+  ``FrozenDict`` of the params' structure and the other way round (same keys).
+
+  Flax's ``init`` returns a dict since flax 0.7.1 and a FrozenDict before: legacy code that
+  re-freezes its params (``opt.replace(target=flax.core.freeze(p))``), or unfreezes its
+  gradients, paired the same kinds on flax 0.5.3 and mixes them on today's stack. The
+  per-parameter states and gradients are flattened as if they had the params' kinds.
+
+  Args:
+    treedef: the params' tree structure.
+    tree: a tree with the params' structure up to its leaves (per-parameter states,
+      gradients).
+
+  Returns:
+    The list of ``tree``'s subtrees at the params' leaves.
+
+  Raises:
+    ValueError / TypeError: the structures differ beyond the mapping kinds (jax's error).
+  """
+  try:
+    return treedef.flatten_up_to(tree)
+  except (ValueError, TypeError):
+    recast = _mapping_kinds_like(treedef.unflatten([0] * treedef.num_leaves), tree)
+    if recast is tree:
+      raise
+    return treedef.flatten_up_to(recast)
+
+
+def _mapping_kinds_like(skeleton, tree):
+  """``tree`` with each ``dict`` / ``FrozenDict`` node of the same keys as ``skeleton``'s node
+  at its path made that node's kind (``tree`` itself when nothing changes)."""
+  if not (isinstance(skeleton, Mapping) and isinstance(tree, Mapping)
+          and set(skeleton) == set(tree)):
+    return tree
+  items = {k: _mapping_kinds_like(skeleton[k], v) for k, v in tree.items()}
+  if isinstance(skeleton, FrozenDict) and not isinstance(tree, FrozenDict):
+    return FrozenDict(items)
+  if type(skeleton) is dict and isinstance(tree, FrozenDict):
+    return items
+  if all(items[k] is tree[k] for k in items):
+    return tree
+  if isinstance(tree, FrozenDict):
+    return FrozenDict(items)
+  return type(tree)(items) if isinstance(tree, dict) else tree
 
 
 def flatten_like(treedef, tree, flat_params=None, strict: bool = False):
@@ -102,7 +151,7 @@ def flatten_like(treedef, tree, flat_params=None, strict: bool = False):
       or number (:func:`check_gradient_leaves`; names its path).
   """
   try:
-    flat = treedef.flatten_up_to(tree)
+    flat = flatten_up_to(treedef, tree)
   except (ValueError, TypeError) as e:
     other = jax.tree_util.tree_structure(tree)
     raise ValueError(f'gradient tree does not match the params tree at '

@@ -102,8 +102,10 @@ class WeightNorm(OptimizerDef):
 
   def apply_gradient(self, hyper_params, params, state, grads):
     treedef = jax.tree_util.tree_structure(params)
-    legacy_rule.flatten_like(treedef, grads, treedef.flatten_up_to(params), strict=True)
-    leaves = treedef.flatten_up_to(state.param_states)
+    # (the gradients in the params' kinds: a dict may stand for a FrozenDict, flatten_up_to)
+    grads = treedef.unflatten(
+        legacy_rule.flatten_like(treedef, grads, treedef.flatten_up_to(params), strict=True))
+    leaves = legacy_rule.flatten_up_to(treedef, state.param_states)
     pick = lambda name: treedef.unflatten([getattr(s, name) for s in leaves])
     direction, scale = pick('direction'), pick('scale')
     eps, decay = hyper_params.wn_eps, hyper_params.wn_decay

@@ -2,6 +2,7 @@
 
 import warnings
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -307,6 +308,51 @@ def test_a_none_or_non_array_gradient_leaf_is_named(name):
                                       r"not an array or a number \(the parameter there is a "
                                       r"float32\[2\] array\)$"):
     opt.apply_gradient(grads)
+
+
+def _refreeze_defs():
+  first = traverse_util.ModelParamTraversal(lambda path, _: 'kernel' in path)
+  rest = traverse_util.ModelParamTraversal(lambda path, _: 'kernel' not in path)
+  return {**{name: getattr(optim, name)(learning_rate=0.1) for name in sorted(optim.SPECS)},
+          'WeightNorm': optim.WeightNorm(optim.Adam(0.1)),
+          'MultiOptimizer': optim.MultiOptimizer((first, optim.Adam(0.1)),
+                                                 (rest, optim.Momentum(0.1)))}
+
+
+@pytest.mark.parametrize('name', sorted(_refreeze_defs()))
+def test_refrozen_target_or_frozen_gradients_step_like_plain_dicts(name):
+  """Found by a new user (helper-17): Flax's ``init`` returns a dict on today's stack (a
+  FrozenDict on flax 0.5.3), so legacy code that re-freezes its params,
+  ``opt.replace(target=flax.core.freeze(p))``, failed at the next ``apply_gradient``
+  ("Custom node type mismatch", FrozenDict vs dict per-parameter states). The states and the
+  gradients are read in the params' kinds now: the steps are bitwise the all-dict run's."""
+  # (WeightNorm fails on a 0-d leaf, as legacy does)
+  params = lambda: {'dense': _params()['dense']} if name == 'WeightNorm' else _params()
+
+  def run(freeze_target, freeze_grads):
+    opt = _refreeze_defs()[name].create(params())
+    if freeze_target:
+      opt = opt.replace(target=flax.core.freeze(opt.target))
+    step = jax.jit(lambda o, g: o.apply_gradient(g))
+    for k in (0.5, -0.25, 1.0):
+      grads = _grads(flax.core.unfreeze(opt.target), k)
+      opt = step(opt, flax.core.freeze(grads) if freeze_grads else grads)
+    return opt
+  plain = run(False, False)
+  for freeze_target, freeze_grads in ((True, False), (True, True), (False, True)):
+    got = run(freeze_target, freeze_grads)
+    assert isinstance(got.target, flax.core.FrozenDict) == freeze_target
+    for a, b in zip(jax.tree_util.tree_leaves(flax.core.unfreeze(plain.target)),
+                    jax.tree_util.tree_leaves(flax.core.unfreeze(got.target))):
+      np.testing.assert_array_equal(a, b)
+  # a tree that differs beyond the mapping kinds still names the path (MultiOptimizer names
+  # its group's)
+  opt = _refreeze_defs()[name].create(params()).replace(target=flax.core.freeze(params()))
+  bad = _grads(params())
+  bad['dense']['weights'] = bad['dense'].pop('kernel')
+  where = r"\[0\]" if name == 'MultiOptimizer' else r"\['dense'\]\['kernel'\]"
+  with pytest.raises(ValueError, match=r'gradient tree does not match the params tree at ' + where):
+    opt.apply_gradient(bad)
 
 
 def test_none_gradients_where_legacy_takes_them_still_work():
