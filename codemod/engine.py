@@ -21,6 +21,7 @@ from typing import Optional
 import libcst as cst
 from libcst.codemod import CodemodContext
 
+from codemod import deep
 from codemod import facts as facts_lib
 from codemod import legacy_api, prefilter
 from codemod.failures import RuleFailure
@@ -114,8 +115,10 @@ def plan_parsed(module: cst.Module, source: str, options: Options | None = None,
   key = ('plan', options)
   if cache is not None and key in cache and cache[key][0] == flow:
     return cache[key][1]  # planned already, with the same flow (the cross-module pre-pass)
-  analysis = facts_lib.analyze(module, source, flow, cache)
-  planned = analysis, make_plan(analysis, options)
+  def plan():
+    analysis = facts_lib.analyze(module, source, flow, cache)
+    return analysis, make_plan(analysis, options)
+  planned = deep.retry_deep(plan)  # (a 600-term sum: deeper than the default limit)
   if cache is not None:
     cache[key] = (flow, planned)
   return planned
@@ -135,7 +138,8 @@ def rewrite_parsed(module: cst.Module, source: str, path: str,
       result.new = source
       result.findings = plan.findings
       return result
-    new_source = apply_plan(analysis, plan, CodemodContext(filename=path)).code
+    new_source = deep.retry_deep(
+        lambda: apply_plan(analysis, plan, CodemodContext(filename=path)).code)
   except RuleFailure as e:
     result.error = (f'{path}:{e.line}:{e.col}: rule family {e.family} failed: '
                     f'{type(e.error).__name__}: {e.error}; file left as is')

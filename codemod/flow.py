@@ -31,7 +31,7 @@ import pathlib
 import re
 from typing import Iterable, Mapping, Optional
 
-from codemod import findings, legacy_api
+from codemod import deep, findings, legacy_api
 from codemod.modules import (absolute_name, import_lines, imported_modules,  # noqa: F401
                              module_names, reexports, outside_modules, package_root, roots_of)
 from codemod.sources import SourceFile
@@ -583,10 +583,17 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
     if 'import' in text:
       for line in _IMPORT_LINE.findall(import_lines(text)):  # (a one-line pattern)
         imported.update(_WORD.findall(line))
+  # the last names of modules declaring a class with optimizer fields: a file importing one
+  # of them may read its fields (an evaluation script no module imports), and holds the
+  # class when it keeps its legacy code (or the codemod fails on it)
+  containers = {name.rsplit('.', 1)[-1] for path, names, _ in files
+                if texts.get(path) is not None and _FIELD_CLASS.search(texts[path]) is not None
+                for name, _ in names}
   creators = [(path, names, shown) for path, names, shown in files
               if texts.get(path) is not None and names
               and (_could_define(texts[path]) or _could_take(texts[path]))
               and (any(name.rsplit('.', 1)[-1] in imported for name, _ in names)
+                   or (containers and _imports_any(texts[path], containers))
                    # a container class: a module handed its instances reads its fields
                    # without importing it (`state.optimizer.target` in a helper)
                    or (_FIELD_CLASS.search(texts[path]) is not None
@@ -603,7 +610,7 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   factories, steps, found = settle(creators)
   factories, steps, found, scanned = _decide_def_factories(
       factories, steps, found, creators, settle, texts, files, outside)
-  factories, steps, found = _decide_fields(factories, steps, found, scanned, settle)
+  factories, steps, found = _decide_fields(factories, steps, found, scanned, settle, texts)
   factories, steps = _decide_factories(factories, steps, found, scanned, settle, texts, files,
                                        sources, options, outside, inject_classes)
   return _handoffs_elsewhere(factories, steps, scanned, texts, files, sources, options,
@@ -634,17 +641,18 @@ def _handoffs_elsewhere(factories, steps, scanned, texts, files, sources, option
   return found
 
 
-def _decide_fields(factories, steps, found, scanned, settle):
+def _decide_fields(factories, steps, found, scanned, settle, texts):
   """Classes with optimizer fields whose fields a file that keeps its legacy code reads
   (hypernerf's ``training.py`` steps ``state.optimizer`` with flax.optim state surgery, while
-  ``train.py`` would store a TrainState there): held (:attr:`Fields.held`), decided again
-  until nothing changes. ``(factories, steps, found)``."""
+  ``train.py`` would store a TrainState there; a file the codemod fails on, which stays as
+  it is): held (:attr:`Fields.held`), decided again until nothing changes.
+  ``(factories, steps, found)``."""
   held: dict[tuple[str, str], str] = {}
   for _ in range(MAX_ROUNDS):
     converted = {q: f for q, f in factories.items() if isinstance(f, Fields) and f.converted}
     new_held = {}
-    for _, _, file_uses in found.values():
-      for use in file_uses:
+    for key, (_, _, file_uses) in found.items():
+      for use in _expand_kept(file_uses, texts.get(pathlib.Path(key)), converted, _reads_field):
         entry = converted.get(use.qualified)
         if entry is not None and not use.converted and use.path != entry.path:
           new_held.setdefault((entry.path, entry.function),
@@ -710,8 +718,8 @@ def _decide_factories(factories, steps, found, scanned, settle, texts, files, so
       if use.qualified in converted:
         entry = converted[use.qualified]
         uses.setdefault((entry.path, entry.function), []).append(use)
-    for _, _, file_uses in found.values():
-      for use in file_uses:
+    for key, (_, _, file_uses) in found.items():
+      for use in _expand_kept(file_uses, texts.get(pathlib.Path(key)), converted, _calls):
         add(use)
     for path, names, shown in files:  # the users no pre-pass scan saw
       if texts.get(path) is None or (path, names, shown) in scanned or not any(
@@ -748,6 +756,32 @@ def _decide_factories(factories, steps, found, scanned, settle, texts, files, so
   return factories, steps
 
 
+def _imports_any(text: str, modules: set) -> bool:
+  """``text``'s import lines name one of ``modules`` (last names)."""
+  return 'import' in text and any(
+      word in modules for line in _IMPORT_LINE.findall(import_lines(text))
+      for word in _WORD.findall(line))
+
+
+def _expand_kept(uses, text, entries, names) -> list:
+  """``uses`` with a file's "kept as it is" use (qualified ``''``: the codemod fails on it)
+  made one legacy use of each of ``entries`` (``{qualified: entry}``) that ``names(text,
+  qualified)`` finds in its text."""
+  found = []
+  for use in uses:
+    if use.qualified or text is None:
+      found.append(use)
+    else:
+      found.extend(dataclasses.replace(use, qualified=q) for q, entry in entries.items()
+                   if names(text, q, entry))
+  return found
+
+
+def _reads_field(text: str, qualified: str, entry) -> bool:
+  """``text`` reads one of the fields of the class ``entry`` (``<x>.optimizer``)."""
+  return any(re.search(rf'\.[ \t]*{re.escape(field)}\b', text) for field in entry.fields)
+
+
 @functools.lru_cache(maxsize=1)
 def _returned_def() -> re.Pattern:
   """``return optim.Adam(``, ``return Momentum(``: a function returning a legacy def."""
@@ -763,7 +797,7 @@ def _calls_own_function(text: str) -> bool:
           and any(_calls(text, f'.{name}') for name in set(_TOP_DEF.findall(text))))
 
 
-def _calls(text: str, qualified: str) -> bool:
+def _calls(text: str, qualified: str, entry=None) -> bool:
   """``text`` may call the function ``qualified`` names: its last name then ``(``, not after
   ``def`` (``agent_lib.create_optimizer(...)`` on a module handed in as a parameter counts:
   a cheap, conservative test)."""
@@ -884,6 +918,7 @@ def _merge(found: dict, aliases: Mapping[str, str]) -> tuple[dict[str, Factory],
 
 
 #: Why a notebook calling a factory is taken for a user that keeps its legacy code.
+_SCAN_FAILED = 'the codemod fails on it and leaves it as it is; its error is in the report'
 _NOTEBOOK_KEPT = ('its cells cannot be planned (IPython syntax, a magic or shell line, that may '
                   'use flax.optim or an optimizer, or code that does not parse), so the rewrite '
                   'leaves them as they are')
@@ -944,14 +979,24 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
           ) -> tuple[list[Factory], list[Step], list[DefUse]]:
   """The factories and step functions one file defines, as the run's rewrite makes them:
   from the file's plan, nothing rewritten (``outside``: a file the run does not rewrite,
-  whose legacy code therefore stays)."""
+  whose legacy code therefore stays). Code nested deeper than the recursion limit is
+  scanned on a deep stack (:mod:`codemod.deep`)."""
+  try:
+    return deep.retry_deep(lambda: _scan_file(source, names, shown, options, flow_file, outside))
+  except RecursionError:  # (even the deep stack overflows: the per-file run reports it)
+    return [], [], [DefUse('', shown, False, why=_SCAN_FAILED, where=shown)]
+
+
+def _scan_file(source: SourceFile, names, shown, options, flow_file, outside=False,
+               ) -> tuple[list[Factory], list[Step], list[DefUse]]:
   from codemod import engine
   from codemod.facts.migrated import migrated_factories, migrated_field_classes
   notebook = source.path.suffix == '.ipynb'  # (it defines nothing others import: uses only)
   try:
     planned = (engine.plan_notebook if notebook else engine.plan_file)(source, options, flow_file)
   except Exception:  # noqa: BLE001 - a failing rule: the per-file run reports it
-    return [], [], []
+    # the file stays as it is: a legacy user of whatever it calls or reads (_expand_kept)
+    return [], [], [DefUse('', shown, False, why=_SCAN_FAILED, where=shown)]
   if planned is None:  # (a notebook that cannot be planned: it stays as it is, a legacy user)
     return [], [], [DefUse('', shown, False, why=_NOTEBOOK_KEPT)] if notebook else []
   _, plan = planned

@@ -1870,3 +1870,67 @@ def test_every_use_of_a_held_class_field_is_flagged_and_runs_on_the_shim(tmp_pat
   # 1e-6); b was loaded from the other state
   a, b = map(float, run.stdout.split())
   assert abs(a - 0.5) < 1e-4 and b == 7.0, run.stdout
+
+
+def test_a_legacy_reader_no_module_imports_holds_the_container_class(tmp_path):
+  """A script no module imports (an evaluation tool) that imports the container's module,
+  reads `state.optimizer` and keeps its legacy code (state surgery, OM103) was not scanned
+  by the pre-pass: the class and train.py converted, and the script got a TrainState with
+  no `.state.param_states` (no TODO said so). Importing the container's module now gets it
+  scanned: the class is held (OM123), and the tree runs on the shim."""
+  tree = _container_tree(tmp_path)
+  (tree / 'inspect_state.py').write_text(
+      'import model_utils\nfrom flax import optim\n\n\ndef moments(state):\n'
+      '  """state: model_utils.TrainState."""\n'
+      '  s = optim.OptimizerState(0, state.optimizer.state.param_states)\n'
+      "  return s.param_states['w'].grad_ema, state.optimizer.target['w']\n")
+  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert re.search(r'model_utils\.py:\d+:\d+: OM123 .*read by inspect_state\.py', proc.stderr)
+  assert 'optimizer: optim.Optimizer' in (tree / 'model_utils.py').read_text()
+  run = _run_tree(tree, 'import jax.numpy as jnp, train, inspect_state\n'
+                        "print(inspect_state.moments(train.make({'w': jnp.ones(2)})))")
+  assert run.returncode == 0 and 'Array([0., 0.]' in run.stdout, run.stderr[-2000:]
+
+
+def test_a_reader_nested_past_the_recursion_limit_converts_with_its_container(tmp_path):
+  """Found by a new user (helper-17): a reader of the container's field that the codemod
+  failed on (a 600-term sum: RecursionError) stayed legacy while the class and its creators
+  converted, and its `.target` failed at run time (only "codemod failed" said anything).
+  The pre-pass and the rewrite both run such a file on a deep stack now (it converts with
+  the rest); one that fails even so holds the classes whose fields it reads (flow tests
+  above: a file kept as it is is a legacy user)."""
+  tree = _container_tree(tmp_path)
+  (tree / 'reader.py').write_text(
+      'import model_utils\n\nBIG = ' + ' + '.join(['1'] * 600) + '\n\n\n'
+      'def weights(state):\n  """state: model_utils.TrainState."""\n'
+      '  return state.optimizer.target\n')
+  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert '0 failed' in proc.stderr, proc.stderr
+  assert 'return state.optimizer.params\n' in (tree / 'reader.py').read_text()
+  run = _run_tree(tree, 'import jax.numpy as jnp, train, reader\n'
+                        "print(reader.weights(train.make({'w': jnp.ones(2)})))")
+  assert run.returncode == 0 and "'w': Array([1., 1.]" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_file_the_codemod_fails_on_holds_the_classes_whose_fields_it_reads(tmp_path,
+                                                                           monkeypatch):
+  """A file whose plan fails (any rule error) stays as it is: the pre-pass counts it a legacy
+  user of every container class whose fields it reads, so they are held (OM123)."""
+  tree = _container_tree(tmp_path)
+  (tree / 'reader.py').write_text(
+      'import model_utils\n\n\ndef weights(state):\n  return state.optimizer.target\n')
+  real = engine.plan_file
+
+  def failing(source, *args, **kwargs):
+    if source.path.name == 'reader.py':
+      raise RuntimeError('a rule failed')
+    return real(source, *args, **kwargs)
+  monkeypatch.setattr(engine, 'plan_file', failing)
+  files = [(tree / name, [(name[:-3], False)], name)
+           for name in ('model_utils.py', 'train.py', 'reader.py')]
+  factories, _ = flow.build_flows(files, Options())
+  held = [f for f in factories.values() if isinstance(f, flow.Fields)]
+  assert held and all('reader.py, which keeps its legacy code (the codemod fails on it' in f.held
+                      for f in held), held
