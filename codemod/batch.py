@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import sys
 from typing import Iterable, Optional
 
@@ -216,13 +217,19 @@ def _within(directory: pathlib.Path, f: pathlib.Path) -> bool:
   return len(d) < len(parts) and parts[:len(d)] == d
 
 
+def _reads_field(text: str, fields) -> bool:
+  """``text`` reads one of ``fields`` as an attribute (``state.optimizer``)."""
+  return any(re.search(rf'\.[ \t]*{re.escape(field)}\b', text) for field in fields)
+
+
 def outside_importers(results, files: list[pathlib.Path], paths: list[str],
                       exclude: Iterable[str] = ()) -> list[dict]:
   """Report rows (``OM125``, manual) for files outside the run that import a function this
   run converted: a factory that now returns a ``TrainState``, or a step function that now
-  takes one (pre-commit passes only the changed files; ``rewrite models/`` leaves out the
-  scripts that use them). Those files are read, never written; their call sites fail until
-  they are rewritten too.
+  takes one, or a container class whose optimizer field now holds one (its module imported
+  and one of its fields read) (pre-commit passes only the changed files; ``rewrite models/``
+  leaves out the scripts that use them). Those files are read, never written; their call
+  sites fail until they are rewritten too.
 
   Searched: the directories given (raised past parent packages), the directory of each
   file given, and the working directory when it holds ``.git`` or ``pyproject.toml`` (a
@@ -245,9 +252,12 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
                  if ok})
     what.update({f: 'takes a TrainState as ' + ', '.join(f'`{n}`' for _, n in params)
                  for f, (params, ok) in result.steps.items() if ok})
+    what.update({cls: 'holds a TrainState in its field ' + ', '.join(f'`{x}`' for x in fields)
+                 for cls, fields in getattr(result, 'fields', {}).items()})
+    read = {cls: fields for cls, fields in getattr(result, 'fields', {}).items()}
     if what:
       for name, _ in [*names, *flow_lib.module_names(path, search)]:
-        changed[name] = (result.path, what)  # the path this run names it by
+        changed[name] = (result.path, what, read)  # the path this run names it by
   if not changed:
     return []
   inside = {f.resolve() for f in files}
@@ -260,7 +270,9 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
       text = f.read_bytes().decode('latin-1')
     except OSError:
       continue
-    if not any(fn in text for _, what in changed.values() for fn in what):
+    if not any(fn in text for _, what, _ in changed.values() for fn in what) and not any(
+        _reads_field(text, fields) for _, _, read in changed.values()
+        for fields in read.values()):
       continue
     if not has_legacy_use(text):
       continue  # no flax.optim word, `.apply_gradient`, `.target` or `.state.step`: migrated
@@ -269,9 +281,12 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
     imported = flow_lib.imported_modules(text, module, is_package)
     lines = text.splitlines()
     seen = set()
-    for dotted, (shown, what) in sorted(changed.items()):
+    for dotted, (shown, what, read) in sorted(changed.items()):
       for fn, change in sorted(what.items()):
-        if fn not in text or not ({dotted, f'{dotted}.{fn}'} & imported) or (shown, fn) in seen:
+        # (a container class: its module imported and one of its fields read, as a helper
+        # handed instances does without naming the class)
+        named = fn in text or (fn in read and _reads_field(text, read[fn]))
+        if not named or not ({dotted, f'{dotted}.{fn}'} & imported) or (shown, fn) in seen:
           continue
         seen.add((shown, fn))
         last = dotted.rsplit('.', 1)[-1]
@@ -280,8 +295,10 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
         shown_here = f.relative_to(cwd).as_posix() if cwd in f.absolute().parents else str(f)
         rows.append({'file': shown_here, 'line': line, 'column': 1 if line else None,
                      'rule': 'OM125', 'safety': RULES['OM125'].safety,
-                     'message': f'imports {fn} from {shown}, which this run rewrites so that it '
-                                f'{change}; this file is not in the run: where it still uses '
-                                'it the flax.optim way, it fails: rewrite it too (optim-migrate '
-                                f'rewrite {shown_here})', 'applied': False})
+                     'message': (f'imports {fn} from {shown}' if fn in text else
+                                 f'imports {shown}, whose {fn} it may read')
+                                + f', which this run rewrites so that it {change}; this file '
+                                'is not in the run: where it still uses it the flax.optim way, '
+                                f'it fails: rewrite it too (optim-migrate rewrite {shown_here})',
+                     'applied': False})
   return rows

@@ -38,7 +38,7 @@ import tempfile
 from typing import Optional
 
 #: Bump when the entry layout changes.
-FORMAT = 1
+FORMAT = 2  # 2: FileResult.fields
 DIRNAME = '.optim-migrate-cache'
 ENV = 'OPTIM_MIGRATE_CACHE_DIR'
 #: The packages whose code makes a result (their files' sizes and mtimes are in every key).

@@ -170,6 +170,8 @@ def _summarize(result: FileResult, plan) -> None:
   result.factories = dict(summary.factories)
   result.steps = dict(summary.steps)
   result.bundles = dict(summary.bundles)
+  result.fields = {cls: tuple(fields) for cls, (fields, converted) in summary.fields.items()
+                   if converted}
   result.inject_lr = summary.inject_lr
 
 

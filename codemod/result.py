@@ -25,6 +25,8 @@ class FileResult:
   steps: dict[str, tuple[tuple, bool]] = dataclasses.field(default_factory=dict)
   #: module-level functions returning an optimizer in a tuple, list or dict -> converted
   bundles: dict[str, bool] = dataclasses.field(default_factory=dict)
+  #: module-level classes whose optimizer fields the rewrite makes TrainStates -> the fields
+  fields: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
   def where(self, i: int) -> str:
     """The file (``nb.ipynb:cell3`` in a notebook) of finding ``i``."""

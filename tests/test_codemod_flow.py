@@ -1934,3 +1934,31 @@ def test_a_file_the_codemod_fails_on_holds_the_classes_whose_fields_it_reads(tmp
   held = [f for f in factories.values() if isinstance(f, flow.Fields)]
   assert held and all('reader.py, which keeps its legacy code (the codemod fails on it' in f.held
                       for f in held), held
+
+
+def test_a_run_over_a_container_class_names_its_readers_outside_the_run(tmp_path):
+  """A run over state.py alone (pre-commit on one changed file) made its class's `optimizer`
+  field a TrainState, while train.py and a reader outside the run still store and read a
+  flax.optim Optimizer there, and the report said nothing (OM125 covered factories and steps
+  only). Each importer of the module that names the class or reads one of its fields is
+  reported now, the files untouched."""
+  tree = _container_tree(tmp_path)
+  reader = 'import model_utils\n\n\ndef weights(state):\n  return state.optimizer.target\n'
+  (tree / 'reader.py').write_text(reader)
+  (tree / 'unrelated.py').write_text('import model_utils\n\n\ndef f(x):\n  return x.target\n')
+  (tmp_path / 'pyproject.toml').write_text('')
+  before = _files(tree)
+  proc = _cli('rewrite', '--write', '--report', 'r.json', 'tree/model_utils.py', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert 'optimizer: train_state.TrainState' in (tree / 'model_utils.py').read_text()
+  rows = {r['file']: r for r in json.loads((tmp_path / 'r.json').read_text())
+          if r['rule'] == 'OM125'}
+  assert sorted(rows) == ['tree/reader.py', 'tree/train.py'], rows
+  assert rows['tree/reader.py']['message'].startswith(
+      'imports tree/model_utils.py, whose TrainState it may read, which this run rewrites so '
+      'that it holds a TrainState in its field `optimizer`; this file is not in the run')
+  assert rows['tree/train.py']['message'].startswith('imports TrainState from tree/model_utils.py')
+  assert '2 file(s) outside this run import what it converted' in proc.stderr
+  after = _files(tree)
+  assert {k: v for k, v in after.items() if k != 'model_utils.py'} == {
+      k: v for k, v in before.items() if k != 'model_utils.py'}

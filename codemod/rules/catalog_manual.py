@@ -451,6 +451,6 @@ MANUAL = (
          'a file outside the run imports a function the run converted',
          why='pre-commit passes only the changed files: an importer outside the run keeps '
              'calling the converted factory or step the legacy way until it is rewritten too.',
-         readme='a file outside the run that imports a factory or step function the run '
-                'converts: reported at its import line (the file is not touched)'),
+         readme='a file outside the run that imports a factory, step function or container '
+                'class the run converts: reported at its import line (the file is not touched)'),
 )
