@@ -1175,9 +1175,12 @@ def test_helpers_handed_the_scripts_container_migrated_match_real_flax_optim(
   assert utils.count('optimizer.replace(params=') == 3
   # l2p's `replace(target=flax.core.freeze(p))`: the params keep the kind the TrainState's have
   # (init's FrozenDict on the old stack, its dict since flax 0.7.1: a FrozenDict there would
-  # not match opt_state at the next step)
-  assert ('params=flax.core.freeze(param_dict) if isinstance(state.optimizer.params, '
-          'flax.core.FrozenDict) else flax.core.unfreeze(param_dict))') in utils
+  # not match opt_state at the next step); so does `replace(target=param_dict)` of the
+  # parameter its callers hand re-frozen params (replace_prompt_pool -> state_with_new_param),
+  # which failed at the next step with no TODO
+  kind = ('params=flax.core.freeze(param_dict) if isinstance({}.params, '
+          'flax.core.FrozenDict) else flax.core.unfreeze(param_dict))')
+  assert utils.count(kind.format('state.optimizer')) == 2, utils  # reset_head, state_with_new_param
   old, new_ = _run_on_both_stacks(legacy_python, HANDOFF, new, tmp_path)
   assert int(old['step']) == int(new_['step']) == 30
   assert not np.any(old['task1/head/kernel'] == 0)  # the head was reset, then trained

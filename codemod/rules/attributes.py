@@ -286,9 +286,8 @@ def leave_replace(p, original) -> bool:
     if any(a.keyword is not None and a.keyword.value in _FIELD_RENAMES for a in original.args):
       frozen = _frozen_target(q, original)
       p.fix(original, apply_replace, [('OM003', 'replace(target=...) -> replace(params=...)' + (
-          ': the frozen params take the kind the TrainState\'s have (`flax.core.freeze(p)` '
-          'matched them when Flax `init` returned a FrozenDict; since flax 0.7.1 it returns a '
-          'dict, and a FrozenDict there would not match opt_state\'s tree at the next step)'
+          _KIND_NOTE.format('the frozen params' if frozen == 'call' else
+                            'the parameter (this module hands on frozen params)')
           if frozen else ''))], data={'frozen': frozen})
   elif ((fields := {a.keyword.value for a in original.args if a.keyword is not None}
           & api.OPTIMIZER_FIELDS) and not fields <= q.f.annotated_fields
@@ -309,41 +308,75 @@ def apply_rename(ctx, original, updated, fix):
   return updated.with_changes(value=recv, attr=cst.Name(member.train_state))
 
 
-def _frozen_target(q, call: cst.Call) -> bool:
-  """``opt.replace(target=flax.core.freeze(p))`` (or ``freeze(p)`` imported from Flax) on a
-  receiver that is a name or an attribute chain: the value is kept of the kind the
-  TrainState's params have."""
+_KIND_NOTE = (': {} take the kind the TrainState\'s params have (`flax.core.freeze(p)` '
+              'matched them when Flax `init` returned a FrozenDict; since flax 0.7.1 it returns '
+              'a dict, and a FrozenDict there would not match opt_state\'s tree at the next '
+              'step)')
+
+
+def _frozen_target(q, call: cst.Call) -> str:
+  """How ``opt.replace(target=V)`` on a receiver that is a name or an attribute chain keeps
+  ``V`` of the kind the TrainState's params have: ``'call'`` for ``V`` =
+  ``flax.core.freeze(p)`` (or ``freeze(p)`` imported from Flax); ``'parameter'`` for ``V`` a
+  parameter of the enclosing function in a module that calls ``freeze`` (l2p's
+  ``state_with_new_param(state, param_dict)``, handed ``flax.core.freeze(...)`` by its
+  callers); else ``''``."""
   recv = call.func.value
   value = next((a.value for a in call.args if a.keyword is not None
                 and a.keyword.value == 'target'), None)
-  return (isinstance(value, cst.Call) and isinstance(value.func, (cst.Attribute, cst.Name))
-          and bool(q.n.qnames(value.func) & api.FREEZE_FUNCTIONS) and len(value.args) == 1
-          and value.args[0].keyword is None and not value.args[0].star
-          and (isinstance(recv, cst.Name) or attr_chain(recv) is not None))
+  if not (isinstance(recv, cst.Name) or attr_chain(recv) is not None):
+    return ''
+  if (isinstance(value, cst.Call) and isinstance(value.func, (cst.Attribute, cst.Name))
+      and bool(q.n.qnames(value.func) & api.FREEZE_FUNCTIONS) and len(value.args) == 1
+      and value.args[0].keyword is None and not value.args[0].star):
+    return 'call'
+  if isinstance(value, cst.Name) and _a_parameter(q, value) and _calls_freeze(q):
+    return 'parameter'
+  return ''
+
+
+def _a_parameter(q, name: cst.Name) -> bool:
+  """Every binding of ``name`` is a function's parameter."""
+  scope = q.n.scope(name)
+  assignments = list(scope[name.value]) if scope is not None else []
+  return bool(assignments) and all(isinstance(getattr(a, 'node', None), cst.Param)
+                                   for a in assignments)
+
+
+def _calls_freeze(q) -> bool:
+  """The module calls ``flax.core.freeze`` (or ``freeze`` imported from Flax)."""
+  if not hasattr(q, 'calls_freeze'):
+    q.calls_freeze = any(q.n.qnames(c.func) & api.FREEZE_FUNCTIONS
+                         for c in q.f.calls_by_func.values())
+  return q.calls_freeze
 
 
 def apply_replace(ctx, original, updated, fix):
   args = [a.with_changes(keyword=cst.Name(_FIELD_RENAMES[a.keyword.value]))
           if a.keyword is not None and a.keyword.value in _FIELD_RENAMES else a
           for a in updated.args]
-  if fix.data and fix.data.get('frozen'):
+  kind = fix.data.get('frozen') if fix.data else ''
+  if kind:
     # `replace(params=flax.core.freeze(p))` -> the kind the TrainState's params have:
     # `F.freeze(p) if isinstance(R.params, F.FrozenDict) else F.unfreeze(p)`
     args = [a.with_changes(value=_of_params_kind(ctx, updated.func.value, a.value))
-            if a.keyword is not None and a.keyword.value == 'params'
-            and isinstance(a.value, cst.Call) else a for a in args]
+            if a.keyword is not None and a.keyword.value == 'params' else a for a in args]
   return updated.with_changes(args=args)
 
 
-def _of_params_kind(ctx, recv, freeze: cst.Call) -> cst.BaseExpression:
-  if isinstance(freeze.func, cst.Attribute):
-    module = code(freeze.func.value)
-  else:  # `freeze(p)` after `from flax.core import freeze`
+def _of_params_kind(ctx, recv, value: cst.BaseExpression) -> cst.BaseExpression:
+  """``value`` (``flax.core.freeze(p)``, or a parameter ``p``) in the kind of ``R.params``."""
+  if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+    module, inner = code(value.func.value), value.args[0].value
+  else:  # `freeze(p)` after `from flax.core import freeze`, or a parameter
     module = 'flax.core'
     ctx.add_import('flax')
-  value = freeze.args[0].value
+    if isinstance(value, cst.Call):
+      inner = value.args[0].value
+    else:
+      inner, value = value, template('flax.core.freeze(V)', V=value)
   return template(f'F if isinstance(R.params, {module}.FrozenDict) else {module}.unfreeze(V)',
-                  F=freeze, R=recv, V=value)
+                  F=value, R=recv, V=inner)
 
 
 def apply_without_tx(ctx, original, updated, fix):
