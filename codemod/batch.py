@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import re
 import sys
 from typing import Iterable, Optional
 
@@ -217,11 +216,6 @@ def _within(directory: pathlib.Path, f: pathlib.Path) -> bool:
   return len(d) < len(parts) and parts[:len(d)] == d
 
 
-def _reads_field(text: str, fields) -> bool:
-  """``text`` reads one of ``fields`` as an attribute (``state.optimizer``)."""
-  return any(re.search(rf'\.[ \t]*{re.escape(field)}\b', text) for field in fields)
-
-
 def outside_importers(results, files: list[pathlib.Path], paths: list[str],
                       exclude: Iterable[str] = ()) -> list[dict]:
   """Report rows (``OM125``, manual) for files outside the run that import a function this
@@ -271,7 +265,7 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
     except OSError:
       continue
     if not any(fn in text for _, what, _ in changed.values() for fn in what) and not any(
-        _reads_field(text, fields) for _, _, read in changed.values()
+        flow_lib.reads_field(text, fields) for _, _, read in changed.values()
         for fields in read.values()):
       continue
     if not has_legacy_use(text):
@@ -285,7 +279,7 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
       for fn, change in sorted(what.items()):
         # (a container class: its module imported and one of its fields read, as a helper
         # handed instances does without naming the class)
-        named = fn in text or (fn in read and _reads_field(text, read[fn]))
+        named = fn in text or (fn in read and flow_lib.reads_field(text, read[fn]))
         if not named or not ({dotted, f'{dotted}.{fn}'} & imported) or (shown, fn) in seen:
           continue
         seen.add((shown, fn))

@@ -777,9 +777,13 @@ def _expand_kept(uses, text, entries, names) -> list:
   return found
 
 
+def reads_field(text: str, fields) -> bool:
+  """``text`` reads one of ``fields`` as an attribute (``<x>.optimizer``; a cheap test)."""
+  return any(re.search(rf'\.[ \t]*{re.escape(field)}\b', text) for field in fields)
+
+
 def _reads_field(text: str, qualified: str, entry) -> bool:
-  """``text`` reads one of the fields of the class ``entry`` (``<x>.optimizer``)."""
-  return any(re.search(rf'\.[ \t]*{re.escape(field)}\b', text) for field in entry.fields)
+  return reads_field(text, entry.fields)
 
 
 @functools.lru_cache(maxsize=1)
