@@ -1167,7 +1167,9 @@ def test_helpers_handed_the_scripts_container_migrated_match_real_flax_optim(
   module handed the instances now reads the field as the class's converted one (as a module
   importing the class's module does), its uncalled private helper too; the migrated program
   matches real flax.optim 0.5.3 (old stack) over two tasks, its params the tree `init` returns
-  on each stack (a FrozenDict, then a dict)."""
+  on each stack (a FrozenDict, then a dict). nested-transformer (the independent set): the
+  container comes back in a tuple, `model, state = create_train_state(...)`, and the script
+  reads it only through the helpers; that instance was not followed (its 3 lines OM122)."""
   new, rows = _migrated_copy(HANDOFF, tmp_path)
   assert rows and all(r['applied'] for r in rows)  # (no manual item)
   utils = (new / 'libml' / 'utils.py').read_text()

@@ -35,7 +35,9 @@ def settle(analyzer) -> None:
   # `return TrainState(step=0, optimizer=opt)` in a factory, no name assigned one: its
   # callers' names still hold one (a user's `restore_checkpoint(workdir, state)` was left)
   containers = bool(f.container_vars) or any(
-      analyzer.makes_container(v) for values in f.top_returns.values() for v in values)
+      analyzer.makes_container(v) or (isinstance(v, cst.Tuple) and any(
+          analyzer.makes_container(e.value) for e in v.elements))
+      for values in f.top_returns.values() for v in values)
   if f.uses_legacy or f.flow_vars or containers:
     sites = [(fn, calls) for fn in f.functions
              if (calls := _call_sites(n, fn.name, _decorator_methods(n, fn)))]
@@ -95,6 +97,7 @@ def _follow_containers(analyzer, sites) -> None:
     return value is not None and (analyzer.makes_container(value) or (
         isinstance(value, cst.Name) and n.binding(value) in f.container_vars))
   makers = f.container_makers  # (offered to other modules: codemod.flow.ContainerFactory)
+  in_tuples: dict[str, int] = {}  # `return model, TrainState(...)`: the position it is at
   changed = True
   while changed:
     changed = False
@@ -103,6 +106,21 @@ def _follow_containers(analyzer, sites) -> None:
     if new:
       makers |= new
       changed = True
+    for name, values in f.top_returns.items():
+      if name not in makers and name not in in_tuples and (
+          at := _tuple_position(values, gives_one)) is not None:
+        in_tuples[name] = at
+        changed = True
+    for targets, value in f.assignments:  # `model, state = create_train_state(...)`
+      if (len(targets) == 1 and isinstance(targets[0], (cst.Tuple, cst.List))
+          and isinstance(value, cst.Call) and isinstance(value.func, cst.Name)
+          and value.func.value in in_tuples
+          and len(targets[0].elements) > in_tuples[value.func.value]):
+        element = targets[0].elements[in_tuples[value.func.value]]
+        if (isinstance(element.value, cst.Name) and not isinstance(element, cst.StarredElement)
+            and (b := n.binding(element.value)) is not None and b not in f.container_vars):
+          f.container_vars.add(b)
+          changed = True
     for b, assigned in analyzer.assign_sites.items():
       if b not in f.container_vars and any(  # (as `state = TrainState(...)`: any assignment)
           isinstance(v, cst.Call) and isinstance(v.func, cst.Name) and v.func.value in makers
@@ -118,6 +136,18 @@ def _follow_containers(analyzer, sites) -> None:
         if all(isinstance(a, cst.Name) and n.binding(a) in f.container_vars for a in args):
           f.container_vars.add(b)
           changed = True
+
+
+def _tuple_position(values, gives_one) -> Optional[int]:
+  """The one position at which every returned value, a tuple display of one length, holds
+  an instance of a class with optimizer fields (``return model, TrainState(...)``)."""
+  if not values or not all(isinstance(v, cst.Tuple) for v in values):
+    return None
+  sizes = {len(v.elements) for v in values}
+  if len(sizes) != 1 or any(isinstance(e, cst.StarredElement) for v in values for e in v.elements):
+    return None
+  found = [i for i in range(sizes.pop()) if all(gives_one(v.elements[i].value) for v in values)]
+  return found[0] if len(found) == 1 else None
 
 
 # -- a name holding a def, then the optimizer its create returns ---------------------------
