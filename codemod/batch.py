@@ -247,8 +247,8 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
     what.update({f: 'takes a TrainState as ' + ', '.join(f'`{n}`' for _, n in params)
                  for f, (params, ok) in result.steps.items() if ok})
     what.update({cls: 'holds a TrainState in its field ' + ', '.join(f'`{x}`' for x in fields)
-                 for cls, fields in getattr(result, 'fields', {}).items()})
-    read = {cls: fields for cls, fields in getattr(result, 'fields', {}).items()}
+                 for cls, fields in result.fields.items()})
+    read = dict(result.fields)  # (a class's importers may read its fields without naming it)
     if what:
       for name, _ in [*names, *flow_lib.module_names(path, search)]:
         changed[name] = (result.path, what, read)  # the path this run names it by

@@ -24,8 +24,8 @@ _STATE = threading.local()
 
 
 def retry_deep(fn: Callable[[], T]) -> T:
-  """``fn()``; on a RecursionError (also one a rule family's failure wraps), ``fn()`` again on a thread with a
-  :data:`STACK_BYTES` stack and a :data:`RECURSION_LIMIT` recursion limit.
+  """``fn()``; on a RecursionError (also one a rule family's failure wraps), ``fn()`` again
+  on a thread with a :data:`STACK_BYTES` stack and a :data:`RECURSION_LIMIT` recursion limit.
 
   Raises:
     Whatever ``fn`` raises (a RecursionError again only when even the deep thread
