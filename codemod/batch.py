@@ -216,6 +216,15 @@ def _within(directory: pathlib.Path, f: pathlib.Path) -> bool:
   return len(d) < len(parts) and parts[:len(d)] == d
 
 
+def _repository_root(cwd: pathlib.Path) -> Optional[pathlib.Path]:
+  """The working directory or the nearest directory above it that holds ``.git`` or
+  ``pyproject.toml`` (a repository root), else None."""
+  for folder in (cwd, *cwd.parents):
+    if (folder / '.git').exists() or (folder / 'pyproject.toml').exists():
+      return folder
+  return None
+
+
 def outside_importers(results, files: list[pathlib.Path], paths: list[str],
                       exclude: Iterable[str] = ()) -> list[dict]:
   """Report rows (``OM125``, manual) for files outside the run that import a function this
@@ -226,17 +235,19 @@ def outside_importers(results, files: list[pathlib.Path], paths: list[str],
   sites fail until they are rewritten too.
 
   Searched: the directories given (raised past parent packages), the directory of each
-  file given, and the working directory when it holds ``.git`` or ``pyproject.toml`` (a
-  repository root, as pre-commit runs from) and the paths lie under it. An importer is a file
+  file given, and the repository the working directory lies in (the nearest directory at or
+  above it holding ``.git`` or ``pyproject.toml``: pre-commit runs from its root, a user
+  from anywhere in it) when the paths lie under it. An importer is a file
   whose import lines name the converted function's module and whose text names the
   function (:func:`codemod.flow.imported_modules`); the row points at that import line.
   """
   roots = flow_lib.roots_of(paths)
   cwd = pathlib.Path.cwd()
-  repository = (cwd / '.git').exists() or (cwd / 'pyproject.toml').exists()
   search = {r.absolute() for rs in roots.values() for r in rs if r.absolute() != cwd}
-  if repository and any(cwd in pathlib.Path(p).absolute().parents for p in paths):
-    search.add(cwd)
+  repository = _repository_root(cwd)
+  if repository is not None and any(repository in pathlib.Path(p).absolute().parents
+                                    for p in paths):
+    search.add(repository)
   changed = {}
   for (path, names, _), result in zip(_named(files, roots), results):
     if result.error or not result.changed or not names:

@@ -1967,3 +1967,25 @@ def test_a_run_over_a_container_class_names_its_readers_outside_the_run(tmp_path
   after = _files(tree)
   assert {k: v for k, v in after.items() if k != 'model_utils.py'} == {
       k: v for k, v in before.items() if k != 'model_utils.py'}
+
+
+def test_a_run_from_inside_a_repository_names_importers_anywhere_in_it(tmp_path):
+  """`cd pkg && optim-migrate rewrite models.py` in a repository whose root (with `.git`)
+  is above the working directory converted the factory and named no importer outside the
+  run: only a working directory holding `.git` was searched. The repository the working
+  directory lies in is searched now."""
+  (tmp_path / '.git').mkdir()
+  (tmp_path / 'pkg').mkdir()
+  (tmp_path / 'pkg' / '__init__.py').write_text('')
+  (tmp_path / 'pkg' / 'models.py').write_text(
+      'from flax import optim\n\n\ndef create_optimizer(params):\n'
+      '  return optim.Adam(0.1).create(params)\n')
+  (tmp_path / 'scripts').mkdir()
+  train = ('from pkg.models import create_optimizer\n\nopt = create_optimizer({"w": 1.0})\n'
+           'print(opt.target)\n')
+  (tmp_path / 'scripts' / 'train.py').write_text(train)
+  proc = _cli('rewrite', '--write', 'models.py', cwd=tmp_path / 'pkg')
+  assert proc.returncode == 1, proc.stderr
+  assert re.search(r'scripts/train\.py:1:1: OM125 \[manual\] imports create_optimizer from '
+                   r'models\.py, which this run rewrites', proc.stderr), proc.stderr
+  assert (tmp_path / 'scripts' / 'train.py').read_text() == train
