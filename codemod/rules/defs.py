@@ -188,15 +188,22 @@ def array_create(q, call: cst.Call) -> bool:
   is stored where such a create is stored too (``self.alpha_optimizer``, the same name), as
   a restore re-creating the optimizer from a checkpoint's array does. Flax's
   ``TrainState.apply_gradients`` is a TypeError on a bare array (Flax >= 0.8)."""
-  def bare(c) -> bool:
-    target = call_argument(c, 0, 'target')
-    return target is not None and (is_bare_array(q.n, target)
-                                   or _parameter_given_bare_arrays(q, target))
-  if bare(call):
+  if _bare_create(q, call):
     return True
   keys = q.f.create_keys.get(id(call))
   return bool(keys) and any(keys & q.f.create_keys.get(id(c), frozenset())
-                            for c in q.f.create_calls if c is not call and bare(c))
+                            and _bare_create(q, c) for c in q.f.create_calls if c is not call)
+
+
+def _bare_create(q, call: cst.Call) -> bool:
+  """``call``'s target is a bare array (decided once per create: a module of hundreds of
+  creates asked of every other one, each scan of the module's calls, took minutes)."""
+  cache = q.__dict__.setdefault('_bare_creates', {})
+  if id(call) not in cache:
+    target = call_argument(call, 0, 'target')
+    cache[id(call)] = target is not None and (is_bare_array(q.n, target)
+                                              or _parameter_given_bare_arrays(q, target))
+  return cache[id(call)]
 
 
 def _parameter_given_bare_arrays(q, name) -> bool:
@@ -219,9 +226,13 @@ def _parameter_given_bare_arrays(q, name) -> bool:
     return False
   position = params.index(param) if param in params else None
   fname, calls = function.name.value, []
-  for call in q.f.calls_by_func.values():
-    if not (isinstance(call.func, cst.Name) and call.func.value == fname):
-      continue
+  by_name = q.__dict__.get('_calls_by_name')
+  if by_name is None:  # (once per module: each call's function name)
+    by_name = q.__dict__['_calls_by_name'] = {}
+    for call in q.f.calls_by_func.values():
+      if isinstance(call.func, cst.Name):
+        by_name.setdefault(call.func.value, []).append(call)
+  for call in by_name.get(fname, ()):
     bound = q.n.scope(call.func)
     defs = list(bound[fname]) if bound is not None else []
     if len(defs) != 1 or getattr(defs[0], 'node', None) is not function:
