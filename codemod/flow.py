@@ -454,9 +454,9 @@ class Flow:
         # a class with optimizer fields: its module imported, one of its fields read
         f.qualified.rsplit('.', 2)[-2] in text and any(f'.{field}.' in text for field in f.fields)
         for f in self.factories.values() if isinstance(f, Fields)) or any(
-        # a field of such a class read as a flax.optim Optimizer, wherever the class is
-        f'.{field}.{member}' in text for field in self.tree_fields
-        for member in ('target', 'state.step'))
+        # a field of such a class read as a flax.optim Optimizer, wherever the class is, or
+        # read at all (a module keeping its legacy code that reads one holds the class)
+        f'.{field}' in text for field in self.tree_fields)
 
 
 def _could_take(text: str) -> bool:

@@ -17,6 +17,11 @@ from codemod.names import Names, call_argument
 def settle(analyzer) -> None:
   """Finish ``analyzer``'s facts once the whole module has been visited."""
   n, f = analyzer.n, analyzer.f
+  if not f.uses_legacy and f.create_calls:
+    # `momentum_clip.Optimizer(...).create(p)` with no flax.optim import (vit's train.py): it
+    # creates flax.optim optimizers from another module's defs, and proves them, as a file
+    # importing flax.optim does
+    f.uses_legacy = True
   f.rebound.update(analyzer.rebinds & f.opt_vars)
   _split_def_rebinds(n, analyzer.assign_sites)
   _other_values_of_defs(n, analyzer.assign_sites)
@@ -379,9 +384,49 @@ def _call_sites(n: Names, name: cst.Name, methods=()) -> Optional[list[cst.Call]
       continue
     alias = _wrapper_alias(n, node)
     if alias is None:
-      return None
+      if (closure := _closure_calls(n, node)) is None:
+        return None
+      calls.extend(closure)
+      continue
     assign, wrap = alias
     more = _call_sites(n, assign.targets[0].target, api.WRAPPERS[wrapper_of(n, wrap)].methods)
+    if more is None:
+      return None
+    calls.extend(more)
+  return calls
+
+
+def _closure_calls(n: Names, node) -> Optional[list[cst.Call]]:
+  """The calls of a nested function that a module-level function returns (a step factory:
+  vit's ``make_update_fn(...)`` ends ``return jax.pmap(update_fn, ...)``) when ``node`` is
+  that return's name: every call of the factory is assigned to a name
+  (``update_fn_repl = make_update_fn(...)``), whose calls are the function's; else None."""
+  f = n.facts
+  if f.closure_returns is None:
+    f.closure_returns = {}
+    for top, values in f.top_returns.items():
+      for value in values:
+        if isinstance(value, cst.Name):
+          f.closure_returns[id(value)] = (top, ())
+        elif (isinstance(value, cst.Call) and value.args and value.args[0].keyword is None
+              and isinstance(value.args[0].value, cst.Name)
+              and (wrapper := wrapper_of(n, value)) is not None):
+          f.closure_returns[id(value.args[0].value)] = (top, api.WRAPPERS[wrapper].methods)
+  found = f.closure_returns.get(id(node))
+  if found is None:
+    return None
+  top, methods = found
+  fn = next((fn for fn in f.top_functions if fn.name.value == top), None)
+  outer = _call_sites(n, fn.name) if fn is not None else None
+  if not outer:
+    return None
+  assigned = {id(value): targets for targets, value in f.assignments}
+  calls = []
+  for call in outer:
+    targets = assigned.get(id(call))
+    if not targets or len(targets) != 1 or not isinstance(targets[0], cst.Name):
+      return None  # (used otherwise: passed on, unpacked, called in place)
+    more = _call_sites(n, targets[0], methods)
     if more is None:
       return None
     calls.extend(more)

@@ -131,6 +131,9 @@ class Facts:
   #: built on first use, after the visit (codemod.facts.following)
   receiver_calls: Optional[dict] = None  # id(receiver) -> calls of a method on it
   wrapper_calls: Optional[dict] = None  # id(function given first) -> the wrapper call
+  #: id(a nested function's name a module-level function returns, alone or wrapped:
+  #: `return jax.pmap(update_fn)`) -> (that function's name, the wrapper's methods)
+  closure_returns: Optional[dict] = None
 
   # -- functions ----------------------------------------------------------------------------
   functions: list = _field(list)      # functions outside classes (parameter following)

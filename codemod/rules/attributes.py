@@ -286,8 +286,10 @@ def leave_replace(p, original) -> bool:
     if any(a.keyword is not None and a.keyword.value in _FIELD_RENAMES for a in original.args):
       frozen = _frozen_target(q, original)
       p.fix(original, apply_replace, [('OM003', 'replace(target=...) -> replace(params=...)' + (
-          _KIND_NOTE.format('the frozen params' if frozen == 'call' else
-                            'the parameter (this module hands on frozen params)')
+          _KIND_NOTE.format({'call': 'the frozen params',
+                             'parameter': 'the parameter (this module hands on frozen params)',
+                             'helper': 'the helper\'s result (this module re-freezes params)'
+                             }[frozen])
           if frozen else ''))], data={'frozen': frozen})
   elif ((fields := {a.keyword.value for a in original.args if a.keyword is not None}
           & api.OPTIMIZER_FIELDS) and not fields <= q.f.annotated_fields
@@ -320,7 +322,9 @@ def _frozen_target(q, call: cst.Call) -> str:
   ``flax.core.freeze(p)`` (or ``freeze(p)`` imported from Flax); ``'parameter'`` for ``V`` a
   parameter of the enclosing function in a module that calls ``freeze`` (l2p's
   ``state_with_new_param(state, param_dict)``, handed ``flax.core.freeze(...)`` by its
-  callers); else ``''``."""
+  callers); ``'helper'`` for ``V`` a call of a function of the user's (not jax's, flax's,
+  numpy's) in such a module (``scale_kernel(opt.target, 0.5)``, which unfreezes, edits and
+  freezes again); else ``''``."""
   recv = call.func.value
   value = next((a.value for a in call.args if a.keyword is not None
                 and a.keyword.value == 'target'), None)
@@ -332,7 +336,15 @@ def _frozen_target(q, call: cst.Call) -> str:
     return 'call'
   if isinstance(value, cst.Name) and _a_parameter(q, value) and _calls_freeze(q):
     return 'parameter'
+  if (isinstance(value, cst.Call) and _calls_freeze(q)
+      and not any(name.split('.', 1)[0] in _LIBRARIES for name in q.n.qnames(value.func))):
+    return 'helper'  # `replace(target=scale_kernel(opt.target, 0.5))`, which re-freezes
   return ''
+
+
+#: Packages whose functions are not the user's re-freezing helpers (``jax.tree_util.tree_map``
+#: keeps its tree's kind).
+_LIBRARIES = frozenset({'jax', 'flax', 'numpy', 'jnp', 'np', 'optax', 'builtins'})
 
 
 def _a_parameter(q, name: cst.Name) -> bool:
@@ -359,19 +371,20 @@ def apply_replace(ctx, original, updated, fix):
   if kind:
     # `replace(params=flax.core.freeze(p))` -> the kind the TrainState's params have:
     # `F.freeze(p) if isinstance(R.params, F.FrozenDict) else F.unfreeze(p)`
-    args = [a.with_changes(value=_of_params_kind(ctx, updated.func.value, a.value))
+    args = [a.with_changes(value=_of_params_kind(ctx, updated.func.value, a.value, kind))
             if a.keyword is not None and a.keyword.value == 'params' else a for a in args]
   return updated.with_changes(args=args)
 
 
-def _of_params_kind(ctx, recv, value: cst.BaseExpression) -> cst.BaseExpression:
-  """``value`` (``flax.core.freeze(p)``, or a parameter ``p``) in the kind of ``R.params``."""
-  if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute):
+def _of_params_kind(ctx, recv, value: cst.BaseExpression, kind: str) -> cst.BaseExpression:
+  """``value`` (``flax.core.freeze(p)``, a parameter ``p`` or a helper's result) in the kind
+  of ``R.params``."""
+  if kind == 'call' and isinstance(value.func, cst.Attribute):
     module, inner = code(value.func.value), value.args[0].value
-  else:  # `freeze(p)` after `from flax.core import freeze`, or a parameter
+  else:  # `freeze(p)` after `from flax.core import freeze`, a parameter, a helper's result
     module = 'flax.core'
     ctx.add_import('flax')
-    if isinstance(value, cst.Call):
+    if kind == 'call':
       inner = value.args[0].value
     else:
       inner, value = value, template('flax.core.freeze(V)', V=value)

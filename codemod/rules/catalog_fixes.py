@@ -73,8 +73,9 @@ FIXES = (
                '  opt = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.sgd(learning_rate=0.1))\n'
                '  return opt.params\n',
          readme='`.target` → `.params` and `replace(target=)` → `replace(params=)`; '
-                '`replace(target=flax.core.freeze(p))`, or `replace(target=p)` of a parameter in '
-                'a module that calls `freeze`, keeps the kind the TrainState\'s params '
+                '`replace(target=flax.core.freeze(p))`, or `replace(target=p)` of a parameter '
+                'or of a helper\'s result in a module that calls `freeze`, keeps the kind the '
+                'TrainState\'s params '
                 'have (`freeze(p) if isinstance(opt.params, flax.core.FrozenDict) else '
                 'flax.core.unfreeze(p)`: Flax `init` returns a dict since 0.7.1, and a '
                 'FrozenDict would not match `opt_state` at the next step)'),

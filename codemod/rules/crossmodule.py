@@ -281,11 +281,22 @@ def field_uses(q) -> list[str]:
   """The classes with optimizer fields of other modules (qualified) whose fields this module
   reads as ``<x>.<field>`` (:attr:`codemod.plan.Summary.field_uses`)."""
   f = q.f
-  if not f.flow_classes:
+  tree = f.flow.tree_fields if f.flow is not None else {}
+  if not f.flow_classes and not tree:
     return []
   read = {a.attr.value for a in m.findall(q.analysis.module, m.Attribute())}
-  return sorted(qualified for qualified, found in f.flow_classes.items()
-                if read & set(found.fields))
+  found = {qualified for qualified, entry in f.flow_classes.items() if read & set(entry.fields)}
+  # a field named like one of a class elsewhere in the tree, read where nothing says what it
+  # holds, in a module using flax.optim (pkg/surgery.py handed main.py's `state`: `opt =
+  # state.optimizer`, state surgery): if it keeps its legacy code, that class is held with it
+  # (a TrainState would fail there). (A module without flax.optim is flagged instead, OM122.)
+  if f.uses_legacy and tree:
+    own = {field for fields in f.declared_fields.values() for field in fields}
+    own |= {t.attr.value for targets, _ in f.assignments for t in targets
+            if isinstance(t, cst.Attribute)}  # (`self.optimizer = ...`: its own attribute)
+    found |= {entry.qualified for field, entry in tree.items()
+              if field in read and field not in own}
+  return sorted(found)
 
 
 def visit_name(p, node) -> None:
@@ -382,10 +393,10 @@ def leave_flow_failure(p, original) -> None:
       p.flag(original, 'OM123', message, note=True)
 
 
-def tree_field_message(q, value) -> Optional[str]:
-  """``value`` (``state.optimizer``, read with ``.target`` / ``.state``) is named like a
-  field of a class with optimizer fields elsewhere in the tree, and nothing in this file
-  says what it holds: the flag that says what that class becomes."""
+def tree_field_message(q, value, member: str = '') -> Optional[str]:
+  """``value`` (``state.optimizer``, read with ``.target`` / ``.state`` / ``member``) is named
+  like a field of a class with optimizer fields elsewhere in the tree, and nothing in this
+  file says what it holds: the flag that says what that class becomes."""
   f = q.f
   if (f.flow is None or not isinstance(value, cst.Attribute) or q.is_optimizer(value)
       or value.attr.value in f.annotated_fields or value.attr.value in f.legacy_fields):
@@ -394,6 +405,11 @@ def tree_field_message(q, value) -> Optional[str]:
   if found is None:
     return None
   where = found.where
+  if found.converted and member and member not in ('target', 'state'):
+    return (f'`{code(value)}` is named like the `{value.attr.value}` field of {where}, which '
+            f'this run makes a TrainState: if it is that one, a TrainState has no '
+            f'`.{member}` (`.optimizer_def` is `.tx`, an Optax transformation, with no '
+            '`hyper_params`); convert this by hand')
   if found.converted:
     return (f'`{code(value)}` is named like the `{value.attr.value}` field of {where}, which '
             'this run makes a TrainState: if it is that one, `.target` is `.params` and '
@@ -470,9 +486,9 @@ def leave_unproven_member(p, original) -> None:
     if not p.todo_above():  # (a file an earlier run converted: its TODO says more)
       p.flag(original, 'OM122', text)
     return
-  if original.attr.value in ('target', 'state') and (
-      text := tree_field_message(q, original.value)) is not None:
-    p.flag(original, 'OM122', text)
+  if original.attr.value in UNCONVERTED_MEMBERS and (
+      text := tree_field_message(q, original.value, original.attr.value)) is not None:
+    p.flag(original, 'OM122', text)  # (`.replace(target=...)`: leave_tree_field_replace)
     return
   if (q.unproven and original.attr.value in ('target', 'state') and f.apply_calls
       and not f.defines_apply_gradient and q.holds_local(original.value)):
