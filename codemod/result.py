@@ -41,12 +41,24 @@ class FileResult:
     return [f for f in self.findings if not f.fixed]
 
   def diff(self) -> str:
+    """The unified diff of the rewrite, as ``git apply`` / ``patch`` take it: a last line
+    without a newline is marked (``\\ No newline at end of file``, so the next file's header
+    starts a line), and a UTF-8 BOM the file starts with is on its first lines (as written).
+    Encoded as the file is by :meth:`diff_bytes`."""
     if not self.changed:
       return ''
     import difflib
-    return ''.join(difflib.unified_diff(
-        self.original.splitlines(keepends=True), self.new.splitlines(keepends=True),
-        fromfile=f'a/{self.path.lstrip("/")}', tofile=f'b/{self.path.lstrip("/")}'))
+    bom = '\ufeff' if self.encoding.lower().replace('_', '-') == 'utf-8-sig' else ''
+    lines = difflib.unified_diff(
+        (bom + self.original).splitlines(keepends=True), (bom + self.new).splitlines(keepends=True),
+        fromfile=f'a/{self.path.lstrip("/")}', tofile=f'b/{self.path.lstrip("/")}')
+    return ''.join(line if line.endswith('\n') else line + '\n\\ No newline at end of file\n'
+                   for line in lines)
+
+  def diff_bytes(self) -> bytes:
+    """:meth:`diff` in the file's own encoding (a Latin-1 file's patch applies to its bytes)."""
+    encoding = 'utf-8' if self.encoding.lower().replace('_', '-') == 'utf-8-sig' else self.encoding
+    return self.diff().encode(encoding, errors='surrogateescape')
 
   def at_new_lines(self) -> list[Finding]:
     """The findings at their lines in ``new`` (what ``rewrite --write`` leaves on disk: a

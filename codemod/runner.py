@@ -102,6 +102,17 @@ def _unwritable(path: pathlib.Path) -> Optional[str]:
   return None
 
 
+def _write_diff(result) -> None:
+  """``result``'s diff on stdout, in the file's encoding (its bytes where stdout has them)."""
+  buffer = getattr(sys.stdout, 'buffer', None)
+  if buffer is None or result.encoding.lower().replace('_', '-') in ('utf-8', 'utf8', 'utf-8-sig'):
+    sys.stdout.write(result.diff())
+    return
+  sys.stdout.flush()
+  buffer.write(result.diff_bytes())
+  buffer.flush()
+
+
 def cmd_rewrite(args) -> int:
   """Run ``rewrite`` (see the module docstring). Returns the exit status.
 
@@ -279,14 +290,14 @@ def _report_and_write(args, results, interrupted: list, fmt: str = 'full',
     if result.changed and not result.error:
       if args.write:
         if args.diff:  # what was written
-          sys.stdout.write(result.diff())
+          _write_diff(result)
       elif args.check:
         if full:
           print(f'would rewrite {result.path}', file=sys.stdout)
         if args.diff:
-          sys.stdout.write(result.diff())
+          _write_diff(result)
       elif full or args.diff:  # another format or --statistics: the diff only when asked for
-        sys.stdout.write(result.diff())
+        _write_diff(result)
   if interrupted:
     n_changed = sum(r.changed and not r.error for r in results)
     print(f'optim-migrate: interrupted: {written} of {n_changed} file(s) to rewrite were written, '

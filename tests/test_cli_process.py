@@ -245,3 +245,38 @@ def test_a_worker_that_dies_fails_its_file_only(tmp_path, how, status):
                   f'it died (exit status {status})')
   assert set(lines.values()) <= {'changed', 'unchanged'}  # no other file failed
   assert list(lines.values()).count('changed') >= 8
+
+
+def test_the_printed_diff_applies_with_git_apply_and_gives_the_written_files(tmp_path):
+  """Found by a new user (helper-19): `optim-migrate rewrite . > p.diff; git apply p.diff`
+  failed. A notebook's diff ended without a newline (the next file's `--- a/...` was glued
+  to its last line), a UTF-8 BOM was missing from the first lines, and a Latin-1 file's
+  hunks were printed in UTF-8. The diff now marks a last line without a newline, keeps the
+  BOM and is written in each file's encoding: applied, it gives what `--write` writes."""
+  legacy = 'from flax import optim\nopt = optim.Adam(1e-3).create(params)\nprint(opt.target)'
+  files = {'bom.py': b'\xef\xbb\xbf' + legacy.encode() + b'\n',
+           'latin1.py': ('# -*- coding: latin-1 -*-\n# caf\xe9\n' + legacy + '\n').encode('latin-1'),
+           'no_newline.py': legacy.encode(),
+           'nb.ipynb': ('{"cells": [{"cell_type": "code", "metadata": {}, "source": ['
+                        '"from flax import optim\\n", "opt = optim.Adam(1e-3).create(params)"],'
+                        ' "outputs": [], "execution_count": null}], "metadata": {}, '
+                        '"nbformat": 4, "nbformat_minor": 5}').encode()}
+  for name in ('patched', 'written'):
+    (tmp_path / name).mkdir()
+    for file, data in files.items():
+      (tmp_path / name / file).write_bytes(data)
+  env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+  run = lambda *args, cwd: subprocess.run([sys.executable, '-m', 'codemod.cli', *args],
+                                          capture_output=True, cwd=cwd, env=env)
+  proc = run('rewrite', '.', cwd=tmp_path / 'patched')
+  assert proc.returncode == 1, proc.stderr
+  assert b'\\ No newline at end of file\n' in proc.stdout
+  (tmp_path / 'p.diff').write_bytes(proc.stdout)
+  applied = subprocess.run(['git', 'apply', '--unsafe-paths', str(tmp_path / 'p.diff')],
+                           capture_output=True, text=True, cwd=tmp_path / 'patched')
+  assert applied.returncode == 0, applied.stderr
+  assert run('rewrite', '--write', '.', cwd=tmp_path / 'written').returncode == 1
+  for file in files:
+    assert (tmp_path / 'patched' / file).read_bytes() == (
+        tmp_path / 'written' / file).read_bytes(), file
+  assert (tmp_path / 'written' / 'bom.py').read_bytes().startswith(b'\xef\xbb\xbf')
