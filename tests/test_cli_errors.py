@@ -164,14 +164,22 @@ def test_a_named_file_the_prefilters_pass_over_still_gets_a_verdict(tmp_path, ca
     assert (tmp_path / 'tree' / name).read_bytes() == data  # nothing written
 
 
+def _write_here(folder):
+  """``optim-migrate rewrite --write --no-cache --jobs 1 .`` in ``folder``, in a subprocess."""
+  import subprocess
+  import sys
+  root = pathlib.Path(__file__).resolve().parents[1]
+  return subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--write', '--no-cache',
+                         '--jobs', '1', '.'], capture_output=True, text=True, cwd=folder,
+                        env={**__import__('os').environ, 'PYTHONPATH': str(root)}, timeout=300)
+
+
 def test_code_nested_beyond_cpythons_limits_is_a_parse_error_not_a_crash(tmp_path):
   """Found by a new user: a file with an expression nested 3000 deep (or a 20,000-term sum)
   killed the whole run with SIGSEGV (exit 139, nothing printed: LibCST's native parser
   overflowed its stack), and the other files of the run got no result; nested 201 deep,
   which CPython refuses, it was rewritten. Now CPython's refusal is the file's error (exit
   2, the file left as is) and the run goes on."""
-  import subprocess
-  import sys
   legacy = 'from flax import optim\nopt = optim.Adam(0.1).create(p)\n'
   cases = {'deep.py': legacy + 'x = ' + '(' * 3000 + '1' + ')' * 3000 + '\n',
            'n201.py': legacy + 'x = ' + '(' * 201 + '1' + ')' * 201 + '\n',
@@ -179,10 +187,7 @@ def test_code_nested_beyond_cpythons_limits_is_a_parse_error_not_a_crash(tmp_pat
            'good.py': legacy}
   for name, text in cases.items():
     (tmp_path / name).write_text(text)
-  root = pathlib.Path(__file__).resolve().parents[1]
-  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--write', '--no-cache',
-                         '--jobs', '1', '.'], capture_output=True, text=True, cwd=tmp_path,
-                        env={**__import__('os').environ, 'PYTHONPATH': str(root)}, timeout=300)
+  proc = _write_here(tmp_path)
   assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
   assert 'deep.py:3:205: cannot parse: too many nested parentheses\n' in proc.stderr
   assert 'n201.py:3:205: cannot parse: too many nested parentheses\n' in proc.stderr
@@ -197,8 +202,6 @@ def test_code_cpython_compiles_but_nested_past_the_recursion_limit_is_rewritten(
   """Found by a new user (helper-17): a 400-term sum or calls nested 150 deep, which CPython
   compiles, failed with a RecursionError ("codemod failed", the file left legacy while the
   modules around it converted). Such a file is planned and rewritten on a deep stack now."""
-  import subprocess
-  import sys
   legacy = 'from flax import optim\nopt = optim.Adam(0.1).create({"w": 1.0})\n'
   cases = {'sum.py': legacy + 'x = ' + ' + '.join(['1'] * 2500) + '\nprint(opt.target, x)\n',
            'calls.py': legacy + 'f = abs\nx = ' + 'f(' * 150 + '-1' + ')' * 150
@@ -206,10 +209,7 @@ def test_code_cpython_compiles_but_nested_past_the_recursion_limit_is_rewritten(
   for name, text in cases.items():
     (tmp_path / name).write_text(text)
     compile(text, name, 'exec')  # (CPython takes them)
-  root = pathlib.Path(__file__).resolve().parents[1]
-  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--write', '--no-cache',
-                         '--jobs', '1', '.'], capture_output=True, text=True, cwd=tmp_path,
-                        env={**__import__('os').environ, 'PYTHONPATH': str(root)}, timeout=300)
+  proc = _write_here(tmp_path)
   assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])
   assert '2 file(s) scanned: 2 rewritten, 0 flagged (0 manual item(s)), 0 failed' in proc.stderr
   for name in cases:
