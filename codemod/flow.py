@@ -444,19 +444,21 @@ class Flow:
     directory = self.module if self.is_package else self.module.rsplit('.', 1)[0]
     return table.get(f'{directory}.{qname}')
 
-  def mentioned(self, text: str) -> bool:
+  def mentioned(self, text: str, reads: bool = False) -> bool:
     """Could ``text`` call a factory or step function (its function and its module's last
     name appear), or read a field of a class with optimizer fields (its module's last name
-    and ``.<field>.`` appear, or ``.<field>.target`` / ``.<field>.state.step`` anywhere)? A
-    cheap prefilter, before any parse."""
+    and ``.<field>.`` appear, or ``.<field>.target`` / ``.<field>.state.step`` anywhere, or
+    with ``reads`` ``.<field>`` at all)? A cheap prefilter, before any parse."""
     return any(key.rsplit('.', 1)[-1] in text and key.rsplit('.', 2)[-2] in text
                for key in [*self.factories, *self.steps]) or any(
         # a class with optimizer fields: its module imported, one of its fields read
         f.qualified.rsplit('.', 2)[-2] in text and any(f'.{field}.' in text for field in f.fields)
         for f in self.factories.values() if isinstance(f, Fields)) or any(
-        # a field of such a class read as a flax.optim Optimizer, wherever the class is, or
-        # read at all (a module keeping its legacy code that reads one holds the class)
-        f'.{field}' in text for field in self.tree_fields)
+        # a field of such a class read as a flax.optim Optimizer, wherever the class is
+        f'.{field}.{member}' in text for field in self.tree_fields
+        for member in ('target', 'state.step')) or (
+        # (the pre-pass: read at all, by a module that may keep its legacy code and so hold it)
+        reads and any(f'.{field}' in text for field in self.tree_fields))
 
 
 def _could_take(text: str) -> bool:
@@ -889,7 +891,7 @@ def _settle(creators, texts, sources, options, outside, aliases, seed=None,
     for path, names, shown in creators:
       others = Flow({q: f for q, f in factories.items() if f.path != shown},
                     steps={q: f for q, f in steps.items() if f.path != shown})
-      if others.mentioned(texts[path]):
+      if others.mentioned(texts[path], reads=True):
         new = _scan(sources[path], names, shown, options,
                     Flow(factories, *(names[0] if names else (None, False)), steps,
                          inject_classes),

@@ -2059,3 +2059,44 @@ def test_a_legacy_module_reading_a_field_named_like_a_containers_holds_it(tmp_pa
   run = _run_tree(tree, "import main\nprint(float(main.run().optimizer.target['w'][0]))")
   assert run.returncode == 0, run.stderr[-2000:]
   assert abs(float(run.stdout) - 0.9) < 1e-5, run.stdout  # Adam's first step: the rate
+
+
+def test_an_apply_time_rate_on_another_modules_container_field_holds_the_class(tmp_path):
+  """Found by a new user (helper-20): state.py declares `State` (`optimizer:
+  optim.Optimizer`) and creates it; train.py steps `state.optimizer.apply_gradient(g,
+  learning_rate=lr)`. state.py converted to `optax.sgd(...)` without inject_hyperparams while
+  train.py set the rate with `optax.tree_utils.tree_set`: KeyError at the first step, "0
+  flagged", and `rewrite --check` passed. Such a call is not converted now (OM102): train.py
+  keeps its legacy code and holds the class (OM123), and the tree runs on the shim."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'state.py').write_text(
+      'import flax\nfrom flax import optim\n\n\n@flax.struct.dataclass\nclass State:\n'
+      '  step: int\n  optimizer: optim.Optimizer\n\n\ndef create(params):\n'
+      '  return State(step=0, optimizer=optim.Momentum(learning_rate=0.1, beta=0.9)'
+      '.create(params))\n')
+  train = ('import jax\nimport jax.numpy as jnp\nfrom state import create\n\n\n@jax.jit\n'
+           'def step(state):\n'
+           "  grad = jax.grad(lambda p: jnp.sum(p['w'] ** 2))(state.optimizer.target)\n"
+           '  lr = 0.1 / (1 + state.step)\n'
+           '  return state.replace(step=state.step + 1,\n'
+           '                       optimizer=state.optimizer.apply_gradient(grad, learning_rate=lr))\n'
+           '\n\ndef run():\n'
+           "  s = create({'w': jnp.ones(3)})\n  for _ in range(3):\n    s = step(s)\n"
+           "  return float(s.optimizer.target['w'][0])\n")
+  (tree / 'train.py').write_text(train)
+  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert re.search(r'state\.py:\d+:\d+: OM123 \[manual\] the optimizer fields of `State` are '
+                   r'read by train\.py, which keeps its legacy code \(OM102: learning_rate at '
+                   r'apply time on `state\.optimizer`', proc.stderr), proc.stderr
+  assert 'optimizer=state.optimizer.apply_gradient(grad, learning_rate=lr))' in (
+      tree / 'train.py').read_text()  # (kept: on the shim)
+  run = _run_tree(tree, 'import train\nprint(train.run())')
+  assert run.returncode == 0, run.stderr[-2000:]
+  # Momentum(beta=0.9) from 1.0 with g = 2w and rates 0.1, 0.05, 0.1/3 (as legacy steps it)
+  w, m = 1.0, 0.0
+  for i in range(3):
+    m = 0.9 * m + 2 * w
+    w -= 0.1 / (1 + i) * m
+  assert abs(float(run.stdout) - w) < 1e-6, (run.stdout, w)

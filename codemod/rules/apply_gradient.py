@@ -267,6 +267,16 @@ def flow_lr_problem(q, call: cst.Call) -> Optional[str]:
   return None
 
 
+def _other_modules_field(q, recv) -> bool:
+  """``recv`` is ``<x>.<field>`` of a class with optimizer fields another module declares
+  and the run converts (or a name assigned one), not one of this module's classes."""
+  f = q.f
+  own = {field for fields in f.declared_fields.values() for field in fields}
+  if isinstance(recv, cst.Attribute):
+    return recv.attr.value in f.flow_fields and recv.attr.value not in own
+  return isinstance(recv, cst.Name) and q.n.binding(recv) in f.field_aliases
+
+
 def apply_problem(q, call: cst.Call) -> Optional[str]:
   if id(call) in q.group_applies:
     return None
@@ -275,6 +285,17 @@ def apply_problem(q, call: cst.Call) -> Optional[str]:
   kw = kwargs(call)
   recv = call.func.value
   f = q.f
+  if ('learning_rate' in kw and not (f.create_calls or f.flow_def_creates or f.def_calls)
+      and _other_modules_field(q, recv)):
+    # (the class's optimizers are created elsewhere, this file creating none, by modules that
+    # do not know this call sets a rate: their transformations would not inject it; found by
+    # a new user)
+    field = recv.attr.value if isinstance(recv, cst.Attribute) else recv.value
+    return (f'learning_rate at apply time on `{code(recv)}`, the `{field}` field of a class '
+            'another module declares (converted by this run): where its optimizers are '
+            'created, the transformation must inject the learning rate '
+            '(optax.inject_hyperparams) for this call to set it, which cannot be told here: '
+            'convert by hand')
   if ('learning_rate' in kw and not f.def_calls and isinstance(recv, cst.Name)
       and (b := q.n.binding(recv)) in f.params and b not in f.made_here_params
       and b not in f.flow_vars):
