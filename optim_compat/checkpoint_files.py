@@ -234,6 +234,12 @@ def _orbax_quiet():
   was_quiet, wrapper.absl_quiet = wrapper.absl_quiet, True
   sys.stderr = wrapper
   failed = False
+  # (a task of a failing read can be collected, and logged as never retrieved, before the
+  # read itself fails: seen once under load, through a logging handler holding the real
+  # stderr; so asyncio's reports are off meanwhile too)
+  asyncio_log = logging.getLogger('asyncio')
+  level = asyncio_log.level
+  asyncio_log.setLevel(logging.CRITICAL)
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('ignore')
@@ -243,6 +249,8 @@ def _orbax_quiet():
     raise
   finally:
     wrapper.absl_quiet = was_quiet
+    if not failed:
+      asyncio_log.setLevel(level)
     if failed:  # its reads left pending: at exit Python warns of each coroutine never
       # awaited, and asyncio logs each task whose exception was never retrieved
       warnings.filterwarnings('ignore', r"coroutine '.*' was never awaited", RuntimeWarning)
