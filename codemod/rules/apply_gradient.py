@@ -267,6 +267,18 @@ def flow_lr_problem(q, call: cst.Call) -> Optional[str]:
   return None
 
 
+def _calls_container_factory(q) -> bool:
+  """This module gets its containers from another module's function that builds them
+  (:class:`codemod.flow.ContainerFactory`: ``s = state.create(params)``), which converts on
+  its own (a step function other modules call with theirs is the flow's: codemod.flow.Step,
+  whose callers' creators inject the rate it sets)."""
+  f = q.f
+  if f.flow is None:
+    return False
+  return any(f.flow.resolve_container_factory(name) is not None
+             for call in f.calls_by_func.values() for name in q.n.qnames(call.func))
+
+
 def _other_modules_field(q, recv) -> bool:
   """``recv`` is ``<x>.<field>`` of a class with optimizer fields another module declares
   and the run converts (or a name assigned one), not one of this module's classes."""
@@ -286,7 +298,7 @@ def apply_problem(q, call: cst.Call) -> Optional[str]:
   recv = call.func.value
   f = q.f
   if ('learning_rate' in kw and not (f.create_calls or f.flow_def_creates or f.def_calls)
-      and _other_modules_field(q, recv)):
+      and _other_modules_field(q, recv) and _calls_container_factory(q)):
     # (the class's optimizers are created elsewhere, this file creating none, by modules that
     # do not know this call sets a rate: their transformations would not inject it; found by
     # a new user)
