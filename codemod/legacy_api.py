@@ -79,6 +79,11 @@ LEGACY_ONLY_ATTRS = {m.name: 'OM103' if m.rule == 'OM103' else 'OM116'
                      and m.name != 'apply_gradient'}
 #: The fields of a legacy ``flax.optim.Optimizer`` (a ``flax.struct`` dataclass).
 OPTIMIZER_FIELDS = frozenset({'optimizer_def', 'state', 'target'})
+# receivers that hold a configuration, not a train state: `config.optimizer == 'sgd'`,
+# `FLAGS.optimizer`, `self.hparams.optimizer` name a setting (matched on the receiver's last
+# name, lower-cased; a field so read is no sign of a container)
+CONFIG_RECEIVER = re.compile(
+    r'(?:^|_)(?:config|configs|cfg|conf|flags|args|hparams|hps|hp|opts|options|settings)$')
 #: Optimizer attributes that fail on a ``TrainState`` (flagged where a converted
 #: factory's value may reach a file that keeps its legacy code).
 FLOW_FAILING_ATTRS = frozenset({'target', 'apply_gradient', *LEGACY_ONLY_ATTRS})
@@ -124,6 +129,9 @@ WRAPPERS = {'jax.jit': Wrapper(True, ('lower',)), 'jax.pmap': Wrapper(True, ('lo
             'alpa.parallelize': Wrapper(True, ('get_executable',)),
             'parax.parallelize': Wrapper(True, ('get_executable',))}
 CALL_WRAPPERS = frozenset(WRAPPERS)
+# wrappers a def's bound `create` is handed to, then called with the target (scenic's
+# `jax.jit(get_optimizer(config).create, backend='cpu')(params)`: the state made on the CPU)
+CREATE_WRAPPERS = frozenset({'jax.jit'})
 #: Calls that return one bare array (``jnp.zeros(3)``, ``np.ones(...)``, ``jax.random.normal(...)``):
 #: by qualified-name prefix, less the exceptions. An optimizer on such a target cannot become a
 #: TrainState: Flax's ``TrainState.apply_gradients`` tests ``'overwrite_with_gradient' in

@@ -2061,6 +2061,103 @@ def test_a_legacy_module_reading_a_field_named_like_a_containers_holds_it(tmp_pa
   assert abs(float(run.stdout) - 0.9) < 1e-5, run.stdout  # Adam's first step: the rate
 
 
+def test_a_config_setting_named_like_a_container_field_does_not_hold_it(tmp_path):
+  """scenic's train_lib/optimizers.py picks its def by `config.optimizer == 'sgd'`: a legacy
+  module reading `.optimizer` of a configuration (`config`, `FLAGS`, `self.hparams`) is no
+  reader of the train-state container (pkg/state.py) that main.py converts. It held the class
+  for the whole tree (22 scenic files kept on the shim, OM122). The same read on a state
+  (`state.optimizer`) still holds it (test above)."""
+  tree = tmp_path / 'tree'
+  (tree / 'pkg').mkdir(parents=True)
+  (tree / 'pkg' / '__init__.py').write_text('')
+  (tree / 'pkg' / 'state.py').write_text(
+      'import flax\nfrom flax import optim\n\n\n@flax.struct.dataclass\nclass TrainState:\n'
+      '  step: int\n  optimizer: optim.Optimizer\n')
+  (tree / 'pkg' / 'opts.py').write_text(  # (keeps its legacy code: init_state, OM116)
+      'from flax import optim\n\n\ndef fresh_state(config, params, flags):\n'
+      "  assert config.optimizer == 'adam' and flags.optimizer and config.train_cfg.optimizer\n"
+      '  return optim.Adam(0.1).init_state(params)\n')
+  (tree / 'main.py').write_text(
+      'import types\n\nimport jax.numpy as jnp\nfrom flax import optim\n'
+      'from pkg.opts import fresh_state\nfrom pkg.state import TrainState\n\n\n'
+      "def run():\n  opt = optim.Adam(0.1).create({'w': jnp.ones(2)})\n"
+      "  c = types.SimpleNamespace(optimizer='adam', train_cfg=types.SimpleNamespace(optimizer=1))\n"
+      "  fresh_state(c, {'w': jnp.ones(2)}, c)\n"
+      '  state = TrainState(step=0, optimizer=opt)\n'
+      "  return state.replace(optimizer=state.optimizer.apply_gradient({'w': jnp.ones(2)}))\n")
+  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert 'OM123' not in proc.stderr and 'OM122' not in proc.stderr, proc.stderr
+  assert 'optimizer: train_state.TrainState' in (tree / 'pkg' / 'state.py').read_text()
+  assert 'optim_compat.install()' in (tree / 'pkg' / 'opts.py').read_text()
+  run = _run_tree(tree, "import main\nprint(float(main.run().optimizer.params['w'][0]))")
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert abs(float(run.stdout) - 0.9) < 1e-5, run.stdout  # Adam's first step: the rate
+
+
+def test_a_factorys_optimizer_handed_to_a_legacy_step_module_holds_the_factory(tmp_path):
+  """Found by a new user (helper-20): factory.py creates the optimizer, steps.py (no
+  flax.optim import, so nothing proves what it steps) reads `.target` and applies, main.py
+  hands one to the other. The factory and main.py converted and steps.py kept its legacy
+  code: flagged (OM124), but the tree failed at its first step. A user handing a factory's
+  optimizer to a step that keeps its legacy code now holds the factory: the tree stays on
+  the shim, flagged, and runs."""
+  tree = tmp_path / 'tree'
+  tree.mkdir()
+  (tree / 'factory.py').write_text(
+      'from flax import optim\n\n\ndef create_optimizer(params):\n'
+      '  return optim.Adam(1e-3).create(params)\n')
+  (tree / 'steps.py').write_text(
+      'import jax\nimport jax.numpy as jnp\n\n\n@jax.jit\ndef train_step(optimizer, x):\n'
+      "  grad = jax.grad(lambda p: jnp.sum((p['w'] * x) ** 2))(optimizer.target)\n"
+      '  return optimizer.apply_gradient(grad)\n')
+  (tree / 'main.py').write_text(
+      'import jax.numpy as jnp\nimport factory\nimport steps\n\n\ndef run():\n'
+      "  optimizer = factory.create_optimizer({'w': jnp.ones(3)})\n"
+      '  for _ in range(3):\n    optimizer = steps.train_step(optimizer, jnp.ones(3))\n'
+      '  return optimizer.target\n')
+  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert re.search(r'factory\.py:\d+:\d+: OM123 \[manual\] what `create_optimizer` returns is '
+                   r'used by main\.py', proc.stderr), proc.stderr
+  assert 'optim_compat.install()' in (tree / 'factory.py').read_text()
+  assert 'return optimizer.target' in (tree / 'main.py').read_text()
+  run = _run_tree(tree, "import main\nprint(float(main.run()['w'][0]))")
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert abs(float(run.stdout) - (1 - 3e-3)) < 1e-6, run.stdout  # three Adam steps
+
+
+JITTED_DEF_FACTORY = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_jitted_def_factory'
+
+
+def test_a_jitted_create_of_a_def_factorys_def_migrated_matches_real_flax_optim(
+    legacy_python, tmp_path):
+  """scenic's shape: train.py makes its optimizer on the CPU with `jax.jit(optimizers.
+  get_optimizer(config).create, backend='cpu')(params)`, keeps it in lib/state.py's container
+  and sets the rate at apply time; the factory picks by `config.optimizer` and returns a user
+  def declared below it. Before, the jitted create was not seen: the factory stayed legacy
+  and the container with it (and, alone, `jax.jit(d.create)` on a converted def was left as
+  is: an AttributeError with no TODO). Now one run converts all three files (the user def
+  through optim_compat.to_optax), and each of the four optimizers trains as on real
+  flax.optim 0.5.3 (the original, old stack)."""
+  new = tmp_path / 'new'
+  shutil.copytree(JITTED_DEF_FACTORY, new)
+  proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  assert [r['rule'] for r in rows if not r['applied']] == ['OM104'], rows  # (the user def)
+  train = (new / 'train.py').read_text()
+  assert ("jax.jit(lambda params: flax_train_state.TrainState.create(apply_fn=None, "
+          "params=params, tx=optimizers.get_optimizer(config)), backend='cpu')(params)") in train
+  lib = (new / 'lib' / 'optimizers.py').read_text()
+  assert "optim_compat.to_optax(HalfMomentum(" in lib and 'from flax import optim' not in lib
+  assert 'optimizer: Optional[train_state.TrainState]' in (new / 'lib' / 'state.py').read_text()
+  old, new_ = _run_on_both_stacks(legacy_python, JITTED_DEF_FACTORY, new, tmp_path)
+  for name in ('sgd', 'nesterov', 'adam', 'half_momentum'):
+    assert int(old[f'{name}/steps']) == int(new_[f'{name}/steps']) == 20
+    assert old[f'{name}/losses'][-1] < 0.5 * old[f'{name}/losses'][0], name  # it trained
+
+
 def test_an_apply_time_rate_on_another_modules_container_field_holds_the_class(tmp_path):
   """Found by a new user (helper-20): state.py declares `State` (`optimizer:
   optim.Optimizer`) and creates it; train.py steps `state.optimizer.apply_gradient(g,

@@ -20,7 +20,8 @@ from codemod.facts import following
 from codemod.facts.model import Facts
 from codemod.modern import table as modern_table
 from optim_compat import spec as spec_lib
-from codemod.facts.values import (DEF_HYPER_PARAMS, makes_bare_array,
+from codemod.facts.values import (DEF_HYPER_PARAMS, create_receiver, jitted_create,
+                                  makes_bare_array,
                                   own_function as _own_function, pickled_value,
                                   produces_optimizer, wrapper_of, wraps_factory)
 from codemod.names import (Names, attr_chain, code, container_values, last_name,
@@ -95,6 +96,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     self.def_names: list = []
     self.consumed_defs: set = set()
     self.create_receivers: set = set()
+    self._jitted_creates: set = set()  # `d.create` in `jax.jit(d.create, ...)(p)`
     self._sink_args: set = set()   # ids of the Args handing a def to a def sink the run converts
     #: def calls in a place the rewrite follows: bound to one name, or a MultiOptimizer group's
     #: def (with consumed_defs, wn_inner and escaping; any other is handed on, _unplaced_defs)
@@ -134,6 +136,10 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     # the optimizer fields of the module's classes, before any function reading them (a
     # class declared below its users: `optimizer = state.optimizer` in a step above it)
     for stmt in node.body:
+      if isinstance(stmt, cst.ClassDef) and any(self.n.symbol(b.value) for b in stmt.bases):
+        # a user def declared below the def factory returning it (scenic's `get_optimizer`
+        # returns `MomentumHP(...)`, declared after it): wrapped there in to_optax
+        self.f.subclass_names.add(stmt.name.value)
       if isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock):
         for line in stmt.body.body:
           if isinstance(line, cst.SimpleStatementLine):
@@ -264,6 +270,12 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
 
   def visit_Attribute(self, node: cst.Attribute) -> None:
     self._reference(node)
+    if node.attr.value == 'create' and id(node) not in self.f.call_funcs and id(
+        node) not in self._jitted_creates and self.n.is_def(node.value):
+      # a def's bound `create` handed on (`f = d.create`, `jax.pmap(d.create)`): an Optax
+      # transformation has none, so the def is handed to other code (OM114)
+      self.f.escaping[id(node)] = node
+      self.consumed_defs.add(id(node.value))  # (flagged here, not again as a def)
     if node.attr.value in self._field_classes:
       self._field_class(node)
     f = self.f
@@ -928,12 +940,14 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       if made.method:  # (called by its name: any method of that name may answer)
         f.def_uses.update((m_.qualified, m_) for m_ in f.flow.def_methods(made.method))
       self.def_factory_calls.append((node, made))
-    if m.matches(node.func, m.Attribute(attr=m.Name('create'))):
-      self.consumed_defs.add(id(node.func.value))
-      if {'params', 'tx'} <= {a.keyword.value for a in node.args if a.keyword is not None}:
+    if (created := create_receiver(n, node)) is not None:
+      self.consumed_defs.add(id(created))
+      if (inner := jitted_create(n, node)) is not None:
+        self._jitted_creates.add(id(inner))  # (the bound `create` it hands jax.jit)
+      elif {'params', 'tx'} <= {a.keyword.value for a in node.args if a.keyword is not None}:
         f.train_state_creates.append(node)  # (TrainState.create's own keywords)
-      if isinstance(node.func.value, cst.Name):
-        self.create_receivers.add(id(node.func.value))
+      if isinstance(created, cst.Name):
+        self.create_receivers.add(id(created))
       for arg in node.args:
         if arg.keyword is not None and arg.keyword.value == 'tx':
           # `TrainState.create(..., tx=opt_def)`: what this codemod writes for `opt_def.create(p)`
@@ -957,8 +971,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       if name == api.WEIGHT_NORM and node.args and n.legacy_def(node.args[0].value):
         f.wn_inner.add(id(node.args[0].value))
     func = node.func
-    if m.matches(func, m.Attribute(attr=m.Name('create'))) and n.is_def(func.value):
-      f.create_calls.append(node)
+    if created is not None and n.is_def(created):
+      f.create_calls.append(node)  # (`jax.jit(d.create, backend='cpu')(p)` too)
     elif m.matches(func, m.Attribute(attr=m.Name('create'))) and not self._subclass_depth:
       recv = func.value
       made = None

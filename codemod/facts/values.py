@@ -22,6 +22,26 @@ DEF_HYPER_PARAMS = m.Attribute(value=m.Attribute(attr=m.Name('optimizer_def')),
                                attr=m.Name('hyper_params'))
 
 
+def create_receiver(n: Names, call: cst.Call) -> Optional[cst.BaseExpression]:
+  """The def a create call creates from, or None: ``d`` in ``d.create(p)``, and in
+  ``jax.jit(d.create, backend='cpu')(p)`` (a :data:`~codemod.legacy_api.CREATE_WRAPPERS`
+  call given the bound ``create`` alone and keywords, then called: :func:`jitted_create`)."""
+  if m.matches(call.func, m.Attribute(attr=m.Name('create'))):
+    return call.func.value
+  inner = jitted_create(n, call)
+  return inner.value if inner is not None else None
+
+
+def jitted_create(n: Names, call: cst.Call) -> Optional[cst.Attribute]:
+  """``d.create`` when ``call`` is ``jax.jit(d.create, <keywords>)(<arguments>)``, else None."""
+  wrap = call.func
+  if not (isinstance(wrap, cst.Call) and wrap.args and wrap.args[0].keyword is None
+          and not wrap.args[0].star and all(a.keyword is not None for a in wrap.args[1:])
+          and m.matches(wrap.args[0].value, m.Attribute(attr=m.Name('create')))):
+    return None
+  return wrap.args[0].value if n.qnames(wrap.func) & api.CREATE_WRAPPERS else None
+
+
 def pickled_value(n: Names, call: cst.Call) -> cst.BaseExpression:
   """What ``pickle.dump(x, f)`` (a :data:`~codemod.legacy_api.PICKLERS` call with a first
   positional argument) pickles: ``x``, or ``x`` of ``unreplicate(x)`` / ``jax.device_get(x)``."""
@@ -136,7 +156,7 @@ def produces_optimizer(n: Names, value) -> bool:
   func = value.func
   if m.matches(func, m.Attribute(attr=m.Name('apply_gradient'))):
     return True
-  if m.matches(func, m.Attribute(attr=m.Name('create'))) and n.is_def(func.value):
+  if (recv := create_receiver(n, value)) is not None and n.is_def(recv):
     return True
   if n.qnames(func) & api.REPLICATE_FNS:
     if not value.args:

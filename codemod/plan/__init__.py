@@ -125,6 +125,7 @@ def make_plan(analysis, options) -> Plan:
   analysis.module.visit(sites.SitePlanner(q, plan))
   converts = q.converts
   f = analysis.facts
+  to_legacy_steps = crossmodule.factories_to_legacy_steps(q)
   plan.summary = Summary(
       factories=dict.fromkeys(sorted(f.module_factories - set(f.steps)), converts),
       steps={name: (params, converts) for name, params in sorted(f.steps.items())},
@@ -136,7 +137,8 @@ def make_plan(analysis, options) -> Plan:
       defs=bool(f.def_calls),
       def_uses={name: (converts and name not in f.def_misused, q.inject_lr)
                 for name in sorted(f.def_uses)},
-      factory_uses={name: (converts, given) for name, given in crossmodule.factory_lr(q).items()},
+      factory_uses={name: (converts and name not in to_legacy_steps, given)
+                    for name, given in crossmodule.factory_lr(q).items()},
       container_factories=dict.fromkeys(sorted(f.container_makers), converts),
       def_sinks={name: (parameter, converts) for name, parameter in sorted(f.def_sinks.items())},
       user_defs=_user_defs(analysis),

@@ -138,6 +138,9 @@ def reflection_problem(q, call: cst.Call) -> Optional[str]:
             'TrainState; a pickle the legacy code wrote loads only with flax.optim (or '
             'optim_compat.install())')
   if fn == {'flax.serialization.to_state_dict'}:
+    if not q.is_optimizer(recv) and isinstance(recv, cst.Name) and q.n.binding(
+        recv) in q.f.params and not named_like_optimizer(recv):
+      return None  # a helper's pytree parameter (scenic's `_traverse_with_names(tree)`)
     return (f'`{excerpt}`: a TrainState\'s state dict has the keys `step`, `params`, `opt_state` '
             '(a flax.optim Optimizer\'s: `target`, `state` with `step` and `param_states`): '
             'code that reads it by key, and checkpoints written from it, change layout '

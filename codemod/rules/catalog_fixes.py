@@ -30,7 +30,10 @@ FIXES = (
                 'dict bound once with literal values and used only so is read and converted '
                 'to the Optax chain) → `optim_compat.to_optax(optim_compat.Adam(**kw))`, the '
                 'shim\'s own def reading them at run time (`inject=(\'learning_rate\',)` when '
-                'the rate is set at apply time)'),
+                'the rate is set at apply time); a jitted create (scenic\'s `jax.jit(d.create, '
+                "backend='cpu')(params)`) → `jax.jit(lambda params: train_state.TrainState."
+                "create(apply_fn=None, params=params, tx=d), backend='cpu')(params)`; a bound "
+                '`d.create` handed on otherwise (`f = d.create`, `jax.pmap(d.create)`) is OM114'),
     Rule('OM002', 'safe', family='apply_gradient', summary=
          '`opt.apply_gradient(grads)` -> `opt.apply_gradients(grads=grads)`; '
          '`learning_rate=lr` -> set in an `optax.inject_hyperparams` state',

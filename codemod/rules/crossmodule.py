@@ -151,6 +151,20 @@ def step_problems(q, call: cst.Call) -> list[tuple[str, bool, bool]]:
   return problems
 
 
+def factories_to_legacy_steps(q) -> set:
+  """The converted factories of other modules whose optimizer this file passes to a step
+  function that keeps its legacy code (helper-20's `factory.py` / `steps.py` without
+  flax.optim / `main.py`): the run then holds each (``codemod.flow``: its user is not
+  counted as converting), so the step gets a flax.optim Optimizer, on the shim, and runs."""
+  found = set()
+  for uses in q.step_calls.values():
+    for step, _, arg in uses:
+      factory = q.factory_of(arg)
+      if not step.converted and factory is not None and factory.converted:
+        found.add(factory.qualified)
+  return found
+
+
 def step_value_problem(q, node) -> Optional[tuple[str, bool]]:
   """A step function of another module (:class:`codemod.flow.Step`) named here other than
   in a call or a ``jax.jit`` / ``jax.pmap`` of it (``functools.partial(train_step, ...)``,
@@ -294,9 +308,18 @@ def field_uses(q) -> list[str]:
     own = {field for fields in f.declared_fields.values() for field in fields}
     own |= {t.attr.value for targets, _ in f.assignments for t in targets
             if isinstance(t, cst.Attribute)}  # (`self.optimizer = ...`: its own attribute)
+    state_read = {a.attr.value for a in m.findall(q.analysis.module, m.Attribute())
+                  if not _config_receiver(a.value)}
     found |= {entry.qualified for field, entry in tree.items()
-              if field in read and field not in own}
+              if field in state_read and field not in own}
   return sorted(found)
+
+
+def _config_receiver(node) -> bool:
+  """``node`` (an attribute's receiver) names a configuration (``config``, ``FLAGS``,
+  ``self.hparams``: :data:`codemod.legacy_api.CONFIG_RECEIVER`)."""
+  last = node.attr.value if isinstance(node, cst.Attribute) else getattr(node, 'value', None)
+  return isinstance(last, str) and api.CONFIG_RECEIVER.search(last.lower()) is not None
 
 
 def visit_name(p, node) -> None:

@@ -11,13 +11,14 @@ converted), OM119 (hyper-parameter reads with no literal).
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple, Optional
 
 import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.facts.values import is_bare_array
+from codemod.facts.values import create_receiver, is_bare_array, jitted_create
 from codemod.names import call_argument, code, create_focus, kwargs, template
 from optim_compat import spec as spec_lib
 
@@ -162,7 +163,7 @@ def multi_labels(call: cst.Call, positional: bool = False) -> list[str]:
 
 
 def create_problem(q, call: cst.Call) -> Optional[str]:
-  recv = call.func.value
+  recv = create_receiver(q.n, call)
   if isinstance(recv, cst.Name) and (other := q.f.def_var_others.get(q.n.binding(recv))) \
       is not None:
     return (f'`{recv.value}` is also assigned `{code(other)}`, which this file cannot tell is '
@@ -174,6 +175,8 @@ def create_problem(q, call: cst.Call) -> Optional[str]:
   if any(a.star for a in call.args) or set(kw) - {'target', 'focus'} or \
       len(positional) + len(kw) not in (1, 2) or len(positional) > 2:
     return 'create(...) with these arguments is not converted'
+  if jitted_create(q.n, call) is not None and len(positional) + len(kw) != 1:
+    return 'a jitted create(...) given more than the target is not converted'
   focus = create_focus(call)
   if focus is not None and not m.matches(focus, m.Name('None')) and not q.n.is_traversal(focus):
     return (f'create(..., focus={code(focus)}): not a ModelParamTraversal built in this '
@@ -334,7 +337,7 @@ def def_only_uses(q) -> list[cst.Attribute]:
 def def_factory_of_create(q, call: cst.Call):
   """The converted def factory (``codemod.flow.DefFactory``) whose transformation ``call``
   (``d.create(p)``) is given, directly or through a name, else None."""
-  recv = call.func.value
+  recv = create_receiver(q.n, call)
   if isinstance(recv, cst.Name):
     return q.f.def_var_factories.get(q.n.binding(recv))
   return q.n.converted_def_factory(recv)
@@ -346,7 +349,7 @@ def injection_problem(q, call: cst.Call) -> Optional[str]:
   made = def_factory_of_create(q, call) if q.inject_lr else None
   if made is None or made.inject_lr:
     return None
-  return (f'`{code(call.func.value)}` is the transformation {made.where} returns, built without '
+  return (f'`{code(create_receiver(q.n, call))}` is the transformation {made.where} returns, built without '
           'optax.inject_hyperparams, and this file passes learning_rate at apply time: '
           'migrate them together')
 
@@ -371,7 +374,12 @@ def visit_statement_node(p, node) -> None:
                           'closure, or the two assignments not one after the other in one '
                           f'block): give the def its own name (`{name}_def = ...`), then rerun',
            blocks=True, data={'name': name})
-  if id(node) in f.escaping:
+  if id(node) in f.escaping and isinstance(node, cst.Attribute):  # (`f = d.create`)
+    p.flag(node, 'OM114', f'`{code(node)}`, a flax.optim def\'s bound create, is handed to '
+                          'other code: an Optax transformation has no .create() (only '
+                          '`d.create(p)` and `jax.jit(d.create, ...)(p)` are converted); '
+                          'call it in place', blocks=True)
+  elif id(node) in f.escaping:
     p.flag(node, 'OM114', f'`{code(node)}` is an optimizer def handed to other code '
                           '(returned, passed as an argument, kept in an attribute or a '
                           'container): as an Optax transformation it has no .create(); convert '
@@ -430,8 +438,8 @@ def leave_def_call(p, original) -> bool:
 def leave_create(p, original) -> bool:
   """``<def>.create(params[, focus])`` (OM001, OM008 for ``focus=``)."""
   q = p.q
-  func = original.func
-  if not (m.matches(func, m.Attribute(attr=m.Name('create'))) and q.n.is_def(func.value)):
+  recv = create_receiver(q.n, original)
+  if recv is None or not q.n.is_def(recv):
     return False
   problem = create_problem(q, original)
   if problem:
@@ -449,9 +457,13 @@ def leave_create(p, original) -> bool:
                             'ArrayTrainState is that TrainState, applying the same Optax update')]
     made = def_factory_of_create(q, original)
     if made is not None and made.upstream:
-      findings = [('OM001', f'{findings[0][1]}: `{code(func.value)}` is what '
+      findings = [('OM001', f'{findings[0][1]}: `{code(recv)}` is what '
                             f'{made.function} of {made.path} returns, an Optax transformation '
                             f'there ({made.why})')]
+    if jitted_create(q.n, original) is not None:
+      findings[0] = ('OM001', f'{findings[0][1]}, jitted as the legacy create was (a '
+                              'function of the target: the state is made where jax.jit '
+                              'places it)')
     if focus is not None and not m.matches(focus, m.Name('None')):
       findings.insert(0, ('OM008', 'create(params, focus=traversal) -> optax.multi_transform, '
                                    'unfocused leaves frozen (set_to_zero)'))
@@ -577,8 +589,9 @@ def apply_create(ctx, original, updated, fix):
   focus = create_focus(updated)
   if focus is not None and m.matches(focus, m.Name('None')):
     focus = None  # legacy: every param
-  tx = code(updated.func.value)
-  o_recv = original.func.value
+  jitted = jitted_create(n, original) is not None
+  tx = code(updated.func.args[0].value.value if jitted else updated.func.value)
+  o_recv = create_receiver(n, original)
   if n.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and (
       n.binding(o_recv) in f.shim_def_vars or (
           n.binding(o_recv) not in f.mixed_user_bindings
@@ -591,10 +604,17 @@ def apply_create(ctx, original, updated, fix):
     ctx.add_import('optax')
   if fix.data['array']:  # (decided once, by leave_create)
     ctx.add_import('optim_compat')
-    return template(f'optim_compat.ArrayTrainState.create(apply_fn=None, params=P, tx={tx})',
-                    P=target)
-  ctx.add_import('flax.training', 'train_state')
-  return template(f'train_state.TrainState.create(apply_fn=None, params=P, tx={tx})', P=target)
+    made = 'optim_compat.ArrayTrainState.create'
+  else:
+    ctx.add_import('flax.training', 'train_state')
+    made = 'train_state.TrainState.create'
+  if jitted:  # `jax.jit(d.create, backend='cpu')(p)`: jit a function of the target instead
+    wrap = updated.func
+    arg = 'params' if not re.search(r'\bparams\b', tx) else 'target_params'
+    function = cst.parse_expression(f'lambda {arg}: {made}(apply_fn=None, params={arg}, tx={tx})')
+    return updated.with_changes(func=wrap.with_changes(
+        args=[wrap.args[0].with_changes(value=function), *wrap.args[1:]]))
+  return template(f'{made}(apply_fn=None, params=P, tx={tx})', P=target)
 
 
 def _to_optax(q, source: str) -> str:
