@@ -16,7 +16,7 @@ from libcst.codemod.visitors import AddImportsVisitor
 from codemod.visiting import NoAttributeHooks
 from codemod.facts.setaside import restore
 from codemod.failures import failure
-from codemod.findings import stale_todo
+from codemod.findings import TODO_LINE, stale_todo
 from codemod.rules import fallback, imports
 
 _STATEMENTS = (cst.SimpleStatementLine, cst.BaseCompoundStatement)
@@ -68,8 +68,14 @@ class _Apply(NoAttributeHooks, cst.CSTTransformer):
         existing |= plan.header_comments
       new = [t for t in todos if t not in existing]
       if new:
+        # an earlier run's TODO of the same rule on this statement, worded otherwise (a
+        # single-file run, then the whole tree's: helper-19), is replaced, not stacked
+        rules = {found.group(2) for t in new if (found := TODO_LINE.match(t))}
+        kept = [ll for ll in result.leading_lines if not (
+            ll.comment is not None and ll.comment.value not in todos
+            and (found := TODO_LINE.match(ll.comment.value)) and found.group(2) in rules)]
         lines = [cst.EmptyLine(comment=cst.Comment(t)) for t in new]
-        result = result.with_changes(leading_lines=[*result.leading_lines, *lines])
+        result = result.with_changes(leading_lines=[*kept, *lines])
     return result
 
 

@@ -633,6 +633,24 @@ def test_rerun_that_converts_drops_the_stale_keeps_legacy_todo(tmp_path):
   assert text.count('# TODO(optim-migrate): OM009: .replicate() -> jax_utils.replicate') == 1
 
 
+def test_a_rerun_replaces_an_earlier_todo_of_the_same_rule_worded_otherwise(tmp_path):
+  """Found by a new user (helper-19): a run over one file, then over the whole tree, left
+  the first run's TODO beside the second's on the same line (same rule, other words: two
+  conflicting pieces of advice). The newer one replaces it; other TODOs stay."""
+  src = tmp_path / 'r.py'
+  src.write_text('from flax import optim\n\n\ndef make(params):\n'
+                 '  # a note of the user\n'
+                 '  # TODO(optim-migrate): OM114: an older wording of this item\n'
+                 '  # TODO(optim-migrate): OM117: an item another rule wrote\n'
+                 '  return helper(optim.Adam(1e-3))\n')
+  assert _cli('rewrite', '--write', str(src)).returncode == 1
+  text = src.read_text()
+  assert 'an older wording' not in text and text.count('OM114:') == 1, text
+  assert '# a note of the user\n' in text and 'an item another rule wrote' in text
+  _cli('rewrite', '--write', str(src))
+  assert src.read_text() == text  # (and it stays so)
+
+
 def test_diff_with_write_or_check_also_prints_the_diff(tmp_path, capsys, monkeypatch):
   """``--diff`` is not dropped next to ``--write`` (the diff of what was written) or
   ``--check`` (the "would rewrite" line, then the diff); both on stdout, as ruff does."""
