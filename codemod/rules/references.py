@@ -69,9 +69,14 @@ def visit_reference(p, node) -> None:
 def visit_class(p, node: cst.ClassDef) -> None:
   if any(node is c for c in p.q.f.subclasses):
     name = node.name.value
-    p.flag(node, 'OM104', f'`{name}` subclasses a flax.optim class: it runs on the shim '
-                          f'(optim_compat) and TrainState gets optim_compat.to_optax({name}(...)); '
-                          'port it to an optax.GradientTransformation when convenient')
+    if any(p.q.n.symbol(b.value) in api.DEF_NAMES | {'OptimizerDef'} for b in node.bases):
+      p.flag(node, 'OM104', f'`{name}` subclasses a flax.optim class: it runs on the shim '
+                            f'(optim_compat) and TrainState gets optim_compat.to_optax({name}'
+                            '(...)); port it to an optax.GradientTransformation when convenient')
+    else:  # (an Optimizer / OptimizerState subclass: no def, nothing to_optax takes)
+      p.flag(node, 'OM104', f'`{name}` subclasses a flax.optim class that is not a def: it runs '
+                            'on the shim (optim_compat), as the legacy code that uses it does; '
+                            'port that code to a TrainState when convenient')
 
 
 def leave_reference(p, original) -> bool:
