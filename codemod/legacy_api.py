@@ -79,6 +79,15 @@ LEGACY_ONLY_ATTRS = {m.name: 'OM103' if m.rule == 'OM103' else 'OM116'
                      and m.name != 'apply_gradient'}
 #: The fields of a legacy ``flax.optim.Optimizer`` (a ``flax.struct`` dataclass).
 OPTIMIZER_FIELDS = frozenset({'optimizer_def', 'state', 'target'})
+# the legacy state classes, and the shim's (state surgery in a file converted through the
+# legacy view, OM017: `optim.OptimizerState(step, ps)`, `optim.adam._AdamParamState(m, v)`)
+STATE_CLASSES = {'OptimizerState': 'optim_compat.OptimizerState',
+                 **{f'_{name}ParamState': f'optim_compat.{module}._{name}ParamState'
+                    for module, name in (('adam', 'Adam'), ('momentum', 'Momentum'),
+                                         ('adabelief', 'AdaBelief'), ('adadelta', 'Adadelta'),
+                                         ('adafactor', 'Adafactor'), ('adagrad', 'Adagrad'),
+                                         ('lamb', 'LAMB'), ('lars', 'LARS'),
+                                         ('rmsprop', 'RMSProp'))}}
 # receivers that hold a configuration, not a train state: `config.optimizer == 'sgd'`,
 # `FLAGS.optimizer`, `self.hparams.optimizer` name a setting (matched on the receiver's last
 # name, lower-cased; a field so read is no sign of a container)

@@ -931,6 +931,15 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
              and isinstance(chain := _state_of(arg.value), cst.Attribute)]
     if reads and n.qnames(node.func) & api.STATE_READERS:
       f.state_reads.update(map(id, reads))  # `tree_leaves(opt.state.param_states)`: read only
+    if m.matches(node.func, m.Attribute(attr=m.Name('replace'))) and (
+        written := next((a.value for a in node.args
+                         if a.keyword is not None and a.keyword.value == 'state'), None)):
+      # `opt.replace(state=reset(opt.state, ...))`: state surgery; the reads of the same
+      # optimizer's state inside what is written back are reads of the legacy view
+      f.state_writes[id(node)] = node
+      recv = node.func.value
+      f.state_reads.update(id(a) for a in m.findall(written, m.Attribute(attr=m.Name('state')))
+                           if a.value.deep_equals(recv))
     f.double_starred.update(id(a.value) for a in node.args
                             if a.star == '**' and isinstance(a.value, cst.Name))
     if f.flow is not None and (sink := self._sink_called(node)) is not None:

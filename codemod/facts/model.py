@@ -39,6 +39,7 @@ class Facts:
   #: ids of `<x>.state` attributes whose chain (`.param_states['head']`, ...) is only read
   #: by a call of api.STATE_READERS (OM017: the legacy view)
   state_reads: set = _field(set)
+  state_writes: dict = _field(dict)   # id -> `opt.replace(state=...)` (state surgery)
   dual_members: set = _field(set)
   #: id(`if isinstance(x, optim.Optimizer): ... else: ...`) -> that If (OM015 keeps the else)
   legacy_branches: dict = _field()

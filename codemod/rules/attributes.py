@@ -83,10 +83,15 @@ def viewed(q, attr: cst.Attribute) -> bool:
   """``opt.state`` only read (``Facts.state_reads``) in a file whose defs :func:`view_def`
   can stand for, ``opt`` a name holding this file's optimizer (not a parameter other code may
   fill with another def's): it becomes ``optim_compat.legacy_state(opt, <def>)`` (OM017)."""
-  recv = attr.value
   if not (attr.attr.value == 'state' and id(attr) in q.f.state_reads
           or state_dict_call(q, attr) is not None):
     return False
+  return view_receiver(q, attr.value)
+
+
+def view_receiver(q, recv) -> bool:
+  """``recv`` (whose ``.state`` is read or written) holds this file's optimizer and
+  :func:`view_def` stands for its def."""
   if isinstance(recv, cst.Attribute) and q.annotated_field(recv):
     recv = recv.value  # `state.optimizer`: a container this file fills (not a parameter)
     if not isinstance(recv, cst.Name) or q.n.binding(recv) in q.f.params \
@@ -285,7 +290,19 @@ def leave_replace(p, original) -> bool:
   if not m.matches(original.func, m.Attribute(attr=m.Name('replace'))):
     return False
   recv = original.func.value
-  if q.is_optimizer(recv):
+  if q.is_optimizer(recv) and id(original) in q.f.state_writes:
+    if not view_receiver(q, recv):
+      p.flag(original, 'OM103', '`.replace(state=...)` of a flax.optim Optimizer (state '
+                                'surgery) is converted to optim_compat.with_legacy_state(<it>, '
+                                '..., <def>) only where the file makes that optimizer from one '
+                                'table def: convert it by hand', blocks=True)
+    elif not q.blocked:
+      p.fix(original, apply_with_legacy_state,
+            [('OM017', f'`.replace(state=...)` (state surgery) -> optim_compat.with_legacy_state'
+                       f'(<it>, ..., {view_def(q)}): the legacy state written back into the '
+                       "TrainState's opt_state (step and every Optax count set to its step)")],
+            data={'def': view_def(q)})
+  elif q.is_optimizer(recv):
     if any(a.keyword is not None and a.keyword.value in _FIELD_RENAMES for a in original.args):
       frozen = _frozen_target(q, original)
       p.fix(original, apply_replace, [('OM003', 'replace(target=...) -> replace(params=...)' + (
@@ -407,6 +424,20 @@ def apply_legacy_view(ctx, original, updated, fix, function='legacy_state'):
   return cst.Call(func=cst.parse_expression(f'optim_compat.{function}'),
                   args=[cst.Arg(updated.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' '))),
                         cst.Arg(cst.parse_expression(fix.data['def']))])
+
+
+def apply_with_legacy_state(ctx, original, updated, fix):
+  """``opt.replace(state=s[, target=p])`` -> ``optim_compat.with_legacy_state(opt[.replace(
+  params=p)], s, <def>)`` (OM017)."""
+  ctx.add_import('optim_compat')
+  recv = updated.func.value
+  state = next(a.value for a in updated.args if a.keyword is not None
+               and a.keyword.value == 'state')
+  rest = [a for a in updated.args if not (a.keyword is not None and a.keyword.value == 'state')]
+  if rest:  # (`target=p` beside it: params=p, then the state)
+    rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    recv = apply_replace(ctx, original, updated.with_changes(args=rest), None)
+  return template(f'optim_compat.with_legacy_state(R, S, {fix.data["def"]})', R=recv, S=state)
 
 
 def apply_legacy_state_dict(ctx, original, updated, fix):

@@ -348,8 +348,12 @@ FIXES = (
              'a call that does not mutate it (tree_leaves, tree_map, np.asarray, print, ...) '
              'and every def of the file is one table def (the view\'s layout: arguments that '
              'are not literals are left out, as the layout does not depend on them; '
-             'Adafactor\'s does, so it needs literal ones); writes (`opt.replace(state=...)`) '
-             'stay OM103. `opt.state_dict()` (jax3d\'s nesf logs a histogram of each of its '
+             'Adafactor\'s does, so it needs literal ones). State written back '
+             '(`opt.replace(state=reset(opt.state, ...))`: hypernerf zeroes the Adam moments of '
+             'a sub-tree; a skip branch advances only `state.step`) becomes '
+             '`optim_compat.with_legacy_state(opt, ..., <def>)`, the reads inside it the view, '
+             'and the legacy state classes the file builds (`OptimizerState`, '
+             '`adam._AdamParamState`) the shim\'s; elsewhere writes stay OM103. `opt.state_dict()` (jax3d\'s nesf logs a histogram of each of its '
              'leaves) is a fresh tree in flax.optim too: it becomes the legacy state dict, '
              '`target` and `state` with `step` and `param_states`, bitwise the shim\'s.',
          before='import jax\n' + _IMPORT + 'def moments(params, grads):\n'
@@ -369,7 +373,9 @@ FIXES = (
          readme='`opt.state...` only read by a call that does not mutate it (`tree_leaves`, '
                 '`tree_map`, `np.asarray`, `print`, ...) → `optim_compat.legacy_state(opt, '
                 '<the file\'s def>)...`, the legacy view; `opt.state_dict()` → '
-                '`optim_compat.legacy_state_dict(opt, <def>)` (one table def in the file; its '
+                '`optim_compat.legacy_state_dict(opt, <def>)`; `opt.replace(state=s)` → '
+                '`optim_compat.with_legacy_state(opt, s, <def>)`, the state classes the file '
+                'builds → the shim\'s (one table def in the file; its '
                 'arguments, where not literals, left out: the view reads only the layout, '
                 'which for Adafactor needs literal ones)'),
     Rule('OM018', 'safe', family='attributes', summary=

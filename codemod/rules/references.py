@@ -36,9 +36,19 @@ def ref_problem(q, ref_id, sym) -> Optional[Problem]:
     return None
   elif ref_id in f.dual_members:
     return None  # (the tuple drops it: OM015)
+  if surgery_class(q, sym):
+    return None
   rule = 'OM103' if sym == 'OptimizerState' else 'OM109'
   return Problem(rule, f'flax.optim.{sym} has no automatic conversion here; see optim_compat for '
                        'a drop-in')
+
+
+def surgery_class(q, sym: str) -> bool:
+  """``sym`` is a legacy state class in a file whose state surgery the legacy view converts
+  (``opt.replace(state=...)`` with one table def: ``codemod.rules.attributes.view_def``): it
+  becomes the shim's class, which ``optim_compat.with_legacy_state`` reads."""
+  from codemod.rules.attributes import view_def
+  return sym in api.STATE_CLASSES and bool(q.f.state_writes) and view_def(q) is not None
 
 
 def prepare(q) -> None:
@@ -100,6 +110,12 @@ def leave_reference(p, original) -> bool:
     return False
   if id(original) in q.f.in_subclass:
     p.fix(original, apply_shim_name, [], data={'sym': sym})
+    return True
+  if surgery_class(q, sym):
+    p.fix(original, apply_state_class, [('OM017', f'flax.optim {sym} -> '
+                                                  f'{api.STATE_CLASSES[sym]}: the legacy state '
+                                                  'class the legacy view reads and writes')],
+          data={'sym': sym})
     return True
   if id(original) in q.f.in_annotation:
     source, _ = api.ANNOTATIONS[sym]
@@ -193,6 +209,11 @@ def apply_dynamic_scale(ctx, original, updated, fix):
 def apply_shim_name(ctx, original, updated, fix):
   ctx.add_import('optim_compat')
   return cst.parse_expression(f'optim_compat.{fix.data["sym"]}')
+
+
+def apply_state_class(ctx, original, updated, fix):
+  ctx.add_import('optim_compat')
+  return cst.parse_expression(api.STATE_CLASSES[fix.data['sym']])
 
 
 def apply_annotation(ctx, original, updated, fix):
