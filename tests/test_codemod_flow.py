@@ -746,6 +746,23 @@ def _run_tree(tree: pathlib.Path, code: str) -> subprocess.CompletedProcess:
                         env=env, timeout=300)
 
 
+_PKG_STATE = ('import flax\nfrom flax import optim\n\n\n@flax.struct.dataclass\n'
+              'class TrainState:\n  step: int\n  optimizer: optim.Optimizer\n')
+
+
+def _migrate_tree(tmp_path: pathlib.Path, files: dict) -> tuple[pathlib.Path, str]:
+  """``files`` (``{relative path: source}``; ``pkg/state.py`` declares a container class with
+  an optimizer field when given as None) written under ``tmp_path/tree``, then ``rewrite
+  --write --no-cache tree`` (exit 1 asserted): the tree and what it printed on stderr."""
+  tree = tmp_path / 'tree'
+  for name, source in files.items():
+    (tree / name).parent.mkdir(parents=True, exist_ok=True)
+    (tree / name).write_text(_PKG_STATE if source is None else source)
+  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  return tree, proc.stderr
+
+
 def _container_tree(tmp_path, *train_imports: str, helper: str = '') -> pathlib.Path:
   """A tree whose model_utils.py declares `TrainState` with an `optimizer: optim.Optimizer`
   field and whose train.py builds one from `optim.Adam(0.1).create(params)`."""
@@ -2029,32 +2046,26 @@ def test_a_legacy_module_reading_a_field_named_like_a_containers_holds_it(tmp_pa
   the surgery failed on a TrainState (AttributeError at a line whose only TODO said "this file
   keeps its legacy optimizer code"). A kept-legacy module reading a field named like one of a
   class elsewhere in the tree now holds that class: the tree stays on the shim and runs."""
-  tree = tmp_path / 'tree'
-  (tree / 'pkg').mkdir(parents=True)
-  (tree / 'pkg' / '__init__.py').write_text('')
-  (tree / 'pkg' / 'state.py').write_text(
-      'import flax\nfrom flax import optim\n\n\n@flax.struct.dataclass\nclass TrainState:\n'
-      '  step: int\n  optimizer: optim.Optimizer\n')
-  (tree / 'pkg' / 'create.py').write_text(
-      'from flax import optim\nfrom pkg.state import TrainState\n\n\n'
-      'def create_train_state(params):\n'
-      '  return TrainState(step=0, optimizer=optim.Adam(0.1).create(params))\n')
-  (tree / 'pkg' / 'surgery.py').write_text(
-      'import jax\nimport jax.numpy as jnp\nfrom flax import optim\n\n\n'
-      'def reset_moments(state):\n  opt = state.optimizer\n'
-      '  zeroed = jax.tree_util.tree_map(jnp.zeros_like, opt.state.param_states)\n'
-      '  new = optim.OptimizerState(opt.state.step, zeroed)\n'
-      '  return state.replace(optimizer=opt.replace(state=new))\n')
-  (tree / 'main.py').write_text(
-      'import jax.numpy as jnp\nfrom pkg.create import create_train_state\n'
-      'from pkg.surgery import reset_moments\n\n\n'
-      "def run():\n  state = create_train_state({'w': jnp.ones(2)})\n"
-      '  state = reset_moments(state)\n'
-      "  return state.replace(optimizer=state.optimizer.apply_gradient({'w': jnp.ones(2)}))\n")
-  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
-  assert proc.returncode == 1, proc.stderr
+  tree, stderr = _migrate_tree(tmp_path, {
+      'pkg/__init__.py': '', 'pkg/state.py': None,
+      'pkg/create.py': (
+          'from flax import optim\nfrom pkg.state import TrainState\n\n\n'
+          'def create_train_state(params):\n'
+          '  return TrainState(step=0, optimizer=optim.Adam(0.1).create(params))\n'),
+      'pkg/surgery.py': (
+          'import jax\nimport jax.numpy as jnp\nfrom flax import optim\n\n\n'
+          'def reset_moments(state):\n  opt = state.optimizer\n'
+          '  zeroed = jax.tree_util.tree_map(jnp.zeros_like, opt.state.param_states)\n'
+          '  new = optim.OptimizerState(opt.state.step, zeroed)\n'
+          '  return state.replace(optimizer=opt.replace(state=new))\n'),
+      'main.py': (
+          'import jax.numpy as jnp\nfrom pkg.create import create_train_state\n'
+          'from pkg.surgery import reset_moments\n\n\n'
+          "def run():\n  state = create_train_state({'w': jnp.ones(2)})\n"
+          '  state = reset_moments(state)\n'
+          "  return state.replace(optimizer=state.optimizer.apply_gradient({'w': jnp.ones(2)}))\n")})
   assert re.search(r'pkg/state\.py:\d+:\d+: OM123 \[manual\] the optimizer fields of '
-                   r'`TrainState` are read by pkg/surgery\.py', proc.stderr), proc.stderr
+                   r'`TrainState` are read by pkg/surgery\.py', stderr), stderr
   assert 'optimizer: optim.Optimizer' in (tree / 'pkg' / 'state.py').read_text()
   run = _run_tree(tree, "import main\nprint(float(main.run().optimizer.target['w'][0]))")
   assert run.returncode == 0, run.stderr[-2000:]
@@ -2067,27 +2078,21 @@ def test_a_config_setting_named_like_a_container_field_does_not_hold_it(tmp_path
   reader of the train-state container (pkg/state.py) that main.py converts. It held the class
   for the whole tree (22 scenic files kept on the shim, OM122). The same read on a state
   (`state.optimizer`) still holds it (test above)."""
-  tree = tmp_path / 'tree'
-  (tree / 'pkg').mkdir(parents=True)
-  (tree / 'pkg' / '__init__.py').write_text('')
-  (tree / 'pkg' / 'state.py').write_text(
-      'import flax\nfrom flax import optim\n\n\n@flax.struct.dataclass\nclass TrainState:\n'
-      '  step: int\n  optimizer: optim.Optimizer\n')
-  (tree / 'pkg' / 'opts.py').write_text(  # (keeps its legacy code: init_state, OM116)
-      'from flax import optim\n\n\ndef fresh_state(config, params, flags):\n'
-      "  assert config.optimizer == 'adam' and flags.optimizer and config.train_cfg.optimizer\n"
-      '  return optim.Adam(0.1).init_state(params)\n')
-  (tree / 'main.py').write_text(
-      'import types\n\nimport jax.numpy as jnp\nfrom flax import optim\n'
-      'from pkg.opts import fresh_state\nfrom pkg.state import TrainState\n\n\n'
-      "def run():\n  opt = optim.Adam(0.1).create({'w': jnp.ones(2)})\n"
-      "  c = types.SimpleNamespace(optimizer='adam', train_cfg=types.SimpleNamespace(optimizer=1))\n"
-      "  fresh_state(c, {'w': jnp.ones(2)}, c)\n"
-      '  state = TrainState(step=0, optimizer=opt)\n'
-      "  return state.replace(optimizer=state.optimizer.apply_gradient({'w': jnp.ones(2)}))\n")
-  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
-  assert proc.returncode == 1, proc.stderr
-  assert 'OM123' not in proc.stderr and 'OM122' not in proc.stderr, proc.stderr
+  tree, stderr = _migrate_tree(tmp_path, {
+      'pkg/__init__.py': '', 'pkg/state.py': None,
+      'pkg/opts.py': (  # (keeps its legacy code: init_state, OM116)
+          'from flax import optim\n\n\ndef fresh_state(config, params, flags):\n'
+          "  assert config.optimizer == 'adam' and flags.optimizer and config.train_cfg.optimizer\n"
+          '  return optim.Adam(0.1).init_state(params)\n'),
+      'main.py': (
+          'import types\n\nimport jax.numpy as jnp\nfrom flax import optim\n'
+          'from pkg.opts import fresh_state\nfrom pkg.state import TrainState\n\n\n'
+          "def run():\n  opt = optim.Adam(0.1).create({'w': jnp.ones(2)})\n"
+          "  c = types.SimpleNamespace(optimizer='adam', train_cfg=types.SimpleNamespace(optimizer=1))\n"
+          "  fresh_state(c, {'w': jnp.ones(2)}, c)\n"
+          '  state = TrainState(step=0, optimizer=opt)\n'
+          "  return state.replace(optimizer=state.optimizer.apply_gradient({'w': jnp.ones(2)}))\n")})
+  assert 'OM123' not in stderr and 'OM122' not in stderr, stderr
   assert 'optimizer: train_state.TrainState' in (tree / 'pkg' / 'state.py').read_text()
   assert 'optim_compat.install()' in (tree / 'pkg' / 'opts.py').read_text()
   run = _run_tree(tree, "import main\nprint(float(main.run().optimizer.params['w'][0]))")
@@ -2102,24 +2107,20 @@ def test_a_factorys_optimizer_handed_to_a_legacy_step_module_holds_the_factory(t
   code: flagged (OM124), but the tree failed at its first step. A user handing a factory's
   optimizer to a step that keeps its legacy code now holds the factory: the tree stays on
   the shim, flagged, and runs."""
-  tree = tmp_path / 'tree'
-  tree.mkdir()
-  (tree / 'factory.py').write_text(
-      'from flax import optim\n\n\ndef create_optimizer(params):\n'
-      '  return optim.Adam(1e-3).create(params)\n')
-  (tree / 'steps.py').write_text(
-      'import jax\nimport jax.numpy as jnp\n\n\n@jax.jit\ndef train_step(optimizer, x):\n'
-      "  grad = jax.grad(lambda p: jnp.sum((p['w'] * x) ** 2))(optimizer.target)\n"
-      '  return optimizer.apply_gradient(grad)\n')
-  (tree / 'main.py').write_text(
-      'import jax.numpy as jnp\nimport factory\nimport steps\n\n\ndef run():\n'
-      "  optimizer = factory.create_optimizer({'w': jnp.ones(3)})\n"
-      '  for _ in range(3):\n    optimizer = steps.train_step(optimizer, jnp.ones(3))\n'
-      '  return optimizer.target\n')
-  proc = _cli('rewrite', '--write', '--no-cache', 'tree', cwd=tmp_path)
-  assert proc.returncode == 1, proc.stderr
+  tree, stderr = _migrate_tree(tmp_path, {
+      'factory.py': ('from flax import optim\n\n\ndef create_optimizer(params):\n'
+                     '  return optim.Adam(1e-3).create(params)\n'),
+      'steps.py': (
+          'import jax\nimport jax.numpy as jnp\n\n\n@jax.jit\ndef train_step(optimizer, x):\n'
+          "  grad = jax.grad(lambda p: jnp.sum((p['w'] * x) ** 2))(optimizer.target)\n"
+          '  return optimizer.apply_gradient(grad)\n'),
+      'main.py': (
+          'import jax.numpy as jnp\nimport factory\nimport steps\n\n\ndef run():\n'
+          "  optimizer = factory.create_optimizer({'w': jnp.ones(3)})\n"
+          '  for _ in range(3):\n    optimizer = steps.train_step(optimizer, jnp.ones(3))\n'
+          '  return optimizer.target\n')})
   assert re.search(r'factory\.py:\d+:\d+: OM123 \[manual\] what `create_optimizer` returns is '
-                   r'used by main\.py', proc.stderr), proc.stderr
+                   r'used by main\.py', stderr), stderr
   assert 'optim_compat.install()' in (tree / 'factory.py').read_text()
   assert 'return optimizer.target' in (tree / 'main.py').read_text()
   run = _run_tree(tree, "import main\nprint(float(main.run()['w'][0]))")
