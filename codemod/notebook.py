@@ -160,9 +160,13 @@ def rewrite_notebook(text: str, path: str, options: Options | None, rewrite_sour
       src = src.rstrip('\n') + '\n' * trailing
     if src != old_text:
       cell['source'] = src.splitlines(keepends=True) if isinstance(old, list) else src
-  indent = 1
+  indent, separators = 1, None
   m = re.match(r'\{\s*\n( +)"', text)
   if m:
     indent = len(m.group(1))
-  out = json.dumps(nb, indent=indent, ensure_ascii=False) + ('\n' if text.endswith('\n') else '')
+  elif re.match(r'\s*\{\s*"', text):  # saved on one line (helper-19): kept on one line
+    indent = None
+    separators = (',', ':') if re.match(r'\s*\{\s*"[^"]*":\S', text) else None
+  out = json.dumps(nb, indent=indent, separators=separators, ensure_ascii=False) + (
+      '\n' if text.endswith('\n') else '')
   return out, sorted(findings, key=lambda cf: (cf[0], cf[1].line)), None

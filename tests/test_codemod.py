@@ -1484,6 +1484,23 @@ def test_a_notebook_cell_source_as_one_string_after_a_magic_line_is_migrated(tmp
   assert source.startswith(magic + '\n') and 'print(opt.params)' in source and 'optax.adam' in source
 
 
+@pytest.mark.parametrize('dump', [{}, {'separators': (',', ':')}, {'indent': 2}, {'indent': 1}])
+def test_a_notebook_keeps_its_json_layout(dump, tmp_path):
+  """Found by a new user (helper-19): a notebook saved as one line of JSON came back indented
+  (a diff of the whole file for a one-line change). One line stays one line (with the
+  separators it had); an indented one keeps its indent."""
+  nb = {'cells': [{'cell_type': 'code', 'metadata': {}, 'outputs': [], 'execution_count': None,
+                   'source': ['from flax import optim\n',
+                              "opt = optim.Adam(1e-3).create({'w': 1.0})\n"]}],
+        'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}
+  path = tmp_path / 'n.ipynb'
+  path.write_text(json.dumps(nb, **dump))
+  result = engine.rewrite_file(path)
+  assert result.error is None and 'optax.adam' in result.new
+  new = json.loads(result.new)
+  assert result.new == json.dumps(new, ensure_ascii=False, **dump)
+
+
 _TRAINER = '''from flax import optim
 
 
