@@ -506,7 +506,8 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
   become :func:`apply_gradients` (or ``optax.tree_utils.tree_set(opt_state,
   temperature=t)`` before ``apply_gradients``); the other fields stay Python values.
   The update is the def's own, on the hyper-parameters with the injected values
-  replaced: bitwise the shim's ``apply_gradient(g, temperature=t)`` for a traced
+  replaced: its update (``new - params``) bitwise the shim's ``apply_gradient(g,
+  temperature=t)`` (a TrainState adds it back: params within 2 ulp) for a traced
   or array ``t`` (an argument of the jitted step). A Python-float ``t`` that the
   rule combines with other Python numbers (``1 - t``) is rounded to the params'
   dtype first here, where legacy computed in double precision.

@@ -75,7 +75,8 @@ MANUAL = (
          'user `OptimizerDef` subclass: kept on the shim (`optim_compat`), wrapped with '
          '`optim_compat.to_optax(...)` for TrainState',
          why='A user def has no table entry; the shim runs it unchanged and to_optax makes it a '
-             'GradientTransformation (bitwise to the shim), with `inject=(\'learning_rate\',)` '
+             'GradientTransformation (its state bitwise the shim\'s, its params within 2 ulp: '
+             'TrainState adds back `new - params`), with `inject=(\'learning_rate\',)` '
              'where the file sets the rate at apply time (its hyper-parameter dataclass holds '
              'it; a MultiOptimizer group of it too). Its instances in other modules of the run '
              '(`from .rmsprop_tf import RMSPropTF`) are wrapped the same way; a name holding a '
