@@ -96,4 +96,6 @@ def apply_plan(analysis, plan, context: CodemodContext) -> cst.Module:
       tree = fallback.apply(tree)
     except Exception as e:  # noqa: BLE001
       raise failure(e, None, analysis.names, 'fallback') from e
+  elif plan.converts:
+    tree = fallback.drop_stale(tree)
   return tree

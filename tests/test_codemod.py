@@ -651,6 +651,29 @@ def test_a_rerun_replaces_an_earlier_todo_of_the_same_rule_worded_otherwise(tmp_
   assert src.read_text() == text  # (and it stays so)
 
 
+def test_a_rerun_that_converts_drops_the_earlier_runs_shim_install(tmp_path):
+  """Found by a new user (helper-21): `rewrite --write optimizers.py` alone kept the file on the
+  shim (its caller was outside the run); the whole tree's run then converted it and left the
+  first run's `optim_compat.install()` line on top: not what a direct tree run gives. A
+  converting run drops that line, and its `import optim_compat` unless the shim's names are
+  used (the legacy view here)."""
+  head = '"""Optimizers."""\nimport jax\n'
+  install = ('import optim_compat\n'
+             'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n')
+  body = ('from flax import optim\n\n\ndef make(params):\n'
+          '  return optim.Adam(1e-3).create(params)\n')
+  direct = engine.rewrite_source(head + body, 'o.py')
+  again = engine.rewrite_source(head + install + body, 'o.py')
+  assert again.new == direct.new and 'optim_compat' not in again.new
+  surgery = body.replace('  return optim.Adam(1e-3).create(params)\n',
+                         '  opt = optim.Adam(1e-3).create(params)\n'
+                         '  return opt.replace(state=opt.state.replace(step=0))\n')
+  again = engine.rewrite_source(head + install + surgery, 'o.py')
+  direct = engine.rewrite_source(head + surgery, 'o.py')  # (the same lines; the import kept
+  assert sorted(again.new.splitlines()) == sorted(direct.new.splitlines())  # where it was)
+  assert 'install()' not in again.new and 'optim_compat.with_legacy_state(' in again.new
+
+
 def test_diff_with_write_or_check_also_prints_the_diff(tmp_path, capsys, monkeypatch):
   """``--diff`` is not dropped next to ``--write`` (the diff of what was written) or
   ``--check`` (the "would rewrite" line, then the diff); both on stdout, as ruff does."""

@@ -21,6 +21,8 @@ never references flax.optim (a step function kept legacy) needs nothing.
 """
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from codemod import legacy_api as api
@@ -179,3 +181,24 @@ def apply(tree: cst.Module) -> cst.Module:
   lines[0] = lines[0].with_changes(leading_lines=leading[:todo])
   body[at:at + 1] = [*lines, stmt.with_changes(leading_lines=leading[todo:])]
   return tree.with_changes(body=body)
+
+
+def drop_stale(tree: cst.Module) -> cst.Module:
+  """``tree`` (a module this run converts) without the ``optim_compat.install()`` line an
+  earlier run wrote when the module kept its legacy code (a run over one file, then over the
+  whole tree: helper-21), and without the ``import optim_compat`` written with it when nothing
+  else uses that module. The comments and blank lines above them move to the next statement."""
+  body = list(tree.body)
+  for i, stmt in enumerate(body):
+    if _installs(stmt) and stmt.trailing_whitespace.comment is not None and \
+        stmt.trailing_whitespace.comment.value == COMMENT:
+      start = i - 1 if i > 0 and _plain_import(body[i - 1]) else i
+      rest = tree.with_changes(body=body[:start] + body[i + 1:])
+      if start < i and re.search(r'\boptim_compat\b', rest.code):
+        start = i  # (the import stays: the converted code uses the shim's names)
+      leading = [ll for s_ in body[start:i + 1] for ll in s_.leading_lines]
+      after = body[i + 1:]
+      if after:
+        after[0] = after[0].with_changes(leading_lines=[*leading, *after[0].leading_lines])
+      return tree.with_changes(body=body[:start] + after)
+  return tree
