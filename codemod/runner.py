@@ -301,7 +301,8 @@ def _report_and_write(args, results, interrupted: list, fmt: str = 'full',
   if interrupted:
     n_changed = sum(r.changed and not r.error for r in results)
     print(f'optim-migrate: interrupted: {written} of {n_changed} file(s) to rewrite were written, '
-          'the others left unchanged' if args.write else 'optim-migrate: interrupted',
+          'the others left unchanged (each file is whole; run the same command again to '
+          'finish)' if args.write else 'optim-migrate: interrupted',
           file=sys.stderr)
     return EXIT_INTERRUPTED
   return None

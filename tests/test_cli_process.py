@@ -192,7 +192,7 @@ def test_ctrl_c_while_writing_finishes_that_file_and_writes_no_other(tmp_path, m
   assert len(calls) == 2
   assert err.strip().splitlines()[-1] == (
       'optim-migrate: interrupted: 2 of 6 file(s) to rewrite were written, the others left '
-      'unchanged')
+      'unchanged (each file is whole; run the same command again to finish)')
   assert _check_files(files) == 2
   assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
