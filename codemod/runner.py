@@ -164,7 +164,8 @@ def cmd_rewrite(args) -> int:
              for p in paths if not (pathlib.Path(p).is_dir() or pathlib.Path(p).is_file())}
   missing.update((p, why) for p in paths if p not in missing and pathlib.Path(p).is_file()
                  for why in [named_file_problem(pathlib.Path(p))] if why)
-  files = iter_python_files(paths, config.get('exclude', ()))
+  skipped: list = []
+  files = iter_python_files(paths, config.get('exclude', ()), skipped)
   # a directory with nothing to take is a wrong path far more often than a finished job
   missing.update((p, 'no .py or .ipynb file taken in this directory (hidden folders, '
                   'virtualenvs, build/dist, the config\'s `exclude` globs and symlinks to '
@@ -175,6 +176,9 @@ def cmd_rewrite(args) -> int:
   for p, why in missing.items():
     if full:
       print(f'{p}: {why}', file=sys.stderr)
+  for f, why in skipped:  # (a note, not a failure: a directory may hold such names)
+    if full:
+      print(f'{f}: skipped: {why}', file=sys.stderr)
   if args.report and any(os.path.realpath(f) == os.path.realpath(args.report) for f in files):
     print(f'rewrite: --report {args.report}: is one of the files this run reads; name another '
           'file', file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import pathlib
-from typing import Iterable
+from typing import Optional, Iterable
 
 #: Directory names never descended into (plus hidden ones and virtualenvs).
 SKIP_DIRS = {'__pycache__', 'build', 'dist', 'site-packages', 'node_modules', 'venv', 'env'}
@@ -37,7 +37,8 @@ def named_file_problem(path: pathlib.Path) -> str | None:
          'scripts with a python shebang); left alone'
 
 
-def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list[pathlib.Path]:
+def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = (),
+                      skipped: Optional[list] = None) -> list[pathlib.Path]:
   """``.py`` files under ``paths``, sorted per path.
 
   A file named on the command line is taken as given when it is Python
@@ -49,7 +50,9 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
   that does not exist, a dangling link named on the command line included, is
   left out: ``cmd_rewrite`` reports it). A file reached twice (named twice,
   under two given directories, or through a hard link) is listed once, where
-  it is first reached.
+  it is first reached. ``skipped`` (a list, if given) gets ``(path, why)`` for each ``.py``
+  / ``.ipynb`` name in a directory that is not taken for what it is (a FIFO, socket or
+  device; a dangling link; a link out of the directory), not for the skipped folders.
   """
   exclude = list(exclude)
 
@@ -78,15 +81,20 @@ def iter_python_files(paths: Iterable[str], exclude: Iterable[str] = ()) -> list
         if not name.endswith(SOURCE_SUFFIXES) or name.startswith('.') \
             or excluded(f.relative_to(p)):
           continue
+        why = None
         if f.exists() and not f.is_file():
-          continue  # a FIFO, socket or device named *.py: reading it could block forever
-        if f.is_symlink():
-          if not f.exists():
-            continue  # dangling: nothing to rewrite (named on the command line: an error)
+          why = 'not a regular file (a FIFO, socket or device: reading it could block)'
+        elif f.is_symlink() and not f.exists():
+          why = 'a dangling symbolic link'  # (named on the command line: an error)
+        elif f.is_symlink():
           try:
             f.resolve().relative_to(root)
           except ValueError:
-            continue  # a link out of the tree
+            why = 'a symbolic link out of the directory'
+        if why is not None:
+          if skipped is not None:
+            skipped.append((f, why))
+          continue
         found.append(f)
     out.extend(sorted(found))
   seen, unique = set(), []
