@@ -967,7 +967,8 @@ def _uses(plan, shown, changes, outside, why) -> list[DefUse]:
   # factory's user may have nothing to rewrite, `main.py` calling `train_and_evaluate(cfg)`)
   kept = [(q, ok and changes, inject) for q, (ok, inject) in summary.def_uses.items()] + [
       (q, ok and not outside, inject) for q, (ok, inject) in summary.factory_uses.items()]
-  return [DefUse(q, shown, ok, inject, '' if ok else use_why, where=where)
+  return [DefUse(q, shown, ok, inject,
+                 '' if ok else summary.factory_steps.get(q, use_why), where=where)
           for q, ok, inject in kept]
 
 

@@ -96,6 +96,6 @@ def apply_plan(analysis, plan, context: CodemodContext) -> cst.Module:
       tree = fallback.apply(tree)
     except Exception as e:  # noqa: BLE001
       raise failure(e, None, analysis.names, 'fallback') from e
-  elif plan.converts:
+  elif plan.converts and not fallback.wanted(plan.queries):  # (no flax.optim code is left)
     tree = fallback.drop_stale(tree)
   return tree

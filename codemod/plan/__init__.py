@@ -45,6 +45,9 @@ class Summary:
   #: qualified name of another module's factory the run converts -> (this module converts,
   #: this module passes a learning rate at apply time to what it returns) (codemod.flow)
   factory_uses: dict = dataclasses.field(default_factory=dict)
+  #: qualified name of such a factory -> why this module does not take its TrainState: it
+  #: hands it to a step function that keeps its legacy code (codemod.flow holds the factory)
+  factory_steps: dict = dataclasses.field(default_factory=dict)
   #: module-level function every return of which builds a class with optimizer fields
   #: (``return TrainState(step=0, optimizer=opt)``) -> converted (codemod.flow.ContainerFactory)
   container_factories: dict = dataclasses.field(default_factory=dict)
@@ -139,6 +142,7 @@ def make_plan(analysis, options) -> Plan:
                 for name in sorted(f.def_uses)},
       factory_uses={name: (converts and name not in to_legacy_steps, given)
                     for name, given in crossmodule.factory_lr(q).items()},
+      factory_steps=to_legacy_steps,
       container_factories=dict.fromkeys(sorted(f.container_makers), converts),
       def_sinks={name: (parameter, converts) for name, parameter in sorted(f.def_sinks.items())},
       user_defs=_user_defs(analysis),

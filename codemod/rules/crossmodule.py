@@ -151,17 +151,20 @@ def step_problems(q, call: cst.Call) -> list[tuple[str, bool, bool]]:
   return problems
 
 
-def factories_to_legacy_steps(q) -> set:
-  """The converted factories of other modules whose optimizer this file passes to a step
-  function that keeps its legacy code (helper-20's `factory.py` / `steps.py` without
-  flax.optim / `main.py`): the run then holds each (``codemod.flow``: its user is not
-  counted as converting), so the step gets a flax.optim Optimizer, on the shim, and runs."""
-  found = set()
+def factories_to_legacy_steps(q) -> dict:
+  """``{qualified: why}`` of the converted factories of other modules whose optimizer this
+  file passes to a step function that keeps its legacy code (helper-20's `factory.py` /
+  `steps.py` without flax.optim / `main.py`): the run then holds each (``codemod.flow``: its
+  user is not counted as converting, for ``why``), so the step gets a flax.optim Optimizer,
+  on the shim, and runs."""
+  found = {}
   for uses in q.step_calls.values():
     for step, _, arg in uses:
       factory = q.factory_of(arg)
       if not step.converted and factory is not None and factory.converted:
-        found.add(factory.qualified)
+        found.setdefault(factory.qualified,
+                         f'it hands what {factory.function} returns to {step.where}, which '
+                         f'keeps its legacy optimizer code ({step.why})')
   return found
 
 
