@@ -259,13 +259,16 @@ def step(opt, grads):
   return opt.apply_gradient(grads)
 ''',
     'surgery.py': '''\
+import jax
 from flax import optim
 
 
 def run(params, grads):
   opt = optim.Momentum(learning_rate=0.1, beta=0.9).create(params)
   opt = opt.apply_gradient(grads)
-  return opt.replace(state=opt.state.replace(step=opt.state.step + 1)).target
+  states = opt.state.param_states  # (bound to a name, then mutated: no legacy view)
+  states['w'] = jax.tree_util.tree_map(lambda m: 0 * m, states['w'])
+  return opt.target
 ''',
     'plain.py': 'import torch\n\n\ndef fit(m):\n  return torch.optim.SGD(m.parameters(), lr=0.1)\n',
 }

@@ -95,8 +95,8 @@ class Queries:
         return n.is_def(recv)
       if method == 'apply_gradient':  # `opt.apply_gradient(g).target`
         return f.uses_legacy or self.is_optimizer(recv)
-      if method in ('replicate', 'unreplicate'):
-        return self.is_optimizer(recv)
+      if method in ('replicate', 'unreplicate', 'replace'):
+        return self.is_optimizer(recv)  # (`opt.replace(state=s).target`: an optimizer too)
     return False
 
   def maybe_optimizer(self, value) -> bool:
