@@ -349,9 +349,9 @@ def injection_problem(q, call: cst.Call) -> Optional[str]:
   made = def_factory_of_create(q, call) if q.inject_lr else None
   if made is None or made.inject_lr:
     return None
-  return (f'`{code(create_receiver(q.n, call))}` is the transformation {made.where} returns, built without '
-          'optax.inject_hyperparams, and this file passes learning_rate at apply time: '
-          'migrate them together')
+  return (f'`{code(create_receiver(q.n, call))}` is the transformation {made.where} returns, '
+          'built without optax.inject_hyperparams, and this file passes learning_rate at apply '
+          'time: migrate them together')
 
 
 def blocks(q) -> bool:
