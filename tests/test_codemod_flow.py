@@ -2128,6 +2128,58 @@ def test_a_factorys_optimizer_handed_to_a_legacy_step_module_holds_the_factory(t
   assert abs(float(run.stdout) - (1 - 3e-3)) < 1e-6, run.stdout  # three Adam steps
 
 
+def test_surgery_on_an_optimizer_another_module_may_make_stays_on_the_shim(tmp_path):
+  """Found by a new user (helper-22), two silent faults:
+  (1) train.py steps `jax.lax.cond(bad, lambda o: surgery.skip(o), lambda o:
+  o.apply_gradient(g), opt)`; surgery.py (state written back with a state class it builds)
+  keeps its legacy code. The lambda's `o` was no proven optimizer, so the call was not
+  flagged: train.py converted and `skip` failed on a TrainState with no TODO. (2) main.py
+  creates its optimizer from a local Adam in one branch and from `jax.jit(factory.
+  get_optimizer(cfg).create)` in the other, then rescales the moments: the legacy view was
+  laid out as Adam (a CheckpointError on the factory's Momentum, no TODO), and the jitted
+  create of a def factory kept legacy was not flagged. Both trees now stay on the shim,
+  flagged, and run as `optim-migrate run` runs the originals."""
+  factory = ('from flax import optim\n\n\ndef get_optimizer(cfg):\n'
+             '  return optim.Momentum(learning_rate=cfg.lr, beta=0.8)\n')
+  surgery = ('from flax import optim\n\n\ndef skip(opt):\n'
+             '  new = optim.OptimizerState(opt.state.step + 1, opt.state.param_states)\n'
+             '  return opt.replace(state=new)\n')
+  train = ('import types\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import optim\n'
+           'import factory\nimport surgery\n\ncfg = types.SimpleNamespace(lr=0.05)\n\n\n'
+           'def run():\n  opt = factory.get_optimizer(cfg).create({\'w\': jnp.ones(3)})\n\n'
+           '  @jax.jit\n  def step(opt, bad):\n'
+           "    g = jax.grad(lambda p: jnp.sum(p['w'] ** 2))(opt.target)\n"
+           '    return jax.lax.cond(bad, lambda o: surgery.skip(o), '
+           'lambda o: o.apply_gradient(g), opt)\n'
+           '  for i in range(4):\n    opt = step(opt, i == 2)\n'
+           "  return int(opt.state.step), float(opt.target['w'][0])\n")
+  main = ('import types\n\nimport jax\nimport jax.numpy as jnp\nfrom flax import optim\n'
+          'import factory\n\ncfg = types.SimpleNamespace(lr=0.05)\n\n\ndef run():\n'
+          "  params = {'w': jnp.ones(3)}\n  if cfg.lr > 1:\n"
+          '    opt = optim.Adam(cfg.lr).create(params)\n  else:\n'
+          '    opt = jax.jit(factory.get_optimizer(cfg).create)(params)\n'
+          "  opt = opt.apply_gradient(jax.grad(lambda p: jnp.sum(p['w'] ** 2))(opt.target))\n"
+          '  ps = jax.tree_util.tree_map(lambda a: a * 0.5, opt.state.param_states)\n'
+          '  opt = opt.replace(state=opt.state.replace(param_states=ps))\n'
+          "  opt = opt.apply_gradient(jax.grad(lambda p: jnp.sum(p['w'] ** 2))(opt.target))\n"
+          "  return int(opt.state.step), float(opt.target['w'][0])\n")
+  for case, files in (('skip', {'factory.py': factory, 'surgery.py': surgery, 'main.py': train}),
+                      ('layout', {'factory.py': factory, 'main.py': main})):
+    base = tmp_path / case
+    (base / 'orig').mkdir(parents=True)
+    for name, text in files.items():
+      (base / 'orig' / name).write_text(text)
+    shim = _run_tree(base / 'orig', 'import optim_compat\noptim_compat.install()\n'
+                     'import main\nprint(main.run())')
+    assert shim.returncode == 0, shim.stderr[-2000:]
+    tree, stderr = _migrate_tree(base, files)
+    assert 'main.py' in stderr and ('OM122' in stderr or 'OM124' in stderr), (case, stderr)
+    assert 'optim_compat.install()' in (tree / 'main.py').read_text(), case
+    run = _run_tree(tree, 'import main\nprint(main.run())')
+    assert run.returncode == 0, (case, run.stderr[-2000:])
+    assert run.stdout == shim.stdout, case
+
+
 JITTED_DEF_FACTORY = pathlib.Path(__file__).parent / 'fixtures' / 'programs' / 'flow_jitted_def_factory'
 
 

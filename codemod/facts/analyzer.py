@@ -983,8 +983,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     func = node.func
     if created is not None and n.is_def(created):
       f.create_calls.append(node)  # (`jax.jit(d.create, backend='cpu')(p)` too)
-    elif m.matches(func, m.Attribute(attr=m.Name('create'))) and not self._subclass_depth:
-      recv = func.value
+    elif created is not None and not self._subclass_depth:
+      recv = created  # (`jax.jit(get_optimizer(cfg).create)(p)` too: helper-22)
       made = None
       if f.flow is not None:
         made = (f.flow_def_vars.get(n.binding(recv)) if isinstance(recv, cst.Name)

@@ -509,6 +509,14 @@ def _step_params(n: Names) -> dict[str, tuple[tuple[Optional[int], str], ...]]:
   among the positional parameters or None, name), ...)}``, for :mod:`codemod.flow`."""
   f = n.facts
   names = collections.Counter(fn.name.value for fn in f.top_functions)  # once, not per function
+  # (in a module using flax.optim, a parameter whose legacy-only members are read, `opt.state`
+  # / `opt.optimizer_def`, or whose state is written back, `opt.replace(state=...)`: state
+  # surgery a caller hands its optimizer to (helper-22's `surgery.skip(opt)`))
+  surgery = {n.binding(a.value) for a in f.legacy_attrs
+             if isinstance(a.value, cst.Name) and a.attr.value in ('state', 'optimizer_def')}
+  surgery |= {n.binding(c.func.value) for c in f.state_writes.values()
+              if isinstance(c.func.value, cst.Name)}
+  surgery = surgery - {None} if f.uses_legacy else set()
   out = {}
   for fn in f.top_functions:
     if names[fn.name.value] > 1:
@@ -518,7 +526,8 @@ def _step_params(n: Names) -> dict[str, tuple[tuple[Optional[int], str], ...]]:
     for index, param in [*enumerate(positional), *((None, p) for p in fn.params.kwonly_params)]:
       b = n.binding(param.name)
       if b is not None and b not in f.rebound and (
-          b in f.opt_vars or (b in f.flow_vars and f.flow_vars[b].converted)):
+          b in f.opt_vars or b in surgery
+          or (b in f.flow_vars and f.flow_vars[b].converted)):
         found.append((index, param.name.value))
     if found:
       out[fn.name.value] = tuple(found)
