@@ -308,6 +308,12 @@ def may_need_rewrite(text: str) -> bool:
              for alias in _FLAX_ALIAS.findall(text))
 
 
+def is_def_class(symbol) -> bool:
+  """``symbol`` (a legacy name) is a def class a user may subclass: ``OptimizerDef``, a table
+  def, ``MultiOptimizer`` or ``WeightNorm`` (not ``Optimizer`` / ``OptimizerState``)."""
+  return symbol == 'OptimizerDef' or symbol in DEF_NAMES
+
+
 def mentions_legacy(text: str) -> bool:
   """``text`` (a line the codemod cannot parse, e.g. notebook magic) may use flax.optim."""
   return 'optim' in text or 'apply_gradient' in text or any(t in text for t in TELLTALES)

@@ -137,7 +137,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     # class declared below its users: `optimizer = state.optimizer` in a step above it)
     for stmt in node.body:
       if isinstance(stmt, cst.ClassDef) and any(
-          self.n.symbol(b.value) in api.DEF_NAMES | {'OptimizerDef'} for b in stmt.bases):
+          api.is_def_class(self.n.symbol(b.value)) for b in stmt.bases):
         # a user def declared below the def factory returning it (scenic's `get_optimizer`
         # returns `MomentumHP(...)`, declared after it): wrapped there in to_optax
         self.f.subclass_names.add(stmt.name.value)

@@ -79,7 +79,7 @@ def visit_reference(p, node) -> None:
 def visit_class(p, node: cst.ClassDef) -> None:
   if any(node is c for c in p.q.f.subclasses):
     name = node.name.value
-    if any(p.q.n.symbol(b.value) in api.DEF_NAMES | {'OptimizerDef'} for b in node.bases):
+    if any(api.is_def_class(p.q.n.symbol(b.value)) for b in node.bases):
       p.flag(node, 'OM104', f'`{name}` subclasses a flax.optim class: it runs on the shim '
                             f'(optim_compat) and TrainState gets optim_compat.to_optax({name}'
                             '(...)); port it to an optax.GradientTransformation when convenient')
