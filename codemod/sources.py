@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 import os
 import pathlib
 import stat
@@ -198,9 +199,17 @@ def decode_source(data: bytes) -> tuple[str, str]:
   except UnicodeDecodeError as e:  # named by line and column, as an editor shows them
     line = data.count(b'\n', 0, e.start) + 1
     column = e.start - (data.rfind(b'\n', 0, e.start) + 1) + 1
+    declared = _CODING.search(b'\n'.join(data.splitlines()[:2])) is not None
+    advice = (f'its coding line declares {encoding}, which its bytes are not: fix the '
+              'declaration, or convert the file' if declared else
+              'declare its encoding with a PEP 263 coding line, or convert it')
     raise SyntaxError(f'line {line}, column {column} (byte {e.start}): {data[e.start:e.end]!r} '
-                      f'is not {encoding} ({e.reason}); CPython refuses the file too (declare '
-                      'its encoding with a PEP 263 coding line, or convert it)') from e
+                      f'is not {encoding} ({e.reason}); CPython refuses the file too '
+                      f'({advice})') from e
+
+
+#: A PEP 263 coding declaration (on one of the first two lines).
+_CODING = re.compile(rb'^[ \t\f]*#.*?coding[:=][ \t]*[-\w.]+', re.M)
 
 
 def write_atomic(path: pathlib.Path, text: str, encoding: str = 'utf-8') -> None:

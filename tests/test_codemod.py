@@ -151,6 +151,19 @@ def test_run_preserves_argv_main_and_exit_code(tmp_path):
   assert "['3', '--flag'] optim_compat.defs" in proc.stdout
 
 
+@pytest.mark.parametrize('head, advice', [
+    (b'# -*- coding: utf-8 -*-\n', 'its coding line declares utf-8, which its bytes are not'),
+    (b'', 'declare its encoding with a PEP 263 coding line')])
+def test_bytes_that_are_not_the_encoding_name_the_right_fix(head, advice, tmp_path):
+  """Found by a new user (helper-23): a file declaring utf-8 whose bytes are not was told to
+  declare its encoding; it is told its declaration does not match. The file is untouched."""
+  src = tmp_path / 'bad.py'
+  src.write_bytes(head + b'x = "\xff"\n')
+  proc = _cli('rewrite', '--write', str(src))
+  assert proc.returncode == 2 and advice in proc.stderr, proc.stderr
+  assert src.read_bytes() == head + b'x = "\xff"\n'
+
+
 def test_write_keeps_crlf_bom_and_declared_encoding(tmp_path):
   crlf = tmp_path / 'crlf.py'
   crlf.write_bytes(b'from flax import optim\r\n\r\n\r\ndef f(p):\r\n'
