@@ -311,7 +311,7 @@ def may_need_rewrite(text: str) -> bool:
 def is_def_class(symbol) -> bool:
   """``symbol`` (a legacy name) is a def class a user may subclass: ``OptimizerDef``, a table
   def, ``MultiOptimizer`` or ``WeightNorm`` (not ``Optimizer`` / ``OptimizerState``)."""
-  return symbol == 'OptimizerDef' or symbol in DEF_NAMES
+  return symbol == 'OptimizerDef' or symbol in _def_names()
 
 
 def mentions_legacy(text: str) -> bool:
@@ -325,9 +325,17 @@ def has_legacy_use(text: str) -> bool:
   return _LEGACY_USE.search(text) is not None
 
 
-def __getattr__(name: str):
-  if name == 'DEF_NAMES':
+def _def_names() -> frozenset:
+  """``DEF_NAMES``, made on first use (a global read inside this module does not reach the
+  module ``__getattr__``)."""
+  value = globals().get('DEF_NAMES')
+  if value is None:
     from optim_compat import spec as spec_lib
     value = globals()['DEF_NAMES'] = frozenset(spec_lib.SPECS) | {MULTI, WEIGHT_NORM}
-    return value
+  return value
+
+
+def __getattr__(name: str):
+  if name == 'DEF_NAMES':
+    return _def_names()
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -280,3 +280,21 @@ def test_the_printed_diff_applies_with_git_apply_and_gives_the_written_files(tmp
     assert (tmp_path / 'patched' / file).read_bytes() == (
         tmp_path / 'written' / file).read_bytes(), file
   assert (tmp_path / 'written' / 'bom.py').read_bytes().startswith(b'\xef\xbb\xbf')
+
+
+def test_a_fresh_process_rewrites_a_file_whose_classes_have_bases(tmp_path):
+  """CI at a1d0cc2: every file with a class deriving from anything failed with
+  `NameError: name 'DEF_NAMES' is not defined` in a fresh process (the lazy table was made by
+  the module's `__getattr__`, which a read inside that module does not reach; in the test
+  process another module had made it first). Run as users run it, in its own process."""
+  source = ('import flax.linen as nn\nfrom flax import optim\n\n\nclass MLP(nn.Module):\n'
+            '  pass\n\n\nclass MyAdam(optim.Adam):\n  pass\n\n\n'
+            'opt = optim.Adam(1e-3).create(params)\nprint(opt.target)\n')
+  (tmp_path / 'm.py').write_text(source)
+  proc = subprocess.run([sys.executable, '-m', 'codemod.cli', 'rewrite', '--check', 'm.py'],
+                        capture_output=True, text=True, cwd=tmp_path,
+                        env={**os.environ, 'PYTHONPATH': str(ROOT)})
+  assert proc.returncode == 1, proc.stderr
+  assert 'NameError' not in proc.stderr, proc.stderr
+  assert '1 would be rewritten' in proc.stderr and ' 0 failed' in proc.stderr, proc.stderr
+  assert 'OM104' in proc.stderr, proc.stderr
