@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import dataclasses
 import functools
 import pathlib
 from typing import Optional
@@ -23,7 +24,7 @@ from libcst.codemod import CodemodContext
 
 from codemod import deep
 from codemod import facts as facts_lib
-from codemod import legacy_api, prefilter
+from codemod import legacy_api, prefilter, shim_imports
 from codemod.failures import RuleFailure
 from codemod.modern import rewrite as om2xx
 from codemod.findings import TODO_PREFIX, Finding, todo_comments
@@ -52,16 +53,19 @@ def rewrite_source(source: str, path: str = '<string>',
     A :class:`FileResult`; ``error`` is set (``path:line:col: message``) when
     the source does not parse or the rewrite failed.
   """
-  result = FileResult(path, source)
-  if not _flax_optim_wanted(source, flow):
-    result.new = source
+  text, written = shim_imports.analysed(source)
+  options = _options(options, source, written)
+  result = FileResult(path, text)
+  if not _flax_optim_wanted(text, flow):
+    result.new = text
   else:
     try:
-      module = parse(source)
+      module = parse(text)
     except cst.ParserSyntaxError as e:
-      result.error = parse_error(path, source, e)
-      return result
-    result = rewrite_parsed(module, source, path, options, flow)
+      result.error = parse_error(path, text, e)
+      return _put_back(result, source, written)
+    result = rewrite_parsed(module, text, path, options, flow)
+  result = _put_back(result, source, written)
   # the OM2xx family (removed JAX / Flax APIs, codemod.modern) on what that pass left
   return open_todos(om2xx.apply(result, options, parse_error), options)
 
@@ -226,16 +230,19 @@ def rewrite_file(path: pathlib.Path, options: Options | None = None, flow=None,
     text, encoding = source.text, source.encoding
   except (OSError, UnicodeDecodeError, SyntaxError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
-  result = FileResult(str(path), text)
-  if not _flax_optim_wanted(text, flow):
-    result.new = text
+  analysed, written = source.analysed
+  options = _options(options, text, written)
+  result = FileResult(str(path), analysed)
+  if not _flax_optim_wanted(analysed, flow):
+    result.new = analysed
   else:
     try:
       module = source.module
     except cst.ParserSyntaxError as e:
-      result.error = parse_error(str(path), text, e)
-      return result
-    result = rewrite_parsed(module, text, str(path), options, flow, source.cache)
+      result.error = parse_error(str(path), analysed, e)
+      return _put_back(result, text, written)
+    result = rewrite_parsed(module, analysed, str(path), options, flow, source.cache)
+  result = _put_back(result, text, written)
   result = open_todos(om2xx.apply(result, options, parse_error), options)
   result.encoding = encoding
   return result
@@ -252,7 +259,28 @@ def plan_file(source: SourceFile, options: Options | None = None, flow=None):
     module = source.module
   except (OSError, UnicodeDecodeError, SyntaxError, cst.ParserSyntaxError):
     return None
-  return plan_parsed(module, source.text, options, flow, source.cache)
+  analysed, written = source.analysed
+  return plan_parsed(module, analysed, _options(options, source.text, written), flow,
+                     source.cache)
+
+
+def _options(options: Options | None, text: str, written: dict) -> Options | None:
+  """The options a file's rewrite runs with: a file whose legacy imports are all the shim's
+  (``codemod.shim_imports``) runs on the shim already, so it gets no ``optim_compat.install()``
+  (OM014) when it keeps its legacy code."""
+  if not written or shim_imports.names_flax_optim(text):
+    return options
+  options = options or Options()
+  return dataclasses.replace(options, shim_fallback=False) if options.shim_fallback else options
+
+
+def _put_back(result: FileResult, original: str, written: dict) -> FileResult:
+  """``result`` of the analysed text, as a rewrite of ``original``: the shim imports it keeps
+  are put back as written (``codemod.shim_imports.restore``)."""
+  if written:
+    result.original = original
+    result.new = shim_imports.restore(result.new, written)
+  return result
 
 
 def plan_notebook(source: SourceFile, options: Options | None = None, flow=None):
@@ -267,10 +295,13 @@ def plan_notebook(source: SourceFile, options: Options | None = None, flow=None)
     return FileResult(path, module_text)  # (unchanged: nothing is rewritten)
   try:
     notebook.rewrite_notebook(source.data.decode('utf-8'), str(source.path), options, capture)
-    module = parse(joined[0]) if joined else None
+    if not joined:
+      return None
+    text, written = shim_imports.analysed(joined[0])  # (as rewrite_source reads it)
+    module = parse(text)
   except (OSError, UnicodeDecodeError, notebook.NotebookError, cst.ParserSyntaxError):
     return None
-  return None if module is None else plan_parsed(module, joined[0], options, flow)
+  return plan_parsed(module, text, _options(options, joined[0], written), flow)
 
 
 def _rewrite_notebook_file(path: pathlib.Path, options, source: SourceFile,

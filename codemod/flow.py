@@ -1020,7 +1020,7 @@ def _scan_file(source: SourceFile, names, shown, options, flow_file, outside=Fal
       found[function] = (converted, summary.inject_lr, '' if converted else why)
   else:  # already migrated: functions returning TrainState.create(...)
     found = {function: (True, inject, '')
-             for function, inject in migrated_factories(source.module, source.text).items()}
+             for function, inject in migrated_factories(source.module, source.analysed_text).items()}
   own = {} if flow_file is None else flow_file.factories
   migrated = not summary.factories
 
@@ -1042,7 +1042,7 @@ def _scan_file(source: SourceFile, names, shown, options, flow_file, outside=Fal
                    held=getattr(own.get(f'{name}.{cls}'), 'held', ''))
              for cls, (fields, converted) in summary.fields.items() for name, _ in names]
   classes += [Fields(f'{name}.{cls}', shown, True, fields=tuple(fields))  # migrated before this run
-              for cls, fields in migrated_field_classes(source.module, source.text).items()
+              for cls, fields in migrated_field_classes(source.module, source.analysed_text).items()
               if cls not in summary.fields for name, _ in names]
   classes += [ContainerFactory(f'{name}.{function}', shown, converted and changes,
                                '' if converted and changes else why)

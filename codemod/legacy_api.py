@@ -286,7 +286,8 @@ def may_need_rewrite(text: str) -> bool:
 
   Every rule needs ``flax.optim`` referenced in the file (:data:`_REFERENCE`: each import
   form, ``flax.optim.X``, the module name in a string, ``getattr(flax, 'optim')``, an alias
-  of ``flax`` followed by ``.optim``) except the flags in files that never import it: on
+  of ``flax`` followed by ``.optim``; or the shim imported in its place by hand,
+  ``codemod.shim_imports``) except the flags in files that never import it: on
   ``.apply_gradient``, on ``optimizer_def.create(...)`` and ``get_optimizer(c).create(...)``,
   and on ``.target`` / ``.state.step`` / ``.optimizer_def`` / ``.replace(target=...)`` of a
   value named like an optimizer. So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
@@ -300,6 +301,13 @@ def may_need_rewrite(text: str) -> bool:
     return True
   if 'create' in text and _CALL_CREATE.search(text) is not None and OPTIM_WORD.search(text):
     return True
+  from codemod import shim_imports
+  return references_flax_optim(text) or shim_imports.may_hold(text)
+
+
+def references_flax_optim(text: str) -> bool:
+  """``text`` spells a reference to flax.optim (:data:`_REFERENCE`, or an alias of ``flax``
+  followed by ``.optim``)."""
   if 'optim' not in text or 'flax' not in text:
     return False
   if _REFERENCE.search(text) is not None:
@@ -311,7 +319,7 @@ def may_need_rewrite(text: str) -> bool:
 def is_def_class(symbol) -> bool:
   """``symbol`` (a legacy name) is a def class a user may subclass: ``OptimizerDef``, a table
   def, ``MultiOptimizer`` or ``WeightNorm`` (not ``Optimizer`` / ``OptimizerState``)."""
-  return symbol == 'OptimizerDef' or symbol in _def_names()
+  return symbol == 'OptimizerDef' or symbol in def_names()
 
 
 def mentions_legacy(text: str) -> bool:
@@ -325,7 +333,7 @@ def has_legacy_use(text: str) -> bool:
   return _LEGACY_USE.search(text) is not None
 
 
-def _def_names() -> frozenset:
+def def_names() -> frozenset:
   """``DEF_NAMES``, made on first use (a global read inside this module does not reach the
   module ``__getattr__``)."""
   value = globals().get('DEF_NAMES')
@@ -337,5 +345,5 @@ def _def_names() -> frozenset:
 
 def __getattr__(name: str):
   if name == 'DEF_NAMES':
-    return _def_names()
+    return def_names()
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -184,11 +184,11 @@ def apply_import_from(ctx, original, updated, fix):
 
 # -- the module's imports, once the sites are rewritten ----------------------------------------
 def legacy_imports(tree: cst.Module):
-  """``(module, obj, asname)`` of top-level ``import flax.optim[ as X]`` /
-  ``from flax.optim[.sub] import Y[ as X]`` / ``from flax import optim[ as X]``."""
-  for stmt in tree.body:
-    if not isinstance(stmt, cst.SimpleStatementLine):
-      continue
+  """``(module, obj, asname)`` of each ``import flax.optim[ as X]`` /
+  ``from flax.optim[.sub] import Y[ as X]`` / ``from flax import optim[ as X]`` of the module,
+  top-level or nested (``try: from flax import optim`` / ``except ImportError: import
+  optim_compat as optim``: both go when unused)."""
+  for stmt in _simple_lines(tree):
     for small in stmt.body:
       if isinstance(small, cst.Import):
         for alias in small.names:
@@ -202,6 +202,15 @@ def legacy_imports(tree: cst.Module):
           obj = alias.name.value if isinstance(alias.name, cst.Name) else None
           if module.startswith(api.LEGACY) or (module == 'flax' and obj == 'optim'):
             yield module, obj, alias.asname.name.value if alias.asname else None
+
+
+def _simple_lines(node):
+  for child in node.children:
+    if isinstance(child, cst.SimpleStatementLine):
+      yield child
+    elif isinstance(child, (cst.BaseCompoundStatement, cst.BaseSuite, cst.ExceptHandler,
+                            cst.Else, cst.Finally)):
+      yield from _simple_lines(child)
 
 
 def removals(q, tree: cst.Module) -> list:
@@ -361,7 +370,24 @@ def finish(context: CodemodContext, q, tree: cst.Module, full: cst.Module) -> cs
         if (i.module_name, i.obj_name, i.alias) == ('flax.training', 'train_state', None) else i
         for i in items]
   tree = fix_imports(context, tree, drop)
-  return plain_flax_imports(tree) if drop else tree
+  if not drop:
+    return tree
+  tree = plain_flax_imports(tree)
+  if any(isinstance(stmt, cst.Try) for stmt in full.body):
+    tree = tree.with_changes(body=[stmt for stmt in tree.body if not _emptied_try(stmt)])
+  return tree
+
+
+def _emptied_try(stmt) -> bool:
+  """``stmt`` is a ``try`` whose every block is ``pass``: an import fallback whose imports
+  the rewrite dropped (``try: from flax import optim`` / ``except ImportError: import
+  optim_compat as optim``)."""
+  def passes(block) -> bool:
+    return block is None or all(
+        isinstance(line, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in line.body)
+        for line in block.body.body)
+  return (isinstance(stmt, cst.Try) and passes(stmt) and passes(stmt.orelse)
+          and passes(stmt.finalbody) and all(passes(h) for h in stmt.handlers))
 
 
 # -- the OM005 report entry ----------------------------------------------------------------
