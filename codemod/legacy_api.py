@@ -77,6 +77,11 @@ RENAMES = {m.path: m for m in OPTIMIZER_MEMBERS if m.train_state is not None}
 LEGACY_ONLY_ATTRS = {m.name: 'OM103' if m.rule == 'OM103' else 'OM116'
                      for m in OPTIMIZER_MEMBERS if m.train_state is None and len(m.path) == 1
                      and m.name != 'apply_gradient'}
+#: What a flax.optim Optimizer or a TrainState answers (its members, fields and methods): a
+#: name read for anything else (``ex.inputs``, ``batch.source``) holds neither.
+OPTIMIZER_OR_STATE_ATTRS = frozenset({
+    *(m.path[0] for m in OPTIMIZER_MEMBERS), 'optimizer_def', 'state', 'target', 'replace',
+    'params', 'step', 'opt_state', 'tx', 'apply_fn', 'apply_gradients', 'create'})
 #: The fields of a legacy ``flax.optim.Optimizer`` (a ``flax.struct`` dataclass).
 OPTIMIZER_FIELDS = frozenset({'optimizer_def', 'state', 'target'})
 # the legacy state classes, and the shim's (state surgery in a file converted through the

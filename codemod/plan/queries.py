@@ -57,6 +57,7 @@ class Queries:
     self.def_only = None           # (cache of codemod.rules.defs.def_only_uses)
     self.view_def = False          # (cache of codemod.rules.attributes.view_def; False: unset)
     self._container_receivers = None  # (cache of container_receivers)
+    self._foreign_receivers = None  # (cache of foreign_receivers)
     self._pickles_converted = None  # (cache of pickles_converted)
 
   @property
@@ -116,6 +117,28 @@ class Queries:
     return isinstance(value, cst.Name) and self.n.binding(value) not in f.container_params and (
         self.n.binding(value) in (f.params | f.loop_vars | self.maybe_vars)
         or self.n.binding(value) in (f.rebound & f.opt_vars))
+
+  def maybe_read_as_optimizer(self, value) -> bool:
+    """:meth:`maybe_optimizer`, for a member read off ``value`` itself (OM117): not a name
+    the file also reads for a member neither an Optimizer nor a TrainState has (it may still
+    *hold* one, as a container: a checkpoint restored into it is another question)."""
+    return self.maybe_optimizer(value) and not (
+        isinstance(value, cst.Name) and self.n.binding(value) in self.foreign_receivers())
+
+  def foreign_receivers(self) -> set:
+    """Bindings of names also read for a member neither a flax.optim Optimizer nor a
+    TrainState has (``ex.inputs`` beside ``ex.target``: a NamedTuple of data), so they hold
+    neither (the read would fail on one)."""
+    found = self._foreign_receivers
+    if found is None:
+      found = set()
+      for attr in m.findall(self.analysis.module, m.Attribute(value=m.Name())):
+        name = attr.attr.value
+        if name not in api.OPTIMIZER_OR_STATE_ATTRS and not name.startswith('_') and (
+            b := self.n.binding(attr.value)) is not None:
+          found.add(b)
+      self._foreign_receivers = found
+    return found
 
   def pickles_converted(self) -> bool:
     """This file pickles one of the optimizers it converts (OM018), so what it loads back with

@@ -217,7 +217,7 @@ def leave_legacy_only(p, original) -> bool:
                                                     'lays out its state')],
             data={'def': view_def(q)})
   elif (id(original) not in p.state_of_step and q.converts and not q.annotated_field(original)
-        and not q.is_optimizer(original.value) and q.maybe_optimizer(original.value)):
+        and not q.is_optimizer(original.value) and q.maybe_read_as_optimizer(original.value)):
     # (not `tr.state` where this file's class declares `state: optim.Optimizer`: the field)
     # `res = opt.optimize(f); opt = res[0]`: `opt` is rebound, its create still converts
     p.flag(original, 'OM117', f'if `{code(original.value)}` is a flax.optim Optimizer '
@@ -239,7 +239,7 @@ def leave_rename(p, original) -> None:
       p.flag(original, 'OM120', '`.step` is a Python int on a TrainState fresh from '
                                 'TrainState.create or stepped outside jit (legacy: an int32 '
                                 'array): use jnp.asarray(<state>.step, jnp.int32) here')
-  elif q.maybe_optimizer(recv) or named_like_optimizer(recv):
+  elif q.maybe_read_as_optimizer(recv) or named_like_optimizer(recv):
     # (named like one: `state.optimizer` of a container nothing here follows, say one a
     # notebook builds from another module's class)
     p.flag(original, 'OM117', f'if `{code(recv)}` is a flax.optim Optimizer, '
