@@ -71,6 +71,72 @@ def _def(optimizer_def, focus):
   return base.MultiOptimizer((focus, optimizer_def)) if focus is not None else optimizer_def
 
 
+def inferred_def(opt_state) -> base.OptimizerDef:
+  """The legacy def whose state layout ``opt_state`` has, for a view without the def.
+
+  Each Optax state class of ``optim_compat.state_map`` belongs to one table def
+  (``ScaleByAdamState``: Adam; ``TraceState``: Momentum, or LARS beside a
+  ``MaskedState``; ``ScaleByRStdDevState``: centered RMSProp; no class of the table:
+  GradientDescent), and a ``to_optax(d)`` state holds the legacy layout itself; only the
+  layout is read, so the def has its default hyper-parameters.
+
+  Args:
+    opt_state: a ``TrainState.opt_state`` of the tx the codemod emits for a table def, or
+      of ``optim_compat.to_optax(d)``.
+
+  Returns:
+    A shim def laying out that state (``optim_compat.Adam()``, ...), or, for a
+    ``to_optax(d)`` state, a stand-in that reads its legacy layout as it is.
+
+  Raises:
+    TypeError: ``opt_state`` holds groups (``optax.multi_transform``, the codemod's
+      MultiOptimizer / ``focus=`` form): pass the def (its groups are not in the state).
+  """
+  from optim_compat import defs, state_map
+  classes = layout._classes(opt_state)
+  if classes & layout._PARTITION:
+    raise TypeError('this opt_state holds optimizer groups (optax.multi_transform: a '
+                    'MultiOptimizer or create(..., focus=...)): pass the optimizer_def')
+  if _laid_out(opt_state) is not None:
+    return _AsLaidOut()
+  fields = {f for spec_row in state_map.OPTAX_STATE_SOURCES.values()
+            for sources in spec_row.values() for f in sources.values()}
+  row = layout.choose_row(opt_state, {f.lstrip('-') for f in fields})
+  name = next((n for n, r in state_map.OPTAX_STATE_SOURCES.items() if r is row and r),
+              'GradientDescent')
+  if name == 'RMSProp':
+    return defs.RMSProp(centered='ScaleByRStdDevState' in classes)
+  return getattr(defs, name)()
+
+
+class _AsLaidOut(base.OptimizerDef):
+  """Stands for the def of a ``to_optax(d)`` state, whose legacy layout is in the state."""
+
+  def __init__(self):
+    super().__init__(None)
+
+
+def _layout_def(train_state, optimizer_def, focus):
+  """The def laying out ``train_state``'s legacy view: the given one, else inferred."""
+  if optimizer_def is None:
+    if focus is not None:
+      raise TypeError('focus= needs the optimizer_def (its groups are not in the opt_state)')
+    return inferred_def(train_state.opt_state)
+  return _def(optimizer_def, focus)
+
+
+def _laid_out(opt_state):
+  """The legacy-layout state (``LegacyRuleState`` / ``OptimizerState``) in ``opt_state``."""
+  if isinstance(opt_state, _LEGACY_LAYOUT):
+    return opt_state
+  children = (opt_state.values() if isinstance(opt_state, Mapping) else
+              opt_state if isinstance(opt_state, (tuple, list)) else ())
+  for child in children:
+    if (found := _laid_out(child)) is not None:
+      return found
+  return None
+
+
 def _replicas(train_state) -> int | None:
   shape = np.shape(train_state.step)
   return shape[0] if len(shape) == 1 else None
@@ -93,7 +159,7 @@ def _param_states_template(d, params, replicas):
                                 jax.eval_shape(d.init_state, one).param_states)
 
 
-def legacy_state(train_state, optimizer_def, *, focus=None) -> base.OptimizerState:
+def legacy_state(train_state, optimizer_def=None, *, focus=None) -> base.OptimizerState:
   """The legacy ``opt.state`` of a ``TrainState``.
 
   Args:
@@ -101,7 +167,8 @@ def legacy_state(train_state, optimizer_def, *, focus=None) -> base.OptimizerSta
       codemod emits for ``optimizer_def`` (module docstring) or
       ``optim_compat.to_optax(optimizer_def)``; replicated or not; traced values
       are fine.
-    optimizer_def: the legacy def (only its state layout is used).
+    optimizer_def: the legacy def (only its state layout is used); None: the layout
+      the opt_state's Optax classes say (:func:`inferred_def`; not for groups).
     focus: the traversal of ``create(params, focus=...)``, if the optimizer had one.
 
   Returns:
@@ -118,10 +185,14 @@ def legacy_state(train_state, optimizer_def, *, focus=None) -> base.OptimizerSta
       legacy layout has one step; the message names the path), or the
       opt_state has no field for a legacy field of the def (a tx that does not
       match the def).
-    TypeError: ``optimizer_def`` is not a legacy def.
+    TypeError: ``optimizer_def`` is not a legacy def, or is None for an opt_state with
+      groups.
   """
-  d = _def(optimizer_def, focus)
+  d = _layout_def(train_state, optimizer_def, focus)
   step = train_state.step
+  if isinstance(d, _AsLaidOut):  # to_optax(d): the legacy layout is in the state
+    return base.OptimizerState(jnp.asarray(step, jnp.int32),
+                               _laid_out(train_state.opt_state).param_states)
 
   def check_count(v, path):
     if _concrete(v, step) and not np.array_equal(np.asarray(v), np.asarray(step)):
@@ -136,7 +207,7 @@ def legacy_state(train_state, optimizer_def, *, focus=None) -> base.OptimizerSta
                              serialization.from_state_dict(template, ps))
 
 
-def legacy_state_dict(train_state, optimizer_def, *, focus=None) -> dict:
+def legacy_state_dict(train_state, optimizer_def=None, *, focus=None) -> dict:
   """The legacy ``opt.state_dict()`` of a ``TrainState``.
 
   Args:
@@ -163,7 +234,7 @@ def _step_like(template, step):
   return layout._cast(step, getattr(template, 'dtype', np.int32))
 
 
-def with_legacy_state(train_state, state, optimizer_def, *, focus=None):
+def with_legacy_state(train_state, state, optimizer_def=None, *, focus=None):
   """``train_state`` with a (modified) legacy state written back: ``opt.replace(state=s)``.
 
   Args:
@@ -173,7 +244,7 @@ def with_legacy_state(train_state, state, optimizer_def, *, focus=None):
       as ``optim_compat.OptimizerState(step, param_states)`` with the def's state
       classes (``optim_compat.adam._AdamParamState(...)``); each moment with the
       shape and dtype of the TrainState's (replicated: the same leading axis).
-    optimizer_def: the legacy def.
+    optimizer_def: the legacy def; None: as for :func:`legacy_state`.
     focus: as for :func:`legacy_state`.
 
   Returns:
@@ -188,13 +259,14 @@ def with_legacy_state(train_state, state, optimizer_def, *, focus=None):
       in its opt_state (the message names the ``state/param_states/...`` path).
     TypeError: ``optimizer_def`` is not a legacy def.
   """
-  d = _def(optimizer_def, focus)
+  d = _layout_def(train_state, optimizer_def, focus)
   if not (hasattr(state, 'step') and hasattr(state, 'param_states')):
     raise TypeError(f'state must be a legacy OptimizerState (step, param_states), not '
                     f'{type(state).__name__}')
   ps = serialization.to_state_dict(state.param_states)
   opt_state = layout.opt_state_from_legacy(
-      train_state.opt_state, state.step, ps, d, where='', candidates=_def_names(d),
+      train_state.opt_state, state.step, ps, None if isinstance(d, _AsLaidOut) else d,
+      where='', candidates=None if isinstance(d, _AsLaidOut) else _def_names(d),
       source='the legacy state')
   return train_state.replace(step=_step_like(train_state.step, state.step), opt_state=opt_state)
 

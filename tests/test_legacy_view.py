@@ -137,6 +137,13 @@ def test_view_is_the_converters_mapping_and_round_trips_bitwise(case_id, def_nam
       assert _leaves_equal(jitted, state), name
     if name == 'to_optax' and not def_name.startswith('user:'):
       assert _leaves_equal(view, shim.state), name
+    if focus is None and def_name != 'MultiOptimizer':  # the layout read off the opt_state
+      free = oc.legacy_state(state)
+      assert jax.tree_util.tree_structure(free) == jax.tree_util.tree_structure(view), name
+      assert _leaves_equal(free, view), name
+      moved = view.replace(step=view.step + 3)
+      assert _leaves_equal(oc.with_legacy_state(state, moved),
+                           oc.with_legacy_state(state, moved, opt_def)), name
 
 
 STOCK = [c for c in PLAIN if c[1] in spec.SPECS and 'focus' not in c[2]
@@ -159,6 +166,20 @@ def test_stock_optax_state_read_as_the_legacy_fields(case_id, def_name, kwargs):
     scale = float(np.max(np.abs(want))) or 1.0
     np.testing.assert_allclose(got, want, rtol=0, atol=scale * 1e-5,
                                err_msg=f'{case_id} {jax.tree_util.keystr(path)}')
+
+
+def test_view_without_the_def_refuses_groups_and_focus():
+  """The layout read off the opt_state (no def given) needs one def: a state with groups
+  (`optax.multi_transform`, the codemod's MultiOptimizer / focus= form) says to pass it."""
+  params = {'a': jnp.ones(3), 'b': jnp.ones(2)}
+  tx = optax.multi_transform({'x': optax.adam(0.1), 'frozen': optax.set_to_zero()},
+                             {'a': 'x', 'b': 'frozen'})
+  state = train_state.TrainState.create(apply_fn=None, params=params, tx=tx)
+  with pytest.raises(TypeError, match='pass the optimizer_def'):
+    oc.legacy_state(state)
+  plain = train_state.TrainState.create(apply_fn=None, params=params, tx=optax.adam(0.1))
+  with pytest.raises(TypeError, match='focus= needs the optimizer_def'):
+    oc.legacy_state(plain, focus=object())
 
 
 def test_replicated_state_viewed_with_its_device_axis():
