@@ -263,9 +263,13 @@ class Layout(_ModuleFunction):
   module (``train.restore_checkpoint(workdir, optimizer)``) builds its defs the same way, so
   that the checkpoints they exchange have one layout (pixelcnn: ``train.py`` injected and
   ``sample.py`` did not, so sample.py restored train.py's Adam state silently zeroed).
+  A module with no defs that sets learning rates at apply time has one too (its callers
+  inject: hypernerf's ``training.train_step``), and an injecting module adds one per class
+  with optimizer fields it hands on (``<class>.__layout__``): every module storing its
+  optimizers in that class injects (nerfies' ``eval.py`` restores what ``train.py`` saved).
 
   Attributes:
-    qualified: ``'pkg.train.__layout__'``.
+    qualified: ``'pkg.train.__layout__'`` (or ``'pkg.state.TrainState.__layout__'``).
     path: the module's file, as the run names it.
     inject_lr: its defs are built with ``inject_hyperparams``.
   """
@@ -549,7 +553,7 @@ def injecting_subclasses(files, texts: Mapping) -> frozenset:
 
 #: Pre-pass rounds: a creator that itself uses another module's factory is planned again
 #: with what the previous round found, until nothing changes.
-MAX_ROUNDS = 3
+MAX_ROUNDS = 5
 
 
 def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], options,
@@ -1076,7 +1080,16 @@ def _scan_file(source: SourceFile, names, shown, options, flow_file, outside=Fal
   uses = _uses(plan, shown, changes, outside, why)
   uses += _field_uses(plan, shown, outside, why)
   layouts = ([Layout(f'{name}.{LAYOUT}', shown, bool(summary.inject_lr)) for name, _ in names]
-             if summary.defs and changes and plan.converts else [])
+             if (summary.defs or summary.inject_lr) and changes and plan.converts else [])
+  # (a module with no defs that sets rates at apply time on optimizers handed to it: those
+  # who hand them theirs inject, hypernerf's training.train_step)
+  if summary.inject_lr and changes and plan.converts:
+    # (and the container classes it hands on: every module storing its optimizers in one
+    # injects, so that the checkpoints of the class have one layout: nerfies' eval.py
+    # restores what train.py saved)
+    layouts += [Layout(f'{qualified}.{LAYOUT}', shown, True)
+                for handed, _ in summary.handoffs.values() for cls, _ in handed
+                for name, _ in names for qualified in [cls if '.' in cls else f'{name}.{cls}']]
   return ([Factory(f'{name}.{function}', shown, converted, inject, why, migrated=migrated,
                    **decided(f'{name}.{function}'))
            for function, (converted, inject, why) in found.items() for name, _ in names]

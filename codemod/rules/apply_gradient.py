@@ -38,6 +38,8 @@ def prepare(q) -> None:
     # with a TODO naming the difference if it runs after a call that set one (leave_apply)
     q.inject_lr = True
     q.hierarchy_lr = True
+  if not q.inject_lr and q.f.def_calls and _container_class_injects(q):
+    q.inject_lr = True  # another module storing its optimizers in the same class injects
   if not q.inject_lr and q.f.def_calls and _own_def_factory_injects(q):
     q.inject_lr = True  # a caller of its def factory sets the rate at apply time
   if not q.inject_lr and q.f.def_calls and _own_factory_injects(q):
@@ -91,11 +93,32 @@ def _subclassed_by_injecting_module(q) -> bool:
 
 
 def _hands_optimizer_to_injecting_module(q) -> bool:
-  """This module passes one of its optimizers to a function of another module of the run
-  whose defs are built with ``inject_hyperparams`` (``codemod.flow.Layout``)."""
-  return q.f.flow is not None and any(
-      _names_injecting_module(q, call.func) for call in q.f.calls_by_func.values()
-      if any(q.is_optimizer(a.value) for a in call.args))
+  """This module passes one of its optimizers, or a container holding one, to a function of
+  another module of the run whose defs are built with ``inject_hyperparams``
+  (``codemod.flow.Layout``): called with it, or wrapped (``jax.pmap(functools.partial(
+  training.train_step, ...))``, hypernerf) in a module that puts its optimizers in a
+  container (the step sets the rate of what the container holds)."""
+  if q.f.flow is None:
+    return False
+  calls = q.f.calls_by_func.values()
+  if any(_names_injecting_module(q, call.func) for call in calls
+         if any(q.is_optimizer(a.value) or q.is_container(a.value) for a in call.args)):
+    return True
+  return bool(q.f.container_vars) and any(
+      _names_injecting_module(q, a.value) for call in calls for a in call.args
+      if isinstance(a.value, (cst.Name, cst.Attribute)))
+
+
+def _container_class_injects(q) -> bool:
+  """A class with optimizer fields this module uses (its own, or another module's) is one an
+  injecting module of the run stores its optimizers in (``codemod.flow.Layout`` of the
+  class): the class's checkpoints have one layout (nerfies: ``train.py`` injects, its
+  ``eval.py`` restores those checkpoints into its own optimizer)."""
+  flow = q.f.flow
+  if flow is None:
+    return False
+  classes = [*q.f.flow_classes, *(f'{flow.module}.{cls}' for cls in q.f.declared_fields)]
+  return any((layout := flow.layout(cls)) is not None and layout.inject_lr for cls in classes)
 
 
 def _names_injecting_module(q, node) -> bool:
@@ -371,6 +394,17 @@ def stepped_here(q, recv) -> bool:
   return any(isinstance(c.func.value, cst.Name) and q.n.binding(c.func.value) == b
              and _converted_unproven(q, c) and not _unconvertible(c)
              and _same_value(q, recv, c) for c in q.f.apply_calls)
+
+
+def stepped_in_scope(q, recv) -> bool:
+  """``recv`` is a name that a converted ``.apply_gradient`` call of the same function (or
+  module body) is made on: the rewrite treats what the name holds there as a TrainState."""
+  if not (q.converts and isinstance(recv, cst.Name)) or (scope := q.n.scope(recv)) is None:
+    return False
+  return any(isinstance(c.func.value, cst.Name) and c.func.value.value == recv.value
+             and q.n.scope(c.func.value) is scope and not _unconvertible(c)
+             and (q.is_optimizer(c.func.value) or _converted_unproven(q, c))
+             for c in q.f.apply_calls)
 
 
 def _same_value(q, recv: cst.Name, call: cst.Call) -> bool:

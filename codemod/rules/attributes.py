@@ -17,7 +17,7 @@ import libcst.matchers as m
 from codemod import legacy_api as api
 from codemod.facts.values import pickled_value
 from codemod.names import attr_chain, code, named_like_optimizer, template
-from codemod.rules.apply_gradient import stepped_here
+from codemod.rules.apply_gradient import stepped_here, stepped_in_scope
 
 #: keyword renames of ``replace(...)``: legacy field -> TrainState field
 _FIELD_RENAMES = {mem.path[0]: mem.train_state for mem in api.OPTIMIZER_MEMBERS
@@ -76,8 +76,33 @@ def view_def(q) -> Optional[str]:
       found = f'optim_compat.{name}{code(calls[0].with_changes(func=cst.Name("D")))[1:]}'
     elif name not in api.LAYOUT_BY_HYPER_PARAMS:
       found = f'optim_compat.{name}()'
+  elif not calls and not _groups_anywhere(q):
+    found = ''  # no def here: the layout is read off the TrainState's opt_state at run time
   q.view_def = found
   return found
+
+
+def _groups_anywhere(q) -> bool:
+  """The file names ``MultiOptimizer`` or passes ``focus=``: a TrainState it handles may hold
+  optimizer groups, whose layout the opt_state alone does not give."""
+  return api.MULTI in q.f.refs.values() or any(
+      a.keyword is not None and a.keyword.value == 'focus'
+      for c in m.findall(q.analysis.module, m.Call()) for a in c.args)
+
+
+def surgery_receiver(q, recv) -> bool:
+  """``recv`` (whose ``.state`` is read or written back) is one the rewrite makes a
+  TrainState: this file's optimizer, or, where the view reads its layout off the opt_state (no
+  def in this file), a name this function steps with a converted ``.apply_gradient``
+  (hypernerf's ``optimizer = state.optimizer``, reset, then stepped)."""
+  return q.is_optimizer(recv) or (view_def(q) == '' and (
+      stepped_here(q, recv) or stepped_in_scope(q, recv)))
+
+
+def view_def_text(q) -> str:
+  """How the report names the view's layout."""
+  d = view_def(q)
+  return d if d else "its opt_state's Optax classes (optim_compat.legacy_view.inferred_def)"
 
 
 def viewed(q, attr: cst.Attribute) -> bool:
@@ -199,7 +224,7 @@ def leave_legacy_only(p, original) -> bool:
   if not rule or id(original) not in q.legacy_attr_ids:
     return False
   if id(original) not in q.handled and id(original) not in q.hp_owner_ids \
-      and q.is_optimizer(original.value):
+      and surgery_receiver(q, original.value):
     if not viewed(q, original):
       p.flag(original, rule, f'`.{attr}` of a flax.optim Optimizer has no TrainState '
                              'equivalent yet', blocks=True)
@@ -208,12 +233,12 @@ def leave_legacy_only(p, original) -> bool:
       p.fix(call, apply_legacy_state_dict, [('OM017', f'`{code(call)}` -> the legacy state '
                                                       'dict of the TrainState (`target`, `state` '
                                                       'with `step` and `param_states`), laid out '
-                                                      f'as {view_def(q)} lays out its state')],
+                                                      f'as {view_def_text(q)} lays out its state')],
             data={'def': view_def(q)})
     elif not q.blocked:
       p.fix(original, apply_legacy_view, [('OM017', f'`{code(original)}` (only read here) -> '
                                                     f'the legacy view of the TrainState\'s '
-                                                    f'opt_state, laid out as {view_def(q)} '
+                                                    f'opt_state, laid out as {view_def_text(q)} '
                                                     'lays out its state')],
             data={'def': view_def(q)})
   elif (id(original) not in p.state_of_step and q.converts and not q.annotated_field(original)
@@ -291,7 +316,7 @@ def leave_replace(p, original) -> bool:
   if not m.matches(original.func, m.Attribute(attr=m.Name('replace'))):
     return False
   recv = original.func.value
-  if q.is_optimizer(recv) and id(original) in q.f.state_writes:
+  if id(original) in q.f.state_writes and surgery_receiver(q, recv):
     if not view_receiver(q, recv):
       p.flag(original, 'OM103', '`.replace(state=...)` of a flax.optim Optimizer (state '
                                 'surgery) is converted to optim_compat.with_legacy_state(<it>, '
@@ -300,7 +325,7 @@ def leave_replace(p, original) -> bool:
     elif not q.blocked:
       p.fix(original, apply_with_legacy_state,
             [('OM017', f'`.replace(state=...)` (state surgery) -> optim_compat.with_legacy_state'
-                       f'(<it>, ..., {view_def(q)}): the legacy state written back into the '
+                       f'(<it>, ..., {view_def_text(q)}): the legacy state written back into the '
                        "TrainState's opt_state (step and every Optax count set to its step)")],
             data={'def': view_def(q)})
   elif q.is_optimizer(recv):
@@ -422,6 +447,9 @@ def apply_without_tx(ctx, original, updated, fix):
 
 def apply_legacy_view(ctx, original, updated, fix, function='legacy_state'):
   ctx.add_import('optim_compat')
+  if not fix.data['def']:  # (the layout read off the opt_state)
+    return cst.Call(func=cst.parse_expression(f'optim_compat.{function}'),
+                    args=[cst.Arg(updated.value)])
   return cst.Call(func=cst.parse_expression(f'optim_compat.{function}'),
                   args=[cst.Arg(updated.value, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(' '))),
                         cst.Arg(cst.parse_expression(fix.data['def']))])
@@ -438,6 +466,8 @@ def apply_with_legacy_state(ctx, original, updated, fix):
   if rest:  # (`target=p` beside it: params=p, then the state)
     rest[-1] = rest[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
     recv = apply_replace(ctx, original, updated.with_changes(args=rest), None)
+  if not fix.data['def']:
+    return template('optim_compat.with_legacy_state(R, S)', R=recv, S=state)
   return template(f'optim_compat.with_legacy_state(R, S, {fix.data["def"]})', R=recv, S=state)
 
 

@@ -381,7 +381,12 @@ FIXES = (
                 '`optim_compat.with_legacy_state(opt, s, <def>)`, the state classes the file '
                 'builds → the shim\'s (one table def in the file; its '
                 'arguments, where not literals, left out: the view reads only the layout, '
-                'which for Adafactor needs literal ones)'),
+                'which for Adafactor needs literal ones); a file with no def (the optimizer '
+                'comes from another module, hypernerf\'s training.py) gets the calls without '
+                'the def, the layout read off the opt_state\'s Optax classes at run time '
+                '(`optim_compat.legacy_view.inferred_def`), where the receiver is stepped by '
+                'a converted `apply_gradient` in the same function and the file names no '
+                '`MultiOptimizer` and no `focus=` (groups need the def)'),
     Rule('OM018', 'safe', family='attributes', summary=
          '`pickle.dump(opt, f)` of a converted optimizer -> `pickle.dump(opt.replace(tx=None), '
          'f)`: a TrainState\'s tx does not pickle',

@@ -47,8 +47,9 @@ def surgery_class(q, sym: str) -> bool:
   """``sym`` is a legacy state class in a file whose state surgery the legacy view converts
   (``opt.replace(state=...)`` with one table def: ``codemod.rules.attributes.view_def``): it
   becomes the shim's class, which ``optim_compat.with_legacy_state`` reads."""
-  from codemod.rules.attributes import view_def
-  return sym in api.STATE_CLASSES and bool(q.f.state_writes) and view_def(q) is not None
+  from codemod.rules.attributes import surgery_receiver, view_def
+  return (sym in api.STATE_CLASSES and bool(q.f.state_writes) and view_def(q) is not None
+          and all(surgery_receiver(q, w.func.value) for w in q.f.state_writes.values()))
 
 
 def prepare(q) -> None:
