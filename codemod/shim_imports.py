@@ -36,6 +36,8 @@ _FROM = re.compile(r'^([ \t]*)from[ \t]+optim_compat((?:\.\w+)?)[ \t]+import[ \t
                    r'(\([^)]*\)|(?:[^\n#;\\]|\\\n)*)', re.M)
 #: The cheap test: no text without it holds a shim import this module reads.
 WORD = 'optim_compat'
+#: The comment marking an analysed line (it makes the line one the file cannot already hold).
+MARK = 'optim-migrate: read as flax.optim'
 
 
 def legacy_names() -> frozenset:
@@ -50,9 +52,9 @@ def may_hold(text: str) -> bool:
 
 
 def analysed(text: str) -> tuple[str, dict[str, str]]:
-  """``text`` with its shim imports in their flax.optim form, and ``{analysed line: the line as
-  written}`` for :func:`restore` (lines without a newline; each analysed line is one the text
-  did not already hold, so it is put back unambiguously).
+  """``text`` with its shim imports in their flax.optim form, each marked by a comment
+  (:data:`MARK`), and ``{analysed line: the line as written}`` for :func:`restore` (lines
+  without a newline).
 
   Returns ``(text, {})`` when there is nothing to read (a file that never names the shim)."""
   if not may_hold(text):
@@ -62,7 +64,6 @@ def analysed(text: str) -> tuple[str, dict[str, str]]:
   for line in lines:
     starts.append(offset)
     offset += len(line)
-  written = {line.rstrip('\r\n') for line in lines}
   changed: dict[int, str] = {}
   for m in _ALIAS.finditer(text):
     if m.group(2) != WORD:
@@ -74,16 +75,17 @@ def analysed(text: str) -> tuple[str, dict[str, str]]:
                 re.sub(r'[()\\\n]', ' ', m.group(3)).split(',') if part.strip()]
     if (submodule and submodule not in api.SUBMODULES) or not imported:
       continue
-    if not submodule and not all(name in names for name in imported):
+    if not submodule and imported != ['*'] and not all(name in names for name in imported):
       continue
     changed[bisect.bisect_right(starts, m.start()) - 1] = None
   restore: dict[str, str] = {}
   for i in changed:
     line = lines[i]
     body = line.rstrip('\r\n')
+    if body.endswith('\\'):
+      continue  # (continued over a backslash: no comment can mark it)
     new = re.sub(r'\boptim_compat\b', 'flax.optim', body, count=1)
-    if new in written or new in restore:
-      continue  # (the file already spells it: put back, it would be ambiguous)
+    new += f' {MARK}' if '#' in body else f'  # {MARK}'
     restore[new] = body
     lines[i] = new + line[len(body):]
   if not restore:
@@ -93,7 +95,8 @@ def analysed(text: str) -> tuple[str, dict[str, str]]:
 
 def restore(text: str, written: dict[str, str]) -> str:
   """``text`` (a rewrite of :func:`analysed`'s text) with each analysed line it kept put back
-  as the user wrote it."""
+  as the user wrote it; a marked line the rewrite changed (names dropped from a ``from``
+  import) gets the shim's module back in place of flax.optim's."""
   if not written or text is None:
     return text
   lines = text.splitlines(keepends=True)
@@ -101,8 +104,10 @@ def restore(text: str, written: dict[str, str]) -> str:
     body = line.rstrip('\r\n')
     if body in written:
       lines[i] = written[body] + line[len(body):]
+    elif MARK in body:
+      kept = body.replace(f'  # {MARK}', '').replace(f' {MARK}', '')
+      lines[i] = re.sub(r'\bflax\.optim\b', WORD, kept, count=1) + line[len(body):]
   return ''.join(lines)
-
 
 
 def names_flax_optim(text: str) -> bool:

@@ -335,10 +335,12 @@ def fix_imports(context: CodemodContext, tree: cst.Module, drop) -> cst.Module:
   used, _, last_optim_import = _used_names(tree.code)
   head_lines = head.code.count('\n') + 1
   if last_optim_import > head_lines:  # a legacy import after the head: every removal in the
-    tree = _add_imports(context, tree, adds)  # scope-analysed pass, on the statements naming one
-    n_head = next((i for i, st in enumerate(tree.body) if isinstance(st, cst.BaseCompoundStatement)),
-                  len(tree.body))
-    tree = import_scope.remove_unused_imports(context, tree, n_head, drop)
+    # scope-analysed pass, on the statements naming one; the added imports go in the head
+    # (added to the whole module, they followed a block whose legacy import they replace:
+    # `if __name__ == '__main__': from flax import optim ...`, a NameError in the block)
+    head = _add_imports(context, head, adds)
+    tree = tree.with_changes(body=[*head.body, *tail])
+    tree = import_scope.remove_unused_imports(context, tree, len(head.body), drop)
     return import_scope.drop_unread_legacy_imports(tree, drop)
   fast, slow = [], []
   for module, obj, asname in dict.fromkeys(drop):
