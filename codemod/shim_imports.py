@@ -23,7 +23,6 @@ reaches the file.
 from __future__ import annotations
 
 import ast
-import bisect
 import re
 
 from codemod import legacy_api as api
@@ -51,23 +50,23 @@ def may_hold(text: str) -> bool:
   return WORD in text and (_ALIAS.search(text) is not None or _FROM.search(text) is not None)
 
 
-def analysed(text: str) -> tuple[str, dict[str, str]]:
+def analysed(text: str) -> str:
   """``text`` with its shim imports in their flax.optim form, each marked by a comment
-  (:data:`MARK`), and ``{analysed line: the line as written}`` for :func:`restore` (lines
-  without a newline).
-
-  Returns ``(text, {})`` when there is nothing to read (a file that never names the shim)."""
+  (:data:`MARK`) that :func:`restore` reads back; ``text`` itself when there is nothing to
+  read (a file that never names the shim). A line continued over a backslash is left as
+  written (no comment can mark it)."""
   if not may_hold(text):
-    return text, {}
+    return text
   lines = text.splitlines(keepends=True)
-  starts, offset = [], 0
-  for line in lines:
-    starts.append(offset)
+  line_of = {}  # character offset of each line's start -> its index
+  offset = 0
+  for i, line in enumerate(lines):
+    line_of[offset] = i
     offset += len(line)
-  changed: dict[int, str] = {}
+  changed = set()
   for m in _ALIAS.finditer(text):
     if m.group(2) != WORD:
-      changed[bisect.bisect_right(starts, m.start()) - 1] = None
+      changed.add(line_of[m.start()])
   names = legacy_names()
   for m in _FROM.finditer(text):
     submodule = m.group(2)[1:]
@@ -77,34 +76,29 @@ def analysed(text: str) -> tuple[str, dict[str, str]]:
       continue
     if not submodule and imported != ['*'] and not all(name in names for name in imported):
       continue
-    changed[bisect.bisect_right(starts, m.start()) - 1] = None
-  restore: dict[str, str] = {}
-  for i in changed:
+    changed.add(line_of[m.start()])
+  for i in sorted(changed):
     line = lines[i]
     body = line.rstrip('\r\n')
     if body.endswith('\\'):
-      continue  # (continued over a backslash: no comment can mark it)
+      continue
     new = re.sub(r'\boptim_compat\b', 'flax.optim', body, count=1)
     new += f' {MARK}' if '#' in body else f'  # {MARK}'
-    restore[new] = body
     lines[i] = new + line[len(body):]
-  if not restore:
-    return text, {}
-  return ''.join(lines), restore
+  return ''.join(lines)
 
 
-def restore(text: str, written: dict[str, str]) -> str:
-  """``text`` (a rewrite of :func:`analysed`'s text) with each analysed line it kept put back
-  as the user wrote it; a marked line the rewrite changed (names dropped from a ``from``
-  import) gets the shim's module back in place of flax.optim's."""
-  if not written or text is None:
+def restore(text: str) -> str:
+  """``text`` (a rewrite of :func:`analysed`'s text) with each marked line it kept put back
+  as the user wrote it: the mark dropped and the shim's module in place of flax.optim's (the
+  first on the line, where :func:`analysed` wrote it; a ``from`` import the rewrite trimmed
+  keeps its remaining names on the shim)."""
+  if text is None or MARK not in text:
     return text
   lines = text.splitlines(keepends=True)
   for i, line in enumerate(lines):
-    body = line.rstrip('\r\n')
-    if body in written:
-      lines[i] = written[body] + line[len(body):]
-    elif MARK in body:
+    if MARK in line:
+      body = line.rstrip('\r\n')
       kept = body.replace(f'  # {MARK}', '').replace(f' {MARK}', '')
       lines[i] = re.sub(r'\bflax\.optim\b', WORD, kept, count=1) + line[len(body):]
   return ''.join(lines)

@@ -27,7 +27,7 @@ class SourceFile:
     self._data = data
     self._decoded: Optional[tuple[str, str]] = None
     self._module: Optional[cst.Module] = None
-    self._analysed: Optional[tuple[str, dict]] = None
+    self._analysed: Optional[str] = None
     self._words: Optional[str] = None
     self.cache: dict = {}
 
@@ -70,17 +70,13 @@ class SourceFile:
     return self._decoded[1]
 
   @property
-  def analysed(self) -> tuple[str, dict[str, str]]:
-    """``(text, put back)``: :attr:`text` as the codemod analyses it, its shim imports read
-    as flax.optim (``codemod.shim_imports.analysed``), and what to put back in a rewrite."""
+  def analysed_text(self) -> str:
+    """:attr:`text` as the codemod analyses it: its shim imports read as flax.optim
+    (``codemod.shim_imports.analysed``; :attr:`text` itself when it has none)."""
     if self._analysed is None:
       from codemod import shim_imports
       self._analysed = shim_imports.analysed(self.text)
     return self._analysed
-
-  @property
-  def analysed_text(self) -> str:
-    return self.analysed[0]
 
   @property
   def module(self) -> cst.Module:
