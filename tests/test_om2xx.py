@@ -231,6 +231,20 @@ def test_a_relocated_import_keeps_its_comments():
                                   'y = tree_map(abs, 1)\n')
 
 
+@pytest.mark.parametrize('source, expected', [
+    # found in ladax's examples: the moved import was written after the statement using it
+    # (a NameError at the file's first line, nothing flagged)
+    ('from jax.config import config; config.update("jax_enable_x64", True)\nimport jax\n',
+     'from jax import config\nconfig.update("jax_enable_x64", True)\nimport jax\n'),
+    ('import jax\nfrom jax import tree_map, jit; x = tree_map(f, y)  # c\n',
+     'import jax\nfrom jax import jit  # c\nfrom jax.tree_util import tree_map\nx = tree_map(f, y)\n'),
+    ('import jax\nx = 1; from jax import tree_map; y = tree_map(f, x)\n',
+     'import jax\nx = 1\nfrom jax.tree_util import tree_map\ny = tree_map(f, x)\n'),
+])
+def test_an_import_moved_off_a_line_keeps_its_place_among_the_line_statements(source, expected):
+  assert _rewrite(source).new == expected
+  compile(expected, '<expected>', 'exec')
+
 def test_a_removed_omnistaging_call_takes_its_own_comment_and_keeps_the_layout():
   """Found on the flax 0.3.0 examples (14 of 16 calls have a comment naming omnistaging on the
   line above): the comment stayed, describing a call that is gone, and the blank lines before

@@ -57,31 +57,39 @@ class _Imports:
     return updated.with_changes(names=names)
 
   def leave_SimpleStatementLine(self, original, updated):
-    extra: list[cst.SimpleStatementLine] = []
-    body = []
+    # the line's statements in order, as groups: a list of small statements kept on one line,
+    # or an import moved to a line of its own (before what followed it on the line: in
+    # `from jax.config import config; config.update(...)` the import must come first)
+    groups: list = [[]]
+    moved_any = False
     for orig_small, small in zip(original.body, updated.body):
       if isinstance(orig_small, cst.ImportFrom) and isinstance(small, cst.ImportFrom):
         kept, moved = self._relocate(orig_small, small)
         if kept is not None:
-          body.append(kept)
-        extra.extend(cst.SimpleStatementLine(body=[m]) for m in moved)
+          groups[-1].append(kept)
+        if moved:
+          moved_any = True
+          groups.extend(cst.SimpleStatementLine(body=[m]) for m in moved)
+          groups.append([])
         continue
       if isinstance(orig_small, cst.Expr) and self._drop(orig_small):
         continue
       if isinstance(orig_small, cst.Import) and self._redundant_jax_config(orig_small):
         continue
-      body.append(small)
-    if not body and not extra:
-      marker = updated.with_changes(body=[cst.Pass()])
-      self._dropped.add(id(marker))
-      return marker
-    if not body:
-      first, *rest = extra  # the line's comments (above it, after it) stay with its first part
-      return cst.FlattenSentinel([first.with_changes(
-          leading_lines=updated.leading_lines, trailing_whitespace=updated.trailing_whitespace),
-          *rest])
-    line = updated.with_changes(body=_fix_semicolons(body))
-    return cst.FlattenSentinel([line, *extra]) if extra else line
+      groups[-1].append(small)
+    if not moved_any:
+      if not groups[0]:
+        marker = updated.with_changes(body=[cst.Pass()])
+        self._dropped.add(id(marker))
+        return marker
+      return updated.with_changes(body=_fix_semicolons(groups[0]))
+    lines = [g if isinstance(g, cst.SimpleStatementLine) else
+             cst.SimpleStatementLine(body=_fix_semicolons(g)) for g in groups if g]
+    # the line's comments (above it, after it) stay with its first part
+    first, *rest = lines
+    return cst.FlattenSentinel([first.with_changes(
+        leading_lines=updated.leading_lines, trailing_whitespace=updated.trailing_whitespace),
+        *rest])
 
   def _plan(self, node: cst.ImportFrom, alias: cst.ImportAlias):
     """How a from-imported removed name moves, or None: ``(new module, new name, the local
