@@ -24,7 +24,7 @@ from libcst.codemod import CodemodContext
 
 from codemod import deep
 from codemod import facts as facts_lib
-from codemod import legacy_api, prefilter, shim_imports
+from codemod import legacy_api, prefilter, shim_imports, undefined
 from codemod.failures import RuleFailure
 from codemod.modern import rewrite as om2xx
 from codemod.findings import TODO_PREFIX, Finding, todo_comments
@@ -53,8 +53,8 @@ def rewrite_source(source: str, path: str = '<string>',
     A :class:`FileResult`; ``error`` is set (``path:line:col: message``) when
     the source does not parse or the rewrite failed.
   """
-  text, written = shim_imports.analysed(source)
-  options = _options(options, source, written)
+  text = shim_imports.analysed(source)
+  options = _options(options, source, text)
   result = FileResult(path, text)
   if not _flax_optim_wanted(text, flow):
     result.new = text
@@ -63,11 +63,22 @@ def rewrite_source(source: str, path: str = '<string>',
       module = parse(text)
     except cst.ParserSyntaxError as e:
       result.error = parse_error(path, text, e)
-      return _put_back(result, source, written)
+      return _put_back(result, source, text)
     result = rewrite_parsed(module, text, path, options, flow)
-  result = _put_back(result, source, written)
+  result = _put_back(result, source, text)
   # the OM2xx family (removed JAX / Flax APIs, codemod.modern) on what that pass left
-  return open_todos(om2xx.apply(result, options, parse_error), options)
+  return open_todos(_names_checked(om2xx.apply(result, options, parse_error)), options)
+
+
+def _names_checked(result: FileResult) -> FileResult:
+  """``result``, or an internal error leaving the file as it is when its rewrite uses a name
+  no binding reaches that the original did not (``codemod.undefined``)."""
+  if result.error is None and result.changed:
+    why = undefined.problem(result.original, result.new)
+    if why:
+      result.error = f'{result.path}: internal error, in the rewrite {why}; file left as is'
+      result.new = None
+  return result
 
 
 def open_todos(result: FileResult, options: Options | None) -> FileResult:
@@ -230,8 +241,8 @@ def rewrite_file(path: pathlib.Path, options: Options | None = None, flow=None,
     text, encoding = source.text, source.encoding
   except (OSError, UnicodeDecodeError, SyntaxError) as e:
     return FileResult(str(path), '', error=f'{path}: cannot read: {e}')
-  analysed, written = source.analysed
-  options = _options(options, text, written)
+  analysed = source.analysed_text
+  options = _options(options, text, analysed)
   result = FileResult(str(path), analysed)
   if not _flax_optim_wanted(analysed, flow):
     result.new = analysed
@@ -240,10 +251,10 @@ def rewrite_file(path: pathlib.Path, options: Options | None = None, flow=None,
       module = source.module
     except cst.ParserSyntaxError as e:
       result.error = parse_error(str(path), analysed, e)
-      return _put_back(result, text, written)
+      return _put_back(result, text, analysed)
     result = rewrite_parsed(module, analysed, str(path), options, flow, source.cache)
-  result = _put_back(result, text, written)
-  result = open_todos(om2xx.apply(result, options, parse_error), options)
+  result = _put_back(result, text, analysed)
+  result = open_todos(_names_checked(om2xx.apply(result, options, parse_error)), options)
   result.encoding = encoding
   return result
 
@@ -259,27 +270,28 @@ def plan_file(source: SourceFile, options: Options | None = None, flow=None):
     module = source.module
   except (OSError, UnicodeDecodeError, SyntaxError, cst.ParserSyntaxError):
     return None
-  analysed, written = source.analysed
-  return plan_parsed(module, analysed, _options(options, source.text, written), flow,
+  analysed = source.analysed_text
+  return plan_parsed(module, analysed, _options(options, source.text, analysed), flow,
                      source.cache)
 
 
-def _options(options: Options | None, text: str, written: dict) -> Options | None:
-  """The options a file's rewrite runs with: a file whose legacy imports are all the shim's
-  (``codemod.shim_imports``) runs on the shim already, so it gets no ``optim_compat.install()``
-  (OM014) when it keeps its legacy code."""
-  if not written or shim_imports.names_flax_optim(text):
+def _options(options: Options | None, text: str, analysed: str) -> Options | None:
+  """The options a file's rewrite runs with (``text`` as written, ``analysed`` as the codemod
+  reads it): a file whose legacy imports are all the shim's (``codemod.shim_imports``) runs on
+  the shim already, so it gets no ``optim_compat.install()`` (OM014) when it keeps its legacy
+  code."""
+  if analysed == text or shim_imports.names_flax_optim(text):
     return options
   options = options or Options()
   return dataclasses.replace(options, shim_fallback=False) if options.shim_fallback else options
 
 
-def _put_back(result: FileResult, original: str, written: dict) -> FileResult:
-  """``result`` of the analysed text, as a rewrite of ``original``: the shim imports it keeps
-  are put back as written (``codemod.shim_imports.restore``)."""
-  if written:
+def _put_back(result: FileResult, original: str, analysed: str) -> FileResult:
+  """``result`` of the ``analysed`` text, as a rewrite of ``original``: the shim imports it
+  keeps are put back as written (``codemod.shim_imports.restore``)."""
+  if analysed != original:
     result.original = original
-    result.new = shim_imports.restore(result.new, written)
+    result.new = shim_imports.restore(result.new)
   return result
 
 
@@ -297,11 +309,11 @@ def plan_notebook(source: SourceFile, options: Options | None = None, flow=None)
     notebook.rewrite_notebook(source.data.decode('utf-8'), str(source.path), options, capture)
     if not joined:
       return None
-    text, written = shim_imports.analysed(joined[0])  # (as rewrite_source reads it)
+    text = shim_imports.analysed(joined[0])  # (as rewrite_source reads it)
     module = parse(text)
   except (OSError, UnicodeDecodeError, notebook.NotebookError, cst.ParserSyntaxError):
     return None
-  return plan_parsed(module, text, _options(options, joined[0], written), flow)
+  return plan_parsed(module, text, _options(options, joined[0], text), flow)
 
 
 def _rewrite_notebook_file(path: pathlib.Path, options, source: SourceFile,
