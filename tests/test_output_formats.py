@@ -73,12 +73,20 @@ def broken(tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def everything(tmp_path_factory):
-  """``rewrite --check --output-format concise --report`` over every fixture tree:
-  ``(status, stdout, stderr, report rows)``."""
+def all_cache(tmp_path_factory):
+  """The result cache of :func:`everything`'s run (a later run over the same trees reads it)."""
+  return str(tmp_path_factory.mktemp('all-cache'))
+
+
+@pytest.fixture(scope='module')
+def everything(tmp_path_factory, all_cache):
+  """``rewrite --check --output-format concise --report`` over every fixture tree, with a
+  cache of its own (``all_cache``): ``(status, stdout, stderr, report rows)``."""
   report = tmp_path_factory.mktemp('all') / 'report.json'
-  status, out, err = run('rewrite', '--check', '--jobs', '1', '--output-format', 'concise',
-                         '--report', str(report), *ALL)
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv('OPTIM_MIGRATE_CACHE_DIR', all_cache)
+    status, out, err = run('rewrite', '--check', '--jobs', '1', '--output-format', 'concise',
+                           '--report', str(report), *ALL)
   return status, out, err, json.loads(report.read_text())
 
 
@@ -329,9 +337,11 @@ def test_sarif_help_uri_from_the_docs_url(tmp_path, monkeypatch):
   assert all('helpUri' not in r for r in log['runs'][0]['tool']['driver']['rules'])
 
 
-def test_statistics_count_the_report(everything):
+def test_statistics_count_the_report(everything, all_cache, monkeypatch):
+  """(Run warm, on ``everything``'s cache: the counts of cached results are the cold run's.)"""
   status, _, _, rows = everything
   counts = collections.Counter(r['rule'] for r in rows if r['rule'])
+  monkeypatch.setenv('OPTIM_MIGRATE_CACHE_DIR', all_cache)
   status2, out, err = run('rewrite', '--check', '--jobs', '1', '--statistics',
                           '--output-format', 'concise', *ALL)
   assert status2 == status
