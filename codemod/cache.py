@@ -103,9 +103,16 @@ def flow_key(flow, text: str) -> str:
   return repr((flow.module, flow.is_package, bool(known), used, inject))
 
 
+#: The entries of the cross-module pre-pass's per-file scans (``codemod.flow._scan``).
+SCAN_CLASSES = ('Factory', 'Fields', 'ContainerFactory', 'DefFactory', 'DefSink', 'UserDef',
+                'Handoff', 'DefUse', 'Layout', 'Step')
+
+
 class _Unpickler(pickle.Unpickler):
-  """Only the classes an entry holds: a result, its findings, builtin values."""
-  ALLOWED = {('codemod.result', 'FileResult'), ('codemod.findings', 'Finding')}
+  """Only the classes an entry holds: a result, its findings, a scan's table entries, builtin
+  values."""
+  ALLOWED = {('codemod.result', 'FileResult'), ('codemod.findings', 'Finding'),
+             *(('codemod.flow', name) for name in SCAN_CLASSES)}
 
   def find_class(self, module, name):
     if (module, name) in self.ALLOWED:
@@ -160,6 +167,35 @@ class Cache:
     stored = dataclasses.replace(result, original='',
                                  new=None if result.new == result.original else result.new)
     _replace(self._path(key), pickle.dumps((key, stored), protocol=pickle.HIGHEST_PROTOCOL))
+
+  # -- the pre-pass's scans ------------------------------------------------------------------
+  def scan_key(self, data: bytes, names, shown: str, outside: bool, flow, text: str) -> str:
+    """The key of one file's scan by the cross-module pre-pass (``codemod.flow._scan``): its
+    bytes, module names, the path messages name it by, whether the run rewrites it, and the
+    part of the flow its planning can use (:func:`flow_key`, as for its result)."""
+    h = hashlib.sha256(f'scan\n{self.salt}'.encode())
+    h.update(f'{names!r}\n{shown}\n{outside}\n{flow_key(flow, text)}\n'.encode(
+        'utf-8', 'surrogateescape'))
+    h.update(hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+  def get_scan(self, key: str):
+    """A stored scan (``(factories, steps, uses)``), or None (a miss)."""
+    try:
+      stored_key, value = _Unpickler(io.BytesIO(self._scan_path(key).read_bytes())).load()
+      if stored_key != key or not (isinstance(value, tuple) and len(value) == 3):
+        raise ValueError('entry of another key')
+    except Exception:  # noqa: BLE001 - any unreadable entry is a miss
+      return None
+    return value
+
+  def put_scan(self, key: str, value) -> None:
+    """Store a scan (a cache that cannot be written is skipped silently)."""
+    if self._prepare():
+      _replace(self._scan_path(key), pickle.dumps((key, value), protocol=pickle.HIGHEST_PROTOCOL))
+
+  def _scan_path(self, key: str) -> pathlib.Path:
+    return self.directory / f'v{FORMAT}' / 'scan' / key[:2] / key
 
   # -- prefilter verdicts ------------------------------------------------------------------
   #: At most this many verdicts are kept (the oldest dropped first): edits add new ones.

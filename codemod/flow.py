@@ -25,6 +25,7 @@ parse. For stdin (``-``) there is no tree and no flow.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import pathlib
@@ -991,11 +992,39 @@ def _scan(source: SourceFile, names, shown, options, flow_file, outside=False,
   """The factories and step functions one file defines, as the run's rewrite makes them:
   from the file's plan, nothing rewritten (``outside``: a file the run does not rewrite,
   whose legacy code therefore stays). Code nested deeper than the recursion limit is
-  scanned on a deep stack (:mod:`codemod.deep`)."""
+  scanned on a deep stack (:mod:`codemod.deep`). Read from and stored in the run's cache
+  (:func:`scan_cache`) when it has one: a run over an unchanged tree parses no file here."""
+  store, key = _SCAN_STORE[0], None
+  if store is not None:
+    try:
+      key = store.scan_key(source.data, names, shown, outside, flow_file, source.words())
+    except OSError:  # (the per-file run reports it)
+      key = None
+    if key is not None and (found := store.get_scan(key)) is not None:
+      return found
   try:
-    return deep.retry_deep(lambda: _scan_file(source, names, shown, options, flow_file, outside))
+    found = deep.retry_deep(lambda: _scan_file(source, names, shown, options, flow_file, outside))
   except RecursionError:  # (even the deep stack overflows: the per-file run reports it)
     return [], [], [DefUse('', shown, False, why=_SCAN_FAILED, where=shown)]
+  if key is not None and not any(use.why == _SCAN_FAILED for use in found[2]):
+    store.put_scan(key, found)
+  return found
+
+
+#: The result cache (:class:`codemod.cache.Cache`) the pre-pass's scans use, or None.
+_SCAN_STORE: list = [None]
+
+
+@contextlib.contextmanager
+def scan_cache(store):
+  """Within it, :func:`_scan` reads and stores scans in ``store`` (a
+  :class:`codemod.cache.Cache`; None: no cache, e.g. ``--no-cache``)."""
+  previous = _SCAN_STORE[0]
+  _SCAN_STORE[0] = store
+  try:
+    yield
+  finally:
+    _SCAN_STORE[0] = previous
 
 
 def _scan_file(source: SourceFile, names, shown, options, flow_file, outside=False,

@@ -39,7 +39,7 @@ import sys
 import threading
 from typing import Optional
 
-from codemod import cache as cache_lib, output_formats, sources as sources_lib
+from codemod import cache as cache_lib, flow as flow_lib, output_formats, sources as sources_lib
 from codemod.config import ConfigError
 from codemod.result import FileResult
 from codemod.rules import Options
@@ -188,8 +188,9 @@ def cmd_rewrite(args) -> int:
       cache_lib.default_directory(first if first.exists() else pathlib.Path.cwd(), config_path),
       options)
   try:
-    results = run_files(files, options, jobs, tree_flows(files, paths, options, sources),
-                        sources, store)
+    with flow_lib.scan_cache(store):
+      flows = tree_flows(files, paths, options, sources)
+    results = run_files(files, options, jobs, flows, sources, store)
     outside = outside_importers(results, files, paths, config.get('exclude', ()))
   except KeyboardInterrupt:  # Ctrl-C before any write: the pool is already stopped
     print('optim-migrate rewrite: interrupted; no file was written', file=sys.stderr)

@@ -47,9 +47,24 @@ def _count_rewrites(monkeypatch) -> list:
   return calls
 
 
-def _entries() -> list[pathlib.Path]:
+def _entries(kind: str = 'result') -> list[pathlib.Path]:
+  """The cache's entries: file results, or (``kind='scan'``) the pre-pass's scans."""
   return sorted(p for p in pathlib.Path(os.environ['OPTIM_MIGRATE_CACHE_DIR']).rglob('*')
-                if p.is_file() and p.parent.name != 'v1' and len(p.name) == 64)
+                if p.is_file() and p.parent.name != 'v1' and len(p.name) == 64
+                and (p.parent.parent.name == 'scan') == (kind == 'scan'))
+
+
+def _count_scans(monkeypatch) -> list:
+  """The files the cross-module pre-pass plans (``codemod.flow._scan_file``), by name."""
+  from codemod import flow
+  calls = []
+  real = flow._scan_file
+
+  def counted(source, *a, **k):
+    calls.append(source.path.name)
+    return real(source, *a, **k)
+  monkeypatch.setattr(flow, '_scan_file', counted)
+  return calls
 
 
 def test_cached_runs_give_the_no_cache_output_and_findings(tmp_path, capsys, monkeypatch):
@@ -58,12 +73,16 @@ def test_cached_runs_give_the_no_cache_output_and_findings(tmp_path, capsys, mon
   uncached = _rewrite(capsys, '--no-cache', '.')
   assert _entries() == []  # --no-cache writes nothing
   calls = _count_rewrites(monkeypatch)
+  scans = _count_scans(monkeypatch)
   cold = _rewrite(capsys, '.')
-  n_parsed = len(calls)
+  n_parsed, n_scanned = len(calls), len(scans)
   warm = _rewrite(capsys, '.')
   assert uncached[0] == 1 and uncached[1].count('would rewrite') >= 10
   assert cold == uncached and warm == uncached
   assert n_parsed >= 15 and len(calls) == n_parsed  # the warm run rewrote no file
+  # nor did its pre-pass plan one: each scan was stored (once per flow it was planned with)
+  assert n_scanned >= 5 and len(scans) == n_scanned
+  assert n_scanned >= len(_entries('scan')) >= len({*scans})
   assert len(_entries()) == n_parsed
   assert not [p for p in tree.rglob('.*.tmp')] and not list(_entries()[0].parent.glob('.*'))
 
@@ -136,8 +155,9 @@ def test_a_changed_imported_factory_module_invalidates_its_importer(tmp_path, ca
                                      '  opt = optim.Adam(learning_rate=lr).create(params)\n'
                                      '  return opt.restore_state(opt.state_dict())\n'))
   calls.clear()
+  scans = _count_scans(monkeypatch)
   changed = _rewrite(capsys, '.')
-  assert sorted(calls) == ['opt.py', 'train.py']
+  assert sorted(calls) == ['opt.py', 'train.py'] and 'opt.py' in scans  # (its scan missed)
   assert changed == _rewrite(capsys, '--no-cache', '.')
   assert changed != converted
 
