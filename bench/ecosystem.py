@@ -718,9 +718,55 @@ def _norm(path: str) -> str:
   return path[2:] if path.startswith('./') else path
 
 
+#: Seconds one module import may take in the probe (a script that trains at import times out).
+IMPORT_TIMEOUT = 60.0
+_MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def import_status(python: str, tree: pathlib.Path, rel: str) -> str:
+  """Whether module ``rel`` (a ``.py`` path under ``tree``) imports with ``python``, from the
+  tree's root in a fresh process (``JAX_PLATFORMS=cpu``, no bytecode written): ``ok``,
+  ``missing <module>`` (a dependency not installed), ``timeout``, or ``error <the last
+  line of the traceback>``."""
+  module = '.'.join(pathlib.PurePosixPath(rel).with_suffix('').parts)
+  code = ('import sys, importlib; sys.argv = ["probe"]; sys.path.insert(0, "."); '
+          f'importlib.import_module({module!r})')
+  env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
+  env.update(JAX_PLATFORMS='cpu', PYTHONDONTWRITEBYTECODE='1', TF_CPP_MIN_LOG_LEVEL='3')
+  try:
+    proc = subprocess.run([python, '-c', code], cwd=str(tree), capture_output=True, text=True,
+                          env=env, timeout=IMPORT_TIMEOUT, stdin=subprocess.DEVNULL)
+  except subprocess.TimeoutExpired:
+    return 'timeout'
+  if proc.returncode == 0:
+    return 'ok'
+  missing = _MISSING.findall(proc.stderr)
+  if missing:
+    return f'missing {missing[-1]}'
+  lines = [line for line in proc.stderr.strip().splitlines()
+           if line and not line.startswith((' ', '---', 'For simplicity'))]
+  return 'error ' + (lines[-1][:200] if lines else f'exit {proc.returncode}')
+
+
+def probe_imports(files: dict, originals_tree: pathlib.Path, tree: pathlib.Path,
+                  legacy_python: str, jobs: int) -> None:
+  """Add ``imports: [original on the old stack, rewrite on this one]`` (:func:`import_status`)
+  to each parsed legacy ``.py`` file entry of ``files``."""
+  import concurrent.futures
+  todo = [n for n, f in files.items() if n.endswith('.py') and f['outcome'] != 'unparsed_input']
+  with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+    old = pool.map(lambda n: import_status(legacy_python, originals_tree, n), todo)
+    new = pool.map(lambda n: import_status(sys.executable, tree, n), todo)
+    for n, o, w in zip(todo, list(old), list(new)):
+      files[n]['imports'] = [o, w]
+
+
 def check_repo(repo: Repo, src: pathlib.Path, work: pathlib.Path, jobs: Optional[int] = None,
-               timeout: float = 3600.0, keep: Optional[pathlib.Path] = None) -> dict:
+               timeout: float = 3600.0, keep: Optional[pathlib.Path] = None,
+               legacy_python: Optional[str] = None) -> dict:
   """Copy ``src`` to ``work/tree``, run the codemod twice, classify; the repo's JSON entry.
+  With ``legacy_python`` (the old stack's interpreter), also import each legacy module as
+  written there and as rewritten here (:func:`probe_imports`).
 
   Raises:
     EcosystemError: see :func:`run_codemod`.
@@ -762,6 +808,8 @@ def check_repo(repo: Repo, src: pathlib.Path, work: pathlib.Path, jobs: Optional
     if res.outcome != 'unparsed_input' and output is not None:
       res.output_parses = read_units(tree / n, output) is not None
     files[n] = res.as_json()
+  if legacy_python is not None:  # (the tree as the first run left it: the second changed none)
+    probe_imports(files, materialise(src, work / 'original'), tree, legacy_python, jobs or 2)
   # a changed file that was no legacy file must still parse
   other_changed = [n for n in changed if n not in files]
   other_bad = [n for n in other_changed
@@ -792,7 +840,15 @@ def tally(entry: dict) -> dict:
   parses = sum(f['output_parses'] for f in parsed) + \
       len(entry.get('other_files_changed', [])) - len(entry.get('other_outputs_unparsed', []))
   parse_den = n + len(entry.get('other_files_changed', []))
-  return {'legacy': len(entry['files']), 'parsed': n, 'unparsed_input': counts['unparsed_input'],
+  probed = [f['imports'] for f in parsed if f.get('imports')]
+  imports = {'probed': len(probed),
+             'old_ok': sum(o == 'ok' for o, _ in probed), 'new_ok': sum(w == 'ok' for _, w in probed),
+             'both_missing': sum(o.startswith('missing') and w.startswith('missing')
+                                 for o, w in probed),
+             'regressed': sum(o == 'ok' and w != 'ok' for o, w in probed),
+             'fixed': sum(o != 'ok' and w == 'ok' for o, w in probed)}
+  return {'imports': imports,
+          'legacy': len(entry['files']), 'parsed': n, 'unparsed_input': counts['unparsed_input'],
           **{o: counts[o] for o in OUTCOMES}, 'runnable': runnable, 'crashes': crashes,
           'residual_sites': sum(len(f['residual']) for f in parsed),
           'files_changed': entry['files_changed'], 'idempotent': idem, 'idempotent_of': idem_den,
@@ -865,6 +921,18 @@ def render(results: dict, meta: dict) -> str:
           '| done-when target | met | measured |', '|---|---|---|']
   out += [f'| {text} | {"yes" if ok else "**no**"} | {measured} |'
           for text, ok, measured in targets(total)]
+  i = total['imports']
+  if i['probed']:
+    out += ['', f'Import probe (`--import-probe`): each of the {i["probed"]} parsed legacy `.py` '
+            'modules imported in a fresh process from its tree\'s root, as written on the old '
+            'stack (flax 0.5.3) and as rewritten on this one:', '',
+            '| imports | modules |', '|---|---|',
+            f'| as written, on the old stack | {i["old_ok"]} |',
+            f'| as rewritten, on the modern stack | {i["new_ok"]} |',
+            f'| neither: a dependency missing on both stacks | {i["both_missing"]} |',
+            f'| **on the old stack only (a regression, or an API that died: listed below)** | '
+            f'{i["regressed"]} |',
+            f'| on the modern stack only | {i["fixed"]} |']
   return '\n'.join(out) + '\n'
 
 
@@ -885,6 +953,10 @@ def details(results: dict) -> str:
       else:
         why = ''
       out.append(f'- `{name}:{path}` {o}: {why}')
+    for path, f in sorted(entry['files'].items()):
+      if f.get('imports') and f['imports'][0] == 'ok' and f['imports'][1] != 'ok':
+        out.append(f'- `{name}:{path}` imports on the old stack, not rewritten on the modern '
+                   f'one: {f["imports"][1]}')
     for path in entry.get('second_run_changed', []):
       out.append(f'- `{name}:{path}` not idempotent (the second run changed it)')
     for path, msg in entry.get('other_errors', {}).items():
@@ -964,6 +1036,9 @@ def main(argv=None) -> int:
                       help=f'rewrite the generated part of this markdown file '
                            f'(default {RESULTS_MD.relative_to(ROOT)})')
   parser.add_argument('--keep', help='copy each rewritten tree and its report here')
+  parser.add_argument('--import-probe', action='store_true',
+                      help='also import each legacy module as written on the old stack (the '
+                           'legacy virtualenv, built if missing) and as rewritten on this one')
   parser.add_argument('--merge-tree', metavar='DIR',
                       help='copy the selected sources into DIR/<owner>+<name>/ and stop')
   parser.add_argument('--strict', action='store_true', help='exit 1 when a target is missed')
@@ -1010,11 +1085,16 @@ def main(argv=None) -> int:
   keep = pathlib.Path(args.keep) if args.keep else None
   if keep:
     keep.mkdir(parents=True, exist_ok=True)
+  legacy_python = None
+  if args.import_probe:
+    from equivalence_tests import legacy_env
+    legacy_python = str(legacy_env.ensure())
   results, failed = {}, []
   for r in repos:
     with tempfile.TemporaryDirectory(prefix='ecosystem-') as tmp:
       try:
-        entry = check_repo(r, srcs[r.repo], pathlib.Path(tmp), args.jobs, args.timeout, keep)
+        entry = check_repo(r, srcs[r.repo], pathlib.Path(tmp), args.jobs, args.timeout, keep,
+                           legacy_python)
       except EcosystemError as e:
         print(f'ecosystem: {r.repo}: {e}', file=sys.stderr)
         failed.append(r.repo)
@@ -1031,7 +1111,8 @@ def main(argv=None) -> int:
           'date': datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC'),
           'python': sys.version.split()[0],
           'command': 'python bench/ecosystem.py' + (f' --repos {args.repos}' if args.repos else '')
-                     + (f' --jobs {args.jobs}' if args.jobs else '')}
+                     + (f' --jobs {args.jobs}' if args.jobs else '')
+                     + (' --import-probe' if args.import_probe else '')}
   record = pathlib.Path(args.json)
   if args.diff:
     try:

@@ -329,3 +329,36 @@ def test_merge_tree_copies_sources_without_markers(tmp_path):
       ['o+a/pkg/m.py']
   assert eco.main(args) == 2  # o+a is there already: refused, nothing copied
   assert not (out / 'o+b').exists()
+
+
+def test_import_probe_statuses_and_counts(tmp_path):
+  """``--import-probe``'s per-module status (here both "stacks" are this interpreter), and the
+  counts: a module importing on the old stack only is a regression, listed in the details."""
+  (tmp_path / 'pkg').mkdir()
+  (tmp_path / 'pkg' / '__init__.py').write_text('')
+  (tmp_path / 'pkg' / 'good.py').write_text('import json\nX = json.dumps(1)\n')
+  (tmp_path / 'pkg' / 'needs.py').write_text('import no_such_dependency_xyz\n')
+  (tmp_path / 'pkg' / 'broken.py').write_text('from json import no_such_name\n')
+  (tmp_path / 'pkg' / 'uses_sibling.py').write_text('from pkg import good\nY = good.X\n')
+  status = {n: eco.import_status(sys.executable, tmp_path, f'pkg/{n}.py')
+            for n in ('good', 'needs', 'broken', 'uses_sibling')}
+  assert status['good'] == 'ok' and status['uses_sibling'] == 'ok'
+  assert status['needs'] == 'missing no_such_dependency_xyz'
+  assert status['broken'].startswith("error ImportError: cannot import name 'no_such_name'")
+  files = {f'pkg/{n}.py': eco.FileOutcome(f'pkg/{n}.py', 'converted').as_json()
+           for n in ('good', 'needs', 'broken')}
+  # the "original" tree: broken.py imports there, so its rewrite is a regression
+  original = tmp_path / 'original'
+  (original / 'pkg').mkdir(parents=True)
+  for name in ('__init__', 'good', 'needs'):
+    (original / 'pkg' / f'{name}.py').write_text((tmp_path / 'pkg' / f'{name}.py').read_text())
+  (original / 'pkg' / 'broken.py').write_text('from json import dumps\n')
+  eco.probe_imports(files, original, tmp_path, sys.executable, 2)
+  assert files['pkg/broken.py']['imports'][0] == 'ok'
+  entry = {'files': files, 'files_changed': 3, 'seconds': [1.0]}
+  assert eco.tally(entry)['imports'] == {'probed': 3, 'old_ok': 2, 'new_ok': 1,
+                                         'both_missing': 1, 'regressed': 1, 'fixed': 0}
+  assert '`r:pkg/broken.py` imports on the old stack, not rewritten on the modern one: error ' \
+      'ImportError' in eco.details({'r': entry})
+  rendered = eco.render({'r': {**entry, 'commit': 'c' * 40}}, {})
+  assert '| as rewritten, on the modern stack | 1 |' in rendered
