@@ -842,7 +842,8 @@ def tally(entry: dict) -> dict:
   parse_den = n + len(entry.get('other_files_changed', []))
   probed = [f['imports'] for f in parsed if f.get('imports')]
   imports = {'probed': len(probed),
-             'old_ok': sum(o == 'ok' for o, _ in probed), 'new_ok': sum(w == 'ok' for _, w in probed),
+             'old_ok': sum(o == 'ok' for o, _ in probed),
+             'new_ok': sum(w == 'ok' for _, w in probed),
              'both_missing': sum(o.startswith('missing') and w.startswith('missing')
                                  for o, w in probed),
              'regressed': sum(o == 'ok' and w != 'ok' for o, w in probed),
