@@ -141,7 +141,36 @@ class Queries:
         if name not in api.OPTIMIZER_OR_STATE_ATTRS and not name.startswith('_') and (
             b := self.n.binding(attr.value)) is not None:
           found.add(b)
+      found |= self._own_class_parameters()
       self._foreign_receivers = found
+    return found
+
+  def _own_class_parameters(self) -> set:
+    """Bindings of function parameters annotated with a class of this module that derives
+    from nothing naming an optimizer (``def loss(ex: Example)``, ``Example`` a dataclass with
+    a ``target`` field): its instances are no flax.optim Optimizers."""
+    module = self.analysis.module
+    classes = {c.name.value: c for c in module.body if isinstance(c, cst.ClassDef)}
+
+    def plain(name: str, seen=()) -> bool:
+      c = classes.get(name)
+      if c is None or name in seen:
+        return False
+      for base in c.bases:
+        code = module.code_for_node(base.value)
+        if isinstance(base.value, cst.Name) and base.value.value in classes:
+          if not plain(base.value.value, (*seen, name)):
+            return False
+        elif 'optim' in code.lower() or 'Optimizer' in code:
+          return False
+      return True
+    found = set()
+    if not classes:
+      return found
+    for param in m.findall(module, m.Param(annotation=m.Annotation(annotation=m.Name()))):
+      if plain(param.annotation.annotation.value) and (
+          b := self.n.binding(param.name)) is not None:
+        found.add(b)
     return found
 
   def pickles_converted(self) -> bool:
