@@ -7,7 +7,8 @@
     python bench/ecosystem.py --report-only --results   # the recorded run's tables, no run
 
 As ruff's ecosystem check: ``bench/ecosystem_repos.toml`` lists repositories (``repo``,
-``commit``, ``legacy_files``, ``why``). Their sources are never committed here; each is
+``commit``, ``legacy_files``, ``why``, optionally ``own_api``: the repository's own copy of
+the Optimizer API, whose users are no legacy files). Their sources are never committed here; each is
 taken from ``--source DIR/<owner>+<name>/`` (a local copy), else from the cache
 ``--cache DIR/<owner>+<name>/`` (default ``$OPTIM_MIGRATE_ECOSYSTEM_CACHE`` or
 ``/work/cache/ecosystem``), else, with ``--clone`` and a network, cloned into the cache at
@@ -116,6 +117,9 @@ class Repo:
   commit: str          # 40 hex digits
   legacy_files: int    # as counted when the row was added (a check of the source)
   why: str
+  #: modules of the repository holding its own copy of the Optimizer API (t5x.optimizers):
+  #: a file that never names flax.optim and imports one uses that copy, not flax.optim
+  own_api: tuple = ()
 
   @property
   def key(self) -> str:
@@ -159,7 +163,12 @@ def load_table(path: pathlib.Path = TABLE) -> list[Repo]:
     if row['repo'] in seen:
       raise EcosystemError(f'{where}: {row["repo"]} is listed twice')
     seen.add(row['repo'])
-    out.append(Repo(row['repo'], row['commit'], row['legacy_files'], str(row['why'])))
+    own = row.get('own_api', [])
+    if not isinstance(own, list) or not all(
+        isinstance(x, str) and re.fullmatch(r'\w+(\.\w+)*', x) for x in own):
+      raise EcosystemError(f'{where} ({row["repo"]}): own_api must be a list of module names')
+    out.append(Repo(row['repo'], row['commit'], row['legacy_files'], str(row['why']),
+                    tuple(own)))
   return out
 
 
@@ -590,14 +599,31 @@ def read_units(path: pathlib.Path, text: str):
     return None
 
 
-def is_legacy(path: pathlib.Path, text: str) -> bool:
+def imports_module(tree: ast.Module, modules: Iterable[str]) -> bool:
+  """``tree`` imports one of ``modules`` (``import a.b``, ``from a.b import x``, ``from a
+  import b``)."""
+  modules = set(modules)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import) and any(a.name in modules for a in node.names):
+      return True
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level and (
+        node.module in modules or any(f'{node.module}.{a.name}' in modules for a in node.names)):
+      return True
+  return False
+
+
+def is_legacy(path: pathlib.Path, text: str, own_api: Iterable[str] = ()) -> bool:
   """Whether a file's source uses flax.optim (see the module docstring); a file that does
   not parse counts when its text names ``flax.optim``, ``from flax import optim`` or
-  ``.apply_gradient(``."""
+  ``.apply_gradient(``. A file that never names flax.optim and imports one of ``own_api``
+  (the repository's own copy of the Optimizer API) uses that copy: not a legacy file."""
   units = read_units(path, text)
   if units is None:
     return bool(re.search(r'flax\.optim|from\s+flax\s+import\s+[^\n]*\boptim\b|'
                           r'\.apply_gradient\(', text))
+  if own_api and not any(flax_optim_bindings(t) for _, _, t in units) and any(
+      imports_module(t, own_api) for _, _, t in units):
+    return False
   return any(legacy_sites(c, s, t) for c, s, t in units)
 
 
@@ -776,7 +802,7 @@ def check_repo(repo: Repo, src: pathlib.Path, work: pathlib.Path, jobs: Optional
   report = work / 'report.json'
   names = [p.relative_to(tree).as_posix() for p in iter_python_files([str(tree)])]
   originals = {n: (tree / n).read_bytes().decode('utf-8', 'replace') for n in names}
-  legacy = [n for n in names if is_legacy(tree / n, originals[n])]
+  legacy = [n for n in names if is_legacy(tree / n, originals[n], repo.own_api)]
   before = snapshot(tree)
   first = run_codemod(tree, report, jobs, timeout)
   after = snapshot(tree)

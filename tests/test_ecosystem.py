@@ -362,3 +362,30 @@ def test_import_probe_statuses_and_counts(tmp_path):
       'ImportError' in eco.details({'r': entry})
   rendered = eco.render({'r': {**entry, 'commit': 'c' * 40}}, {})
   assert '| as rewritten, on the modern stack | 1 |' in rendered
+
+
+def test_users_of_a_repositorys_own_optimizer_api_are_no_legacy_files(tmp_path):
+  """t5x keeps a copy of flax.optim's Optimizer API in t5x/optimizers.py: a file importing it
+  and never naming flax.optim (`self.hyper_params`, `.param_states` of its own classes) is no
+  legacy file when the row names the module; the copy itself, importing flax.optim, is."""
+  user = ('from t5x import optimizers\n\n\nclass Adafactor(optimizers.OptimizerDef):\n'
+          '  def f(self):\n    return self.hyper_params.factored\n')
+  fork = 'from flax import optim\n\n\nclass OptimizerDef:\n  hyper_params = None\n'
+  mixed = 'from flax import optim\nfrom t5x import optimizers\nx = optimizers.sgd(0.1)\n' \
+      'y = opt.param_states\n'
+  path = tmp_path / 'a.py'
+  assert eco.is_legacy(path, user) and not eco.is_legacy(path, user, ('t5x.optimizers',))
+  assert eco.is_legacy(path, fork, ('t5x.optimizers',))
+  assert eco.is_legacy(path, mixed, ('t5x.optimizers',))
+  assert eco.is_legacy(path, user.replace('from t5x import optimizers',
+                                          'import t5x.optimizers as optimizers'))
+  assert not eco.is_legacy(path, user.replace('from t5x import optimizers',
+                                              'import t5x.optimizers as optimizers'),
+                           ('t5x.optimizers',))
+  table = tmp_path / 't.toml'
+  table.write_text('[[repo]]\nrepo = "a/b"\ncommit = "' + 'a' * 40 + '"\nlegacy_files = 1\n'
+                   'why = "x"\nown_api = ["t5x.optimizers"]\n')
+  assert eco.load_table(table)[0].own_api == ('t5x.optimizers',)
+  table.write_text(table.read_text().replace('["t5x.optimizers"]', '"t5x.optimizers"'))
+  with pytest.raises(eco.EcosystemError, match='own_api must be a list of module names'):
+    eco.load_table(table)
