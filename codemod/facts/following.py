@@ -336,7 +336,7 @@ def _follow_uncalled(n: Names) -> None:
   and which steps no flax.optim Optimizer (alpa's benchmarks each define
   ``compute_data_parallel_cost(optimizer, ...)`` and call none; ``benchmark_gpt_bert.py``
   already builds an Optax TrainState): a parameter named as an optimizer
-  (:data:`_OPTIMIZER_PARAM`) holds this file's kind of optimizer, a ``TrainState`` once rewritten, when it is used only for ``.target``
+  (:data:`_OPTIMIZER_PARAM`, not annotated) holds this file's kind of optimizer, a ``TrainState`` once rewritten, when it is used only for ``.target``
   and ``.apply_gradient(...)`` (which convert: were OM117); any other use (``.state``, a
   restore into it, passed on) proves nothing. Another module calling it is the flow's
   (:class:`codemod.flow.Step`)."""
@@ -350,6 +350,8 @@ def _follow_uncalled(n: Names) -> None:
       if (b is None or b in f.rebound or b in f.flow_vars
           or not _OPTIMIZER_PARAM.fullmatch(param.name.value)):
         continue
+      if param.annotation is not None:  # its annotation says what it holds (`opt: Tracked`, a
+        continue  # user Optimizer subclass kept on the shim; `optim.Optimizer`: the analyzer's)
       scope = n.scope(param.name)
       uses = [a.node for binding in (scope[param.name.value] if scope is not None else ())
               if getattr(binding, 'node', None) is param for a in binding.references]
