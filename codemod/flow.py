@@ -477,8 +477,8 @@ def _could_define(text: str) -> bool:
   (``TrainState``), or a class with fields annotated ``Optimizer``."""
   return (('return' in text and _TOP_DEF.search(text) is not None
            and (('create' in text and 'TrainState' in text) or legacy_api.may_need_rewrite(text)))
-          or (_FIELD_CLASS.search(text) is not None and legacy_api.may_need_rewrite(text))
-          or _MIGRATED_FIELD_CLASS.search(text) is not None
+          or (_field_class(text) and legacy_api.may_need_rewrite(text))
+          or _migrated_field_class(text)
           or (_user_def_class().search(text) is not None and legacy_api.may_need_rewrite(text))
           # a method returning a def (meliad's `AdamConfig.create_optimizer_def`)
           or (_returned_def().search(text) is not None and legacy_api.may_need_rewrite(text)))
@@ -491,11 +491,29 @@ def _user_def_class() -> re.Pattern:
   return re.compile(rf'^class[ \t]+\w+[ \t]*\([^)]*\b(?:{names})\b', re.M)
 
 
-#: ``class X...:`` and, later, a field annotated ``...Optimizer`` (a cheap prefilter).
-_FIELD_CLASS = re.compile(r'^class[ \t]+\w+[\s\S]*?^[ \t]+\w+[ \t]*:[^\n=]*Optimizer\b', re.M)
-#: The same with a field annotated ``...TrainState`` (a container migrated before this run).
-_MIGRATED_FIELD_CLASS = re.compile(
-    r'^class[ \t]+\w+[\s\S]*?^[ \t]+\w+[ \t]*:[^\n=]*\bTrainState\b', re.M)
+_CLASS_LINE = re.compile(r'^class[ \t]+\w+', re.M)
+_OPTIMIZER_FIELD = re.compile(r'^[ \t]+\w+[ \t]*:[^\n=]*Optimizer\b', re.M)
+_TRAIN_STATE_FIELD = re.compile(r'^[ \t]+\w+[ \t]*:[^\n=]*\bTrainState\b', re.M)
+
+
+def _after_a_class(text: str, word: str, field: re.Pattern) -> bool:
+  """``class X...`` and, on a later line, an indented field annotated with ``word`` (a cheap
+  prefilter, linear in the text: one search for the first class line, one for the field
+  after it; a lazy ``class[\\s\\S]*?field`` pattern was quadratic in a file of many classes)."""
+  if word not in text:
+    return False
+  first = _CLASS_LINE.search(text)
+  return first is not None and field.search(text, first.end()) is not None
+
+
+def _field_class(text: str) -> bool:
+  """A class with a field annotated ``...Optimizer`` may be declared in ``text``."""
+  return _after_a_class(text, 'Optimizer', _OPTIMIZER_FIELD)
+
+
+def _migrated_field_class(text: str) -> bool:
+  """The same with a field annotated ``...TrainState`` (a container migrated before this run)."""
+  return _after_a_class(text, 'TrainState', _TRAIN_STATE_FIELD)
 
 
 def upstream_def_factories(texts: Iterable[str]) -> dict[str, DefFactory]:
@@ -594,7 +612,7 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   # of them may read its fields (an evaluation script no module imports), and holds the
   # class when it keeps its legacy code (or the codemod fails on it)
   containers = {name.rsplit('.', 1)[-1] for path, names, _ in files
-                if texts.get(path) is not None and _FIELD_CLASS.search(texts[path]) is not None
+                if texts.get(path) is not None and _field_class(texts[path])
                 for name, _ in names}
   creators = [(path, names, shown) for path, names, shown in files
               if texts.get(path) is not None and names
@@ -603,7 +621,7 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
                    or (containers and _imports_any(texts[path], containers))
                    # a container class: a module handed its instances reads its fields
                    # without importing it (`state.optimizer.target` in a helper)
-                   or (_FIELD_CLASS.search(texts[path]) is not None
+                   or (_field_class(texts[path])
                        and legacy_api.may_need_rewrite(texts[path]))
                    # a def factory its own module calls (`def create_optimizer(): return
                    # optim.Adam(...)`, then `create_optimizer().create(p)` in a method)
