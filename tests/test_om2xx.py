@@ -601,6 +601,15 @@ PROGRAMS = {
         run = jax.jit(pe_at) if globals().get('OM2XX_JIT', True) else pe_at
         RESULT = [run(table, 2), run(table, 5)]
         ''', {'OM211'}, False),
+    'numpy_aliases': ('''
+        import jax.numpy as jnp
+        from jax.numpy import alltrue
+
+        x = jnp.arange(1.0, 5.0)
+        RESULT = {'product': jnp.product(x).tolist(), 'cumproduct': jnp.cumproduct(x).tolist(),
+                  'round': jnp.round_(x / 3, 2).tolist(), 'sometrue': bool(jnp.sometrue(x > 3)),
+                  'alltrue': bool(alltrue(x > 0)), 'builtin_all': all([1, 0])}
+        ''', {'OM215'}, False),
     'pil': ('''
         import jax.numpy as jnp
         import numpy as np

@@ -2,6 +2,7 @@
 from-imports bind (OM201 / OM204), and the module of a moved name."""
 from __future__ import annotations
 
+import builtins
 from typing import Optional
 
 import libcst as cst
@@ -104,8 +105,10 @@ class _Imports:
     if (new := _FROM_MOVES.get(qname)) is not None:
       local = alias.asname.name.value if alias.asname else _dotted_name(alias.name)
       new_module, new_name = new.rsplit('.', 1)
-      rename = None if (alias.asname or new_name == local or new_name in self.facts.bound) \
-          else new_name
+      # (a builtin's name is kept off: `from jax.numpy import alltrue` -> `all as alltrue`, so
+      # that the module's own `all(...)` stays the builtin)
+      rename = None if (alias.asname or new_name == local or new_name in self.facts.bound
+                        or hasattr(builtins, new_name)) else new_name
       rule = self._reference_rule(node, local, qname)
       api = _RENAMES.get(qname) or _RELOCATE[qname]
       shown = f'{new_name} as {local}' if (new_name != local and rename is None) else new_name

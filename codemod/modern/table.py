@@ -89,6 +89,9 @@ RULES = (
                       '`jax.process_count()` (renamed in jax 0.2.13)'),
     ('OM214', 'safe', '`flax.nn.relu` (and the other pre-Linen activations) -> `jax.nn.relu`, the '
                       'function flax.nn re-exported'),
+    ('OM215', 'safe', '`jnp.product` / `alltrue` / `sometrue` / `cumproduct` / `round_` -> '
+                      '`jnp.prod` / `all` / `any` / `cumprod` / `round` (NumPy\'s old aliases, '
+                      'the same functions; gone from jax.numpy after jax 0.4.13)'),
     ('OM221', 'manual', '`jax.mask` / `jax.shapecheck`: removed in jax 0.3.16, no replacement'),
     ('OM222', 'manual', '`nn.LSTMCell()` without `features`, static `initialize_carry`: carry '
                         'shapes need the hidden size'),
@@ -214,6 +217,22 @@ APIS: tuple[Api, ...] = (
           f'flax.nn.{n}(x)', f'{new}(x)',
           f'flax.nn is gone from flax 0.5.3 and today; {new} is on both stacks')
       for n, new in (*((a, f'jax.nn.{a}') for a in _NN_ACTIVATIONS), ('tanh', 'jax.numpy.tanh'))),
+    *(Api('OM215', 'rename', (f'jax.numpy.{old}',), f'jax.numpy.{new}',
+          f'`jnp.{old}` was an alias of `jnp.{new}` (NumPy\'s deprecated spelling)',
+          f'jnp.{old}(x)', f'jnp.{new}(x)',
+          f'jnp.{old} is in jax 0.4.13, gone in jax 0.10.2; jnp.{new} is on both')
+      for old, new in (('product', 'prod'), ('alltrue', 'all'), ('sometrue', 'any'),
+                       ('cumproduct', 'cumprod'), ('round_', 'round'))),
+    Api('OM224', 'flag', ('jax.lax.tie_in',), None,
+        'a no-op since omnistaging (jax 0.2.0): `tie_in(x, y)` returns `y`', 'lax.tie_in(x, y)',
+        'y', 'in jax 0.4.13, gone in jax 0.10.2',
+        extra='`{name}(x, y)` returns `y` since omnistaging (jax 0.2.0) and is gone from '
+              'today\'s jax: replace the call with its second argument'),
+    Api('OM224', 'flag', ('jax.xla_computation',), None,
+        'replaced by the ahead-of-time lowering API', 'jax.xla_computation(f)(x)',
+        'jax.jit(f).lower(x).compiler_ir()', 'in jax 0.4.13, gone in jax 0.10.2',
+        extra='`{name}` is gone from today\'s jax: lower with `jax.jit(f).lower(*args)` and read '
+              '`.as_text()` or `.compiler_ir()`'),
     Api('OM221', 'flag', ('jax.mask', 'jax.shapecheck'), None,
         'shape polymorphism by masking was removed with no replacement', '@jax.mask(...)',
         '(by hand)', 'removed in jax 0.3.16',
