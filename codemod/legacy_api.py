@@ -120,6 +120,14 @@ DYNAMIC_SCALE = frozenset({'DynamicScale', 'dynamic_scale'})
 RESTORES = {'flax.training.checkpoints.restore_checkpoint': (1, 'target'),
             'flax.serialization.from_state_dict': (0, 'target'),
             'flax.serialization.from_bytes': (0, 'target')}
+#: Readers returning a checkpoint's raw state dict (no target): ``restore_checkpoint(d)`` /
+#: ``(d, target=None)``, ``msgpack_restore(b)``. A flax.optim Optimizer's dict has the keys
+#: :data:`CHECKPOINT_LEGACY_KEYS`; a TrainState's has ``step``, ``params``, ``opt_state``.
+RAW_RESTORES = frozenset({'flax.training.checkpoints.restore_checkpoint',
+                          'flax.serialization.msgpack_restore'})
+#: Top-level keys of a flax.optim Optimizer's state dict (``raw['target']``,
+#: ``raw['state']['step']``): read on a raw restore, OM121 where the run saves TrainStates.
+CHECKPOINT_LEGACY_KEYS = frozenset({'target', 'state'})
 #: Checkpoint writers: ``{qualified name: (position, keyword) of the directory argument}``.
 #: Flax >= 0.7 writes with orbax, which rejects a relative directory.
 SAVES = {'flax.training.checkpoints.save_checkpoint': (0, 'ckpt_dir'),

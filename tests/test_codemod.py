@@ -1053,15 +1053,37 @@ def test_a_program_resumes_a_legacy_checkpoint_then_its_own(legacy_python, tmp_p
   trains and saves at step 6 (pmap on 2 devices, an apply-time rate); the migrated program
   resumes that legacy checkpoint to flax.optim's numbers; then, fresh, it saves its own and a
   second run resumes it, bitwise equal to its uninterrupted run."""
-  import numpy as np
   program = PROGRAMS / name
   result = engine.rewrite_source(program.read_text(), 'p.py')
   assert result.error is None and not result.manual, [f.message for f in result.manual]
   for expected in _RESUMING[name]:
     assert expected in result.new, expected
   assert '.target' not in result.new and 'flax.optim' not in result.new
+  _legacy_then_own(legacy_python, tmp_path, program, result.new)
+
+
+def test_a_raw_restore_read_by_legacy_keys_stays_on_the_shim_and_resumes(legacy_python, tmp_path):
+  """`raw = restore_checkpoint(workdir, target=None)` read as `raw['target']`,
+  `raw['state']['step']` (helper-25 D3): converted, the program's own checkpoints would be
+  TrainStates' and its second run a KeyError. OM121 keeps it on the shim (its saves keep the
+  legacy layout): it resumes real flax.optim's checkpoint, then its own, run after run."""
+  program = PROGRAMS / 'legacy_raw_checkpoint.py'
+  result = engine.rewrite_source(program.read_text(), 'p.py')
+  assert result.error is None
+  assert [(f.rule, f.line) for f in result.manual] == [('OM121', 46)]
+  assert "flax.optim's keys ('state', 'target', lines 49, 50)" in result.manual[0].message
+  assert 'optim_compat.install()' in result.new and "raw['target']" in result.new
+  assert 'train_state' not in result.new and 'optax' not in result.new
+  _legacy_then_own(legacy_python, tmp_path, program, result.new)
+
+
+def _legacy_then_own(legacy_python, tmp_path, program, migrated_source):
+  """Real flax.optim 0.5.3 runs ``program`` and saves at step 6; the migrated program resumes
+  that checkpoint (never modifying it) to flax.optim's numbers; then, fresh, it saves its own
+  and a second run resumes it, bitwise equal to its uninterrupted run."""
+  import numpy as np
   migrated = tmp_path / 'migrated.py'
-  migrated.write_text(result.new)
+  migrated.write_text(migrated_source)
   (tmp_path / 'runold.py').write_text(
       'import runpy, sys\n'
       f'sys.path.insert(0, {str(PROGRAMS / "lifecycle")!r})\n'

@@ -32,6 +32,9 @@ _HP_READ = m.Attribute(value=m.Attribute(attr=m.Name('hyper_params')))
 _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
 _TARGET_READ = m.Attribute(value=m.Name(), attr=m.Name('target'))
+#: ``x.get('key'[, default])``
+_GET_CALL = m.Call(func=m.Attribute(attr=m.Name('get')),
+                   args=[m.Arg(keyword=None, star=''), m.ZeroOrOne(m.Arg())])
 #: a flax.optim Optimizer member read on a name (``x.target``, ``x.apply_gradient``, ...)
 _MEMBER_READ = m.Attribute(value=m.Name(),
                            attr=m.OneOf(*map(m.Name, sorted(api.PICKLED_MEMBER_READS))))
@@ -911,6 +914,18 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if (failure := dynamic_import(self.n, node)) is not None:
       self.f.uses_legacy = True
       self.f.dynamic_imports[id(node)] = failure
+    if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index):
+      self._legacy_key_read(node.value, node.slice[0].slice.value, node)
+
+  def _legacy_key_read(self, value, key, node) -> None:
+    """``x['target']`` / ``x.get('state')``: recorded by what ``x`` is (a name's binding,
+    else the call itself) in ``Facts.legacy_key_reads``."""
+    if not (isinstance(key, cst.SimpleString) and key.evaluated_value in api.CHECKPOINT_LEGACY_KEYS):
+      return
+    owner = self.n.binding(value) if isinstance(value, cst.Name) else (
+        id(value) if isinstance(value, cst.Call) else None)
+    if owner is not None:
+      self.f.legacy_key_reads.setdefault(owner, []).append(node)
 
   def visit_Arg(self, node: cst.Arg) -> None:
     if self.n.is_def(node.value) and id(node) not in self._group_args | self._tx_args \
@@ -920,6 +935,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   def visit_Call(self, node: cst.Call) -> None:
     n, f = self.n, self.f
     f.call_funcs.add(id(node.func))
+    if m.matches(node, _GET_CALL):
+      self._legacy_key_read(node.func.value, node.args[0].value, node)
     if (failure := dynamic_import(n, node)) is not None:
       f.uses_legacy = True
       f.dynamic_imports[id(node)] = failure
@@ -1011,7 +1028,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       if isinstance(func.value, cst.Name) and (b := n.binding(func.value)) and \
           all(a.keyword is not None for a in node.args):
         f.opt_vars.add(b)  # flax.optim's own methods, as for apply_gradient
-    if n.qnames(func) & set(api.RESTORES):
+    if n.qnames(func) & (set(api.RESTORES) | api.RAW_RESTORES):
       f.restores.append(node)
     elif n.qnames(func) & set(api.SAVES):
       f.saves.append(node)

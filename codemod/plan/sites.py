@@ -67,6 +67,7 @@ CALL_CHAIN = (
     methods.leave_method,
     apply_gradient.leave_apply_problem,
     restores.leave_save,  # (also where the file keeps its legacy code: orbax's absolute path)
+    restores.leave_raw_restore,  # (also where it keeps its legacy code: what keeps it so)
     _stop_if_blocked,
     restores.leave_restore,
     apply_gradient.leave_apply,

@@ -11,10 +11,11 @@ references flax.optim, and uses no converted factory of another module, is
 from __future__ import annotations
 
 from codemod.rules import (references, apply_gradient, attributes, crossmodule, defs, imports,
-                           methods)
+                           methods, restores)
 
 #: The families whose findings may keep a file legacy.
-BLOCKING_FAMILIES = (imports, crossmodule, apply_gradient, references, defs, attributes, methods)
+BLOCKING_FAMILIES = (imports, crossmodule, apply_gradient, references, defs, attributes, methods,
+                     restores)
 
 
 def prepare(q) -> None:

@@ -386,8 +386,9 @@ MANUAL = (
                 "converted `.step` can be a Python int; use `jnp.asarray(<state>.step, "
                 'jnp.int32)`'),
     Rule('OM121', 'manual', family='attributes', summary=
-         'reflection on the legacy fields by name (`hasattr(opt, "target")`, `to_state_dict`), '
-         'and `pickle.dump` of an optimizer',
+         'reflection on the legacy fields by name (`hasattr(opt, "target")`, `to_state_dict`, '
+         "a checkpoint restored with no target and read as `raw['target']`), and `pickle.dump` "
+         'of an optimizer',
          why='No rule rewrites a field named in a string; on a TrainState `hasattr(x, '
              '"target")` is silently False, and its state dict has other keys. A TrainState '
              'holds its Optax transformation, whose closures pickle cannot serialize.',
@@ -404,8 +405,10 @@ MANUAL = (
                '  return hasattr(opt, "target")\n',
          readme="`serialization.to_state_dict(opt)` (a `TrainState`'s keys are `step`, `params`, "
                 '`opt_state`), `getattr` / `hasattr` / `setattr` / `delattr` naming a legacy '
-                "field (`hasattr(state, 'target')` would be silently False) and "
-                '`dataclasses.replace(opt, target=...)` on a converted optimizer'),
+                "field (`hasattr(state, 'target')` would be silently False), "
+                '`dataclasses.replace(opt, target=...)` on a converted optimizer, and '
+                "`raw = restore_checkpoint(d, target=None)` read as `raw['target']` / "
+                "`raw['state']` (the file stays on the shim, whose checkpoints keep those keys)"),
     Rule('OM122', 'manual', family='crossmodule', summary=
          'an optimizer use nothing proves: another module keeps its legacy code, or it comes '
          'from an unknown module, or the file never imports flax.optim',

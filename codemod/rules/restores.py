@@ -23,9 +23,12 @@ _OPTIMIZER_LOOKING = re.compile(r'opt|state', re.I)
 
 
 def _reader(q, call):
-  """``(qualified name, position, keyword)`` of the restore ``call`` makes."""
-  qname = sorted(q.n.qnames(call.func) & set(api.RESTORES))[0]
-  return (qname, *api.RESTORES[qname])
+  """``(qualified name, position, keyword)`` of the restore ``call`` makes (a raw reader:
+  ``(qualified name, None, None)``)."""
+  qnames = q.n.qnames(call.func)
+  if found := sorted(qnames & set(api.RESTORES)):
+    return (found[0], *api.RESTORES[found[0]])
+  return (sorted(qnames & api.RAW_RESTORES)[0], None, None)
 
 
 def _target(call, index, keyword):
@@ -41,7 +44,7 @@ def leave_restore(p, original) -> bool:
   if not any(original is c for c in q.f.restores):
     return False
   qname, index, keyword = _reader(q, original)
-  o_target = _target(original, index, keyword)
+  o_target = _target(original, index, keyword) if index is not None else None
   if o_target is None:
     return True
   short = qname.rsplit('.', 1)[1]
@@ -71,6 +74,55 @@ def leave_restore(p, original) -> bool:
                                             'restore_legacy: legacy checkpoints are converted, '
                                             'TrainState ones and fresh runs behave as before')],
         data={'reader': (qname, index, keyword)})
+  return True
+
+
+def legacy_key_reads(q, call) -> list:
+  """The reads of ``call``'s result (directly, or through the one name it is assigned to)
+  with flax.optim's checkpoint keys, where the file is not unproven; else ``[]``."""
+  if q.unproven or not q.f.legacy_key_reads:
+    return []
+  owners = [id(call)] + [q.n.binding(targets[0]) for targets, value in q.f.assignments
+                         if value is call and len(targets) == 1
+                         and isinstance(targets[0], cst.Name)]
+  return [r for o in owners for r in q.f.legacy_key_reads.get(o, ())]
+
+
+def _is_raw(q, call) -> bool:
+  qname, index, keyword = _reader(q, call)
+  target = _target(call, index, keyword) if index is not None else None
+  return qname in api.RAW_RESTORES and (
+      target is None or (isinstance(target, cst.Name) and target.value == 'None'))
+
+
+def blocks(q) -> bool:
+  """A raw restore read with flax.optim's keys keeps the file on the shim (OM121)."""
+  return any(_is_raw(q, c) and legacy_key_reads(q, c) for c in q.f.restores)
+
+
+def leave_raw_restore(p, original) -> bool:
+  """A checkpoint restored with no target, then read with a flax.optim Optimizer's keys
+  (``raw['target']``, ``raw['state']['step']``), in a file whose optimizers this run converts:
+  the checkpoints it writes from now on are TrainStates' (``step``, ``params``,
+  ``opt_state``), so that read fails with KeyError on the program's next run (OM121)."""
+  q = p.q
+  if not any(original is c for c in q.f.restores) or not _is_raw(q, original):
+    return False
+  reads = legacy_key_reads(q, original)
+  if not reads:
+    return True
+  qname = _reader(q, original)[0]
+  lines = sorted({q.n.pos(r)[0] for r in reads})
+  where = f'line{"s" if len(lines) > 1 else ""} {", ".join(map(str, lines))}'
+  keys = ', '.join(sorted({code(r.slice[0].slice.value) if isinstance(r, cst.Subscript)
+                           else code(r.args[0].value) for r in reads}))
+  p.flag(original, 'OM121', f'{qname.rsplit(".", 1)[1]} with no target returns the checkpoint\'s raw '
+                        f'dict, read with flax.optim\'s keys ({keys}, {where}): converted, this '
+                            'file\'s optimizers would write TrainState checkpoints (`step`, '
+                            '`params`, `opt_state`: a KeyError here on the next run), while the '
+                            'shim writes the legacy layout; to convert it, restore into the '
+                            'TrainState with optim_compat.checkpoint.restore_legacy(ckpt_dir, '
+                            'state), which reads both', blocks=True)
   return True
 
 
