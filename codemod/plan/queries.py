@@ -8,11 +8,16 @@ rates, the calls of other modules' step functions). It never changes the facts.
 """
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
 from codemod.names import attr_chain, kwargs, names_in_targets
+
+#: an imported class named like an optimizer or a train state (``MyOptimizer``, ``TrainState``)
+_OPTIMIZER_CLASS_LOOKING = re.compile(r'opt|state', re.I)
 
 
 def _params_of(value) -> bool:
@@ -126,8 +131,11 @@ class Queries:
         and value.func.attr.value in self.f.opt_factories and self.f.uses_legacy):
       return True  # `Trainer().make(p).target`: a method named like one of this file's that
       # return an optimizer (helper-24: read off the call, it was left with no TODO)
-    return self.maybe_optimizer(value) and not (
-        isinstance(value, cst.Name) and self.n.binding(value) in self.foreign_receivers())
+    return self.maybe_optimizer(value) and not self.foreign(value)
+
+  def foreign(self, value) -> bool:
+    """``value`` is a name in :meth:`foreign_receivers`."""
+    return isinstance(value, cst.Name) and self.n.binding(value) in self.foreign_receivers()
 
   def foreign_receivers(self) -> set:
     """Bindings of names also read for a member neither a flax.optim Optimizer nor a
@@ -148,9 +156,17 @@ class Queries:
   def _own_class_parameters(self) -> set:
     """Bindings of function parameters annotated with a class of this module that derives
     from nothing naming an optimizer (``def loss(ex: Example)``, ``Example`` a dataclass with
-    a ``target`` field): its instances are no flax.optim Optimizers."""
+    a ``target`` field), or with an imported class named like neither an optimizer nor a
+    state, from outside flax (``from data import Batch``): its instances are no flax.optim
+    Optimizers."""
     module = self.analysis.module
     classes = {c.name.value: c for c in module.body if isinstance(c, cst.ClassDef)}
+
+    def imported_plain(annotation) -> bool:
+      qnames = self.n.qnames(annotation)
+      return bool(qnames) and all(
+          '.' in q and not q.startswith(('flax.', 'optim_compat', 'builtins.'))
+          and _OPTIMIZER_CLASS_LOOKING.search(q.rsplit('.', 1)[1]) is None for q in qnames)
 
     def plain(name: str, seen=()) -> bool:
       c = classes.get(name)
@@ -165,11 +181,11 @@ class Queries:
           return False
       return True
     found = set()
-    if not classes:
-      return found
-    for param in m.findall(module, m.Param(annotation=m.Annotation(annotation=m.Name()))):
-      if plain(param.annotation.annotation.value) and (
-          b := self.n.binding(param.name)) is not None:
+    for param in m.findall(module, m.Param(annotation=m.Annotation(
+        annotation=m.Name() | m.Attribute()))):
+      annotation = param.annotation.annotation
+      if (plain(annotation.value) if isinstance(annotation, cst.Name) and annotation.value in
+          classes else imported_plain(annotation)) and (b := self.n.binding(param.name)) is not None:
         found.add(b)
     return found
 
