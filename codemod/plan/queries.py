@@ -63,6 +63,7 @@ class Queries:
     self.view_def = False          # (cache of codemod.rules.attributes.view_def; False: unset)
     self._container_receivers = None  # (cache of container_receivers)
     self._foreign_receivers = None  # (cache of foreign_receivers)
+    self._plain_annotated = None  # (cache of annotated_plain)
     self._pickles_converted = None  # (cache of pickles_converted)
 
   @property
@@ -152,6 +153,13 @@ class Queries:
       found |= self._own_class_parameters()
       self._foreign_receivers = found
     return found
+
+  def annotated_plain(self, value) -> bool:
+    """``value`` is a parameter annotated with a class that holds no optimizer
+    (:meth:`_own_class_parameters`)."""
+    if self._plain_annotated is None:
+      self._plain_annotated = self._own_class_parameters()
+    return isinstance(value, cst.Name) and self.n.binding(value) in self._plain_annotated
 
   def _own_class_parameters(self) -> set:
     """Bindings of function parameters annotated with a class of this module that derives

@@ -500,8 +500,8 @@ def named_member_message(q, attr: cst.Attribute) -> Optional[str]:
   found = named_member(attr)
   if found is None and q.field_replace(attr) and named_like_optimizer(attr.value):
     found = attr.value, 'replace(target=...)'
-  if found is None or not q.unproven:
-    return None
+  if found is None or not q.unproven or q.annotated_plain(found[0]):
+    return None  # (`opt_batch: Batch`: annotated with a plain class, no optimizer)
   recv, member = found
   flagged_as_local = (f.apply_calls and q.holds_local(recv)
                       and (member == 'target' or member.startswith('state.')))
