@@ -223,12 +223,12 @@ MANUAL = (
          before='from flax.optim import Adam\n\nx = 1\n',
          after='import optim_compat\n'
                'optim_compat.install()  # optim-migrate OM014: flax.optim is the shim on Flax >= 0.6\n'
-               '# TODO(optim-migrate): OM113: flax.optim is imported here (`from flax.optim import Adam`) but not used in this module: drop it from the import; if other modules import it from here (a re-export), migrate them first (flax >= 0.6 has no flax.optim; `optim-migrate run` supplies the shim meanwhile)\n'
+               '# TODO(optim-migrate): OM113: flax.optim is imported here (`from flax.optim import Adam`) but not used in this module: drop it from the import; if other modules import it from here (a re-export), migrate them first (meanwhile, the shim stands in for flax.optim here, OM014)\n'
                'from flax.optim import Adam\n'
                '\n'
                'x = 1\n',
          readme="a `flax.optim` import nothing in its module uses (maybe a re-export from a "
-                "package's `__init__.py`: kept, not deleted)"),
+                "package's `__init__.py`, or names listed in `__all__`: kept, not deleted)"),
     Rule('OM114', 'manual', family='defs', summary=
          'an optimizer def handed to other code (returned, passed, kept in an attribute or a container)',
          why='As an Optax transformation it would arrive there without `.create()`. ' + _KEPT,

@@ -124,11 +124,43 @@ def visit_import(p, node) -> None:
                           'from others, so nothing here is converted; import them by name, then '
                           'rerun', blocks=True)
   if f.only_imports and not dead_imports(p.q) and any(node is i for i in f.legacy_imports):
+    q = p.q
     excerpt = ' '.join(code(node).replace('(', ' ').replace(')', ' ').split())
+    meanwhile = ('meanwhile, the shim stands in for flax.optim here, OM014'
+                 if q.opts.shim_fallback and q.opts.fixable('OM014') else
+                 'flax >= 0.6 has no flax.optim; `optim-migrate run` supplies the shim meanwhile')
+    exported = sorted(set(_bound_names(node)) & _exported(q))
+    if exported:
+      p.flag(node, 'OM113', f'flax.optim names imported here (`{excerpt}`) are exported by '
+                            f'this module\'s `__all__` ({", ".join(exported)}), a re-export '
+                            'nothing in it uses: migrate the modules that import them from '
+                            f'here, then drop them ({meanwhile})')
+      return
     p.flag(node, 'OM113', f'flax.optim is imported here (`{excerpt}`) but not used in this '
                           'module: drop it from the import; if other modules import it from '
-                          'here (a re-export), migrate them first (flax >= 0.6 has no '
-                          'flax.optim; `optim-migrate run` supplies the shim meanwhile)')
+                          f'here (a re-export), migrate them first ({meanwhile})')
+
+
+def _bound_names(node):
+  """The names an import statement binds (``from flax.optim import Adam as A``: ``A``)."""
+  if isinstance(node.names, cst.ImportStar):
+    return []
+  return [code(a.asname.name) if a.asname else code(a.name).split('.')[0] for a in node.names]
+
+
+def _exported(q) -> set:
+  """The string items of the module's ``__all__ = [...]`` / ``(...)`` / ``+= [...]``."""
+  found = set()
+  for stmt in q.analysis.module.body:
+    for small in getattr(stmt, 'body', ()) if isinstance(stmt, cst.SimpleStatementLine) else ():
+      if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
+        targets = ([t.target for t in small.targets] if isinstance(small, cst.Assign)
+                   else [small.target])
+        if any(isinstance(t, cst.Name) and t.value == '__all__' for t in targets) and isinstance(
+            small.value, (cst.List, cst.Tuple)):
+          found.update(e.value.evaluated_value for e in small.value.elements
+                       if isinstance(e.value, cst.SimpleString))
+  return found
 
 
 def _dynamic_scale_moves(original: cst.ImportFrom):
