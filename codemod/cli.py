@@ -244,8 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
   from codemod import runner
   runner.add_arguments(p)
   p.set_defaults(func=cmd_rewrite)
-  p = sub.add_parser('run', help='run an unmodified legacy script with the shim installed')
-  p.add_argument('script', help='the legacy script, run as `python SCRIPT` runs it')
+  p = sub.add_parser('run', help='run an unmodified legacy script with the shim installed',
+                     usage='%(prog)s [-h] SCRIPT [ARGS ...]')
+  p.add_argument('script', metavar='SCRIPT',
+                 help='the legacy script, run as `python SCRIPT` runs it')
   p.add_argument('args', nargs=argparse.REMAINDER, metavar='ARGS',
                  help="the script's own arguments (optional; everything after SCRIPT)")
   p.set_defaults(func=cmd_run)

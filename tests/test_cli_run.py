@@ -90,3 +90,13 @@ def test_the_hint_names_the_module_that_failed_and_knows_unfreeze_of_a_dict(tmp_
   (tmp_path / 'attr.py').write_text("{'a': 1}.keys().nothing\n")  # another dict-ish error
   tool, python = _both(tmp_path, 'attr.py', tmp_path)
   assert tool.returncode == 1 and tool.stderr == python.stderr
+
+
+def test_the_usage_line_shows_the_script_arguments_optional(capsys):
+  """helper-25: argparse wrote `run [-h] script ...`, as if arguments were required."""
+  from codemod import cli
+  import pytest
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(['run', '--help'])
+  assert exit_.value.code == 0
+  assert capsys.readouterr().out.startswith('usage: optim-migrate run [-h] SCRIPT [ARGS ...]\n')
