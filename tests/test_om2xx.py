@@ -610,6 +610,28 @@ PROGRAMS = {
                   'round': jnp.round_(x / 3, 2).tolist(), 'sometrue': bool(jnp.sometrue(x > 3)),
                   'alltrue': bool(alltrue(x > 0)), 'builtin_all': all([1, 0])}
         ''', {'OM215'}, False),
+    'example_libraries': ('''
+        import jax
+        import jax.numpy as jnp
+        from jax.experimental import optimizers
+        from jax.experimental.stax import Dense, Tanh, serial
+        import jax.experimental.stax as stax
+
+        def make(key: jax.random.KeyArray):
+          init, apply = serial(Dense(3), Tanh, stax.Dense(1))
+          params = init(key, (2, 4))[1]  # (values the same on both stacks: not the key's bits)
+          return jax.tree_util.tree_map(
+              lambda p: jnp.linspace(-0.5, 0.5, p.size).reshape(p.shape), params), apply
+
+        params, apply = make(jax.random.PRNGKey(0))
+        opt_init, opt_update, get_params = optimizers.adam(1e-2)
+        state = opt_init(params)
+        x = jnp.linspace(-1.0, 1.0, 8).reshape(2, 4)
+        for i in range(3):
+          g = jax.grad(lambda p: jnp.sum(apply(p, x) ** 2))(get_params(state))
+          state = opt_update(i, g, state)
+        RESULT = {'params': get_params(state)}
+        ''', {'OM204', 'OM216'}, False),
     'pil': ('''
         import jax.numpy as jnp
         import numpy as np
@@ -667,6 +689,14 @@ _DOCUMENTED = {
         '''),
     # before omnistaging (jax < 0.2), jnp.array of Python values was concrete: run it eagerly
     'static_sizes': 'OM2XX_JIT = False\n',
+    # jax 0.2.25 moved jax.experimental.optimizers / stax to jax.example_libraries (the same
+    # modules); jax 0.4.13 has only the new place
+    'example_libraries': textwrap.dedent('''
+        import sys, jax.experimental, jax.example_libraries.optimizers, jax.example_libraries.stax
+        for _m in ('optimizers', 'stax'):
+          sys.modules['jax.experimental.' + _m] = getattr(jax.example_libraries, _m)
+          setattr(jax.experimental, _m, getattr(jax.example_libraries, _m))
+        '''),
 }
 #: The old stack has no flax.core.pop (flax >= 0.6.6); the modern one has no Pillow; a jax
 #: array has had no __array_interface__ since jax 0.4.1 (jax.Array), so no stack runs the

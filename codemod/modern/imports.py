@@ -39,6 +39,14 @@ class _Imports:
       return updated  # dropped with its line (leave_SimpleStatementLine)
     names = list(updated.names)
     for i, alias in enumerate(original.names):
+      moved = _RENAMES.get(_dotted_name(alias.name))
+      if moved is not None and moved.extra == 'module':
+        # `import jax.experimental.optimizers [as o]` -> `import jax.example_libraries....`
+        # (uses through `jax.` are renamed where they are read)
+        if self.decide(original, moved.rule, f'`import {_dotted_name(alias.name)}` -> '
+                       f'`import {moved.new}`: {moved.since}', ''):
+          names[i] = names[i].with_changes(name=_dotted(moved.new.split('.')))
+        continue
       if _dotted_name(alias.name) != 'jax.config':
         continue
       api = _RELOCATE['jax.config']
@@ -124,6 +132,12 @@ class _Imports:
     if original.relative or original.module is None or isinstance(original.names, cst.ImportStar):
       return updated, []
     module = _dotted_name(original.module)
+    if (api := _RENAMES.get(module)) is not None and api.extra == 'module':
+      # `from jax.experimental.optimizers import adam` -> `from jax.example_libraries....`
+      if self.decide(original, api.rule, f'`from {module} import ...` -> `from {api.new} '
+                     f'import ...`: {api.since}', ''):
+        return updated.with_changes(module=_dotted(api.new.split('.'))), []
+      return updated, []
     kept, moved = [], []
     for alias in original.names:
       plan = self._plan(original, alias)

@@ -94,9 +94,10 @@ class _References:
     text = f'`{old}` -> `{new}`: {api.since}'
     if rule != 'OM205':
       return text
-    return (f'`{old}` -> `{new}` outside an annotation: under jit a tracer is a `jax.Array` '
-            f'but was no `DeviceArray` before jax 0.4.1 (`isinstance` checks change); '
-            f'{api.since} ({_unsafe_why(rule)})')
+    differs = api.extra or ('under jit a tracer is a `jax.Array` but was no `DeviceArray` '
+                            'before jax 0.4.1 (`isinstance` checks change)')
+    return (f'`{old}` -> `{new}` outside an annotation: {differs}; {api.since} '
+            f'({_unsafe_why(rule)})')
 
   def _flag_reference(self, node) -> None:
     name = self.qname_in(node, _FLAGS)

@@ -65,9 +65,10 @@ RULES = (
     ('OM202', 'safe', '`jax.config.enable_omnistaging()` removed (omnistaging is always on)'),
     ('OM203', 'safe', '`from jax.config import config` -> `from jax import config`; '
                       '`import jax.config` -> `import jax`'),
-    ('OM204', 'safe', '`jnp.DeviceArray` in an annotation -> `jax.Array`'),
-    ('OM205', 'unsafe', '`jnp.DeviceArray` as a value (`isinstance`, ...) -> `jax.Array`: a tracer '
-                        'is a `jax.Array`, it was no `DeviceArray` before jax 0.4.1'),
+    ('OM204', 'safe', '`jnp.DeviceArray` / `jax.random.KeyArray` in an annotation -> `jax.Array`'),
+    ('OM205', 'unsafe', '`jnp.DeviceArray` / `jax.random.KeyArray` as a value (`isinstance`, ...) '
+                        '-> `jax.Array`: a tracer is a `jax.Array`, it was no `DeviceArray` before '
+                        'jax 0.4.1; a raw uint32 key is a `jax.Array` and was no `KeyArray`'),
     ('OM206', 'safe', '`jax.ops.index_update(x, jax.ops.index[i], y)` (and `index_add` / `_mul` / '
                       '`_min` / `_max`) -> `x.at[i].set(y)` (`add`, `multiply`, `min`, `max`)'),
     ('OM207', 'safe', '`v.pop(k)` / `v.unfreeze()` on what a Flax `init` returns (a dict since '
@@ -92,6 +93,8 @@ RULES = (
     ('OM215', 'safe', '`jnp.product` / `alltrue` / `sometrue` / `cumproduct` / `round_` -> '
                       '`jnp.prod` / `all` / `any` / `cumprod` / `round` (NumPy\'s old aliases, '
                       'the same functions; gone from jax.numpy after jax 0.4.13)'),
+    ('OM216', 'safe', '`jax.experimental.optimizers` / `stax` -> `jax.example_libraries.*` (moved '
+                      'in jax 0.2.25; the same modules, on both stacks)'),
     ('OM221', 'manual', '`jax.mask` / `jax.shapecheck`: removed in jax 0.3.16, no replacement'),
     ('OM222', 'manual', '`nn.LSTMCell()` without `features`, static `initialize_carry`: carry '
                         'shapes need the hidden size'),
@@ -121,7 +124,9 @@ class Api:
   after: str
   since: str
   words: tuple[tuple[str, ...], ...] = ()
-  #: for 'scatter': the ``.at[...]`` method; for 'flag': the TODO text
+  #: for 'scatter': the ``.at[...]`` method; for 'flag': the TODO text; for an OM204 'rename':
+  #: why the same name as a value (OM205) may differ; for a module 'rename': ``'module'`` (its
+  #: ``import old.module [as m]`` statements move too)
   extra: Optional[str] = None
 
 
@@ -164,6 +169,19 @@ APIS: tuple[Api, ...] = (
         'the array type is `jax.Array` (on jax 0.4.13 `jnp.DeviceArray is jax.Array`)',
         'x: jnp.DeviceArray', 'x: jax.Array',
         'deprecated in jax 0.4.7, removed in 0.4.14; jax.Array since 0.4.1'),
+    Api('OM204', 'rename', ('jax.random.KeyArray', 'jax.random.PRNGKeyArray'), 'jax.Array',
+        'the key type in an annotation is `jax.Array` (a raw uint32 key is one; a typed key '
+        'array is one since jax 0.4.16)',
+        'key: jax.random.KeyArray', 'key: jax.Array',
+        'deprecated in jax 0.4.16, gone in jax 0.10.2 (in 0.4.13 both are the typed-key class)',
+        extra='a raw uint32 key is a `jax.Array` but was no `KeyArray` (`isinstance` checks '
+              'change)'),
+    *(Api('OM216', 'rename', (f'jax.experimental.{mod}',), f'jax.example_libraries.{mod}',
+          f'`jax.experimental.{mod}` moved to `jax.example_libraries.{mod}` (the same module)',
+          f'from jax.experimental import {mod}', f'from jax.example_libraries import {mod}',
+          'moved in jax 0.2.25, gone from jax.experimental in jax 0.4.13 and today; '
+          'jax.example_libraries on both stacks', extra='module')
+      for mod in ('optimizers', 'stax')),
     *(Api('OM206', 'scatter', (f'jax.ops.{old}',), f'x.at[idx].{new}(y)',
           f'`jax.ops.{old}(x, idx, y)` was `x[idx] {op} y` out of place, as `x.at[idx].{new}(y)` is',
           f'jax.ops.{old}(x, jax.ops.index[1:], y)', f'x.at[1:].{new}(y)',
