@@ -290,6 +290,14 @@ def test_pop_is_proven_only_for_init_results_in_straight_line_code():
   result = _rewrite(proven)
   assert [(f.line, f.rule, f.fixed) for f in result.findings] == [(4, 'OM207', True),
                                                                    (8, 'OM208', False)]
+  # a Flax collection popped and its value named after it (efficientnet-jax's `model_state,
+  # params = variables.pop('params')` of another module's `create_model`): FrozenDict's
+  # `(rest, value)`; a pair under that key, or another key, is not proven
+  by_key = ('import flax\n\ndef f(v, w):\n  rest, params = v.pop("params")\n'
+            '  s, batch_stats = w.pop("batch_stats")\n  k, b = v.pop("params")\n'
+            '  r, cfg = v.pop("cfg")\n')
+  assert [(f.line, f.rule) for f in _rewrite(by_key).findings] == [
+      (4, 'OM207'), (5, 'OM207'), (6, 'OM208'), (7, 'OM208')]
   optax_init = 'import optax, flax\ntx = optax.adam(1e-3)\ns = tx.init(p)\na, b = s.pop("params")\n'
   assert [f.rule for f in _rewrite(optax_init).findings] == ['OM208']
   # a loop that rebinds the name after its use: not proven
@@ -318,7 +326,7 @@ def test_unsafe_fixes_apply_with_the_flag_and_flag_without():
   assert {f.rule for f in flagged.findings} == {'OM208'} and not any(f.fixed for f in flagged.findings)
   applied = _rewrite(source, unsafe_fixes=True)
   assert [f.fixed for f in applied.findings] == [True, True] and TODO_PREFIX not in applied.new
-  assert "rest, params = flax.core.pop(variables, 'params')" in applied.new
+  assert "rest, p = flax.core.pop(variables, 'params')" in applied.new
   assert 'params = flax.core.unfreeze(restored)' in applied.new
 
 
@@ -527,6 +535,31 @@ PROGRAMS = {
         plain['Dense_0']['bias'] = plain['Dense_0']['bias'] + 1
         RESULT = {'rest': sorted(variables), 'params': plain, 'type': type(plain).__name__}
         ''', {'OM207'}, False),
+    'frozendict_by_key': ('''
+        import types
+        import jax.numpy as jnp
+        # efficientnet-jax's shape: `model, variables = create_model(...)` of another module (one
+        # the rewrite does not see), then `model_state, params = variables.pop('params')`
+        models = types.ModuleType('models')
+        exec("""if True:
+          import jax, jax.numpy as jnp
+          from flax import linen as nn
+          class Net(nn.Module):
+            features: int
+            @nn.compact
+            def __call__(self, x):
+              x = nn.Dense(self.features, kernel_init=nn.initializers.ones)(x)
+              return nn.BatchNorm(use_running_average=False)(x)
+          def create_model(features):
+            model = Net(features)
+            return model, model.init(jax.random.PRNGKey(0), jnp.ones((2, 4)))
+          """, models.__dict__)
+
+        model, variables = models.create_model(features=3)
+        model_state, params = variables.pop('params')
+        y, _ = model.apply({'params': params, **model_state}, jnp.ones((2, 4)), mutable=['batch_stats'])
+        RESULT = {'rest': sorted(model_state), 'params': params, 'y': y}
+        ''', {'OM207'}, False),
     'frozendict_partial': ('''
         import functools
 
@@ -701,7 +734,7 @@ _DOCUMENTED = {
 #: The old stack has no flax.core.pop (flax >= 0.6.6); the modern one has no Pillow; a jax
 #: array has had no __array_interface__ since jax 0.4.1 (jax.Array), so no stack runs the
 #: PIL 'before': its reference is the image of a NumPy copy the program makes itself.
-_AFTER_NOT_ON_OLD = {'frozendict', 'frozendict_partial'}
+_AFTER_NOT_ON_OLD = {'frozendict', 'frozendict_partial', 'frozendict_by_key'}
 _NOT_ON_MODERN = {'pil'}
 _BEFORE_RUNS_NOWHERE = {'pil'}
 

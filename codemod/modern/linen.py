@@ -8,7 +8,7 @@ from libcst.metadata import ImportAssignment, ScopeProvider
 
 from codemod.modern.base import _CELLS, _DROPOUT, _FLAGS, _FROZEN, _MHA
 from codemod.modern.helpers import _EQ, _code, _dotted, _names, _returns, _unsafe_why
-from codemod.modern.table import FLAX_TREE_CALLS, FROZEN_DICT_TYPES
+from codemod.modern.table import FLAX_COLLECTIONS, FLAX_TREE_CALLS, FROZEN_DICT_TYPES
 
 
 class _Linen:
@@ -79,6 +79,7 @@ class _Linen:
   def _frozen(self, original: cst.Call, updated: cst.Call):
     attr = original.func.attr.value
     receiver = original.func.value
+    by_key = False
     if attr == 'pop':
       if not (len(original.args) == 1 and original.args[0].keyword is None
               and not original.args[0].star and self._unpacked_in_two(original)):
@@ -87,6 +88,8 @@ class _Linen:
       if not isinstance(key, (cst.SimpleString, cst.ConcatenatedString, cst.Name)):
         return updated
       proven = self.from_init(receiver)
+      by_key = not proven and self._named_after_key(original, key)
+      proven = proven or by_key
       if not proven and not (self.facts.imports_flax and isinstance(key, cst.SimpleString)):
         return updated
     elif attr == 'copy':  # `.copy({...})`: only a FrozenDict takes an argument there
@@ -108,6 +111,9 @@ class _Linen:
              f'`{_code(receiver)}.unfreeze()` -> `flax.core.unfreeze({_code(receiver)})`')
     why = ('`.copy({...})` is FrozenDict-only (`dict.copy` takes no argument); what Flax `init` '
            'returns is a dict since flax 0.7.1' if attr == 'copy' else
+           f'{_code(original.args[0].value)} is a Flax variable collection: unpacked in two, '
+           'this is FrozenDict\'s `(rest, value)`, and what Flax `init` returns is a dict since '
+           'flax 0.7.1' if by_key else
            'what Flax `init` returns is a dict since flax 0.7.1' if proven else
            f'if `{_code(receiver)}` is what a Flax `init` returns (a dict since flax 0.7.1); '
            f'`flax.core.{attr}` takes a FrozenDict too ({_unsafe_why("OM208")})')
@@ -122,6 +128,14 @@ class _Linen:
     args = [cst.Arg(updated.func.value)] + [cst.Arg(a.value) for a in updated.args]
     return cst.Call(func=_dotted([*_names(core), api.extra]), args=args,
                     lpar=updated.lpar, rpar=updated.rpar)
+
+  def _named_after_key(self, call: cst.Call, key) -> bool:
+    """``rest, params = v.pop('params')``: a Flax collection popped, its value named after
+    it (:data:`codemod.modern.table.FLAX_COLLECTIONS`), so FrozenDict's ``(rest, value)``."""
+    if not (isinstance(key, cst.SimpleString) and key.evaluated_value in FLAX_COLLECTIONS):
+      return False
+    second = self.facts.assign_of[id(call)].targets[0].target.elements[1].value
+    return isinstance(second, cst.Name) and second.value == key.evaluated_value
 
   def _unpacked_in_two(self, call: cst.Call) -> bool:
     parent = self.facts.assign_of.get(id(call))

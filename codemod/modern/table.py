@@ -130,6 +130,12 @@ class Api:
   extra: Optional[str] = None
 
 
+#: Flax's variable collections: ``rest, params = v.pop('params')``, the popped value named
+#: after its key, unpacks FrozenDict's ``(rest, value)`` (on a plain dict it would name the
+#: second item of the value as the whole value): OM207 rather than OM208. Other target names
+#: (``w, b = d.pop('params')``: a pair) stay OM208.
+FLAX_COLLECTIONS = frozenset({'params', 'batch_stats', 'cache', 'intermediates'})
+
 _TREE = ('tree_map', 'tree_leaves', 'tree_flatten', 'tree_unflatten', 'tree_structure',
          'tree_transpose', 'treedef_is_leaf')
 
@@ -194,7 +200,9 @@ APIS: tuple[Api, ...] = (
         "variables, params = variables.pop('params')",
         "variables, params = flax.core.pop(variables, 'params')",
         'flax.core.pop: flax >= 0.6.6 (not in 0.5.3)',
-        words=(('flax', '.pop(', 'init'), ('FrozenDict', '.pop(')),
+        words=(('flax', '.pop(', 'init'), ('FrozenDict', '.pop('),
+               ('flax', re.compile(r'\.pop\(\s*[\'"](?:' + '|'.join(sorted(FLAX_COLLECTIONS))
+                                   + r')[\'"]'))),
         extra='pop'),
     Api('OM207', 'frozendict', (), 'flax.core.unfreeze',
         '`init` returns a dict since flax 0.7.1, which has no `.unfreeze()`',
