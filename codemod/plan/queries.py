@@ -14,7 +14,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.names import attr_chain, kwargs, names_in_targets
+from codemod.names import attr_chain, code, kwargs, names_in_targets
 
 #: an imported class named like an optimizer or a train state (``MyOptimizer``, ``TrainState``)
 _OPTIMIZER_CLASS_LOOKING = re.compile(r'opt|state', re.I)
@@ -181,12 +181,12 @@ class Queries:
       if c is None or name in seen:
         return False
       for base in c.bases:
-        code = module.code_for_node(base.value)
         if isinstance(base.value, cst.Name) and base.value.value in classes:
           if not plain(base.value.value, (*seen, name)):
             return False
-        elif 'optim' in code.lower() or 'Optimizer' in code:
-          return False
+        elif any(q.startswith((api.LEGACY, 'optim_compat')) or 'optim' in q.lower()
+                 for q in self.n.qnames(base.value) or {code(base.value)}):
+          return False  # (flax.optim's classes and the shim's, or a class named like one)
       return True
     found = set()
     for param in m.findall(module, m.Param(annotation=m.Annotation(
