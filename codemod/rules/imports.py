@@ -149,17 +149,23 @@ def _bound_names(node):
 
 
 def _exported(q) -> set:
-  """The string items of the module's ``__all__ = [...]`` / ``(...)`` / ``+= [...]``."""
+  """The string items of the module's ``__all__ = [...]`` / ``(...)`` / ``+= [...]`` (read off
+  the text: the analysed module may be reduced to the statements the rules need)."""
+  text = q.analysis.text
+  if not _ALL.search(text):
+    return set()
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return set()
   found = set()
-  for stmt in q.analysis.module.body:
-    for small in getattr(stmt, 'body', ()) if isinstance(stmt, cst.SimpleStatementLine) else ():
-      if isinstance(small, (cst.Assign, cst.AugAssign, cst.AnnAssign)):
-        targets = ([t.target for t in small.targets] if isinstance(small, cst.Assign)
-                   else [small.target])
-        if any(isinstance(t, cst.Name) and t.value == '__all__' for t in targets) and isinstance(
-            small.value, (cst.List, cst.Tuple)):
-          found.update(e.value.evaluated_value for e in small.value.elements
-                       if isinstance(e.value, cst.SimpleString))
+  for stmt in tree.body:
+    targets = (stmt.targets if isinstance(stmt, ast.Assign) else
+               [stmt.target] if isinstance(stmt, (ast.AugAssign, ast.AnnAssign)) else [])
+    if any(isinstance(t, ast.Name) and t.id == '__all__' for t in targets) and isinstance(
+        stmt.value, (ast.List, ast.Tuple)):
+      found.update(e.value for e in stmt.value.elts
+                   if isinstance(e, ast.Constant) and isinstance(e.value, str))
   return found
 
 
