@@ -298,6 +298,10 @@ def test_pop_is_proven_only_for_init_results_in_straight_line_code():
             '  r, cfg = v.pop("cfg")\n')
   assert [(f.line, f.rule) for f in _rewrite(by_key).findings] == [
       (4, 'OM207'), (5, 'OM207'), (6, 'OM208'), (7, 'OM208')]
+  # t5x's `import flax.core` (its binding is named 'flax.core'): the crash was
+  # "CSTValidationError: Name 'flax.core' is not a valid identifier"
+  t5x = _rewrite(by_key.replace('import flax\n', 'import flax.core\n'))
+  assert 'rest, params = flax.core.pop(v, "params")' in t5x.new
   optax_init = 'import optax, flax\ntx = optax.adam(1e-3)\ns = tx.init(p)\na, b = s.pop("params")\n'
   assert [f.rule for f in _rewrite(optax_init).findings] == ['OM208']
   # a loop that rebinds the name after its use: not proven

@@ -179,8 +179,8 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
               rest = module[len(q.name):].lstrip('.').split('.') if module != q.name else []
               if best is None or len(rest) < len(best[1]):
                 best = (a.name, rest)
-      if best is not None:
-        return _dotted([best[0], *best[1]])
+      if best is not None:  # (`import flax.core` binds the name 'flax.core': two parts)
+        return _dotted([*best[0].split('.'), *best[1]])
     add = _ADDABLE.get(module)
     if add is None:
       parent = module.rsplit('.', 1)[0] if '.' in module else None

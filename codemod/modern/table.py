@@ -134,7 +134,7 @@ class Api:
 #: after its key, unpacks FrozenDict's ``(rest, value)`` (on a plain dict it would name the
 #: second item of the value as the whole value): OM207 rather than OM208. Other target names
 #: (``w, b = d.pop('params')``: a pair) stay OM208.
-FLAX_COLLECTIONS = frozenset({'params', 'batch_stats', 'cache', 'intermediates'})
+FLAX_COLLECTIONS = frozenset({'params', 'batch_stats', 'cache', 'intermediates', 'params_axes'})
 
 _TREE = ('tree_map', 'tree_leaves', 'tree_flatten', 'tree_unflatten', 'tree_structure',
          'tree_transpose', 'treedef_is_leaf')
