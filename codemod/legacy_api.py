@@ -263,6 +263,10 @@ _APPLY_GRADIENT = re.compile(r'\.\s*apply_gradient\b')
 _NAMED_MEMBER = re.compile(
     r'opt\w*\s*\.\s*(?:target|optimizer_def|state\s*\.\s*(?:step|param_states))\b'
     r'|opt\w*\s*\.\s*replace\s*\(\s*(?:target|state|optimizer_def)\s*=', re.I)
+#: ... and on a raw checkpoint restore read with flax.optim's keys (``raw['target']``, OM121).
+_LEGACY_KEY_READ = re.compile(
+    r'''\[\s*['"](?:KEYS)['"]\s*\]|\.get\(\s*['"](?:KEYS)['"]'''.replace(
+        'KEYS', '|'.join(sorted(CHECKPOINT_LEGACY_KEYS))))
 #: ... and on ``get_optimizer(config).create(p)`` (a call named like a def's maker).
 _CALL_CREATE = re.compile(r'\)\s*\.\s*create\s*\(')
 OPTIM_WORD = re.compile(r'optim', re.I)  # (also the analyzer's def-maker call names)
@@ -303,7 +307,8 @@ def may_need_rewrite(text: str) -> bool:
   ``codemod.shim_imports``) except the flags in files that never import it: on
   ``.apply_gradient``, on ``optimizer_def.create(...)`` and ``get_optimizer(c).create(...)``,
   and on ``.target`` / ``.state.step`` / ``.optimizer_def`` / ``.replace(target=...)`` of a
-  value named like an optimizer. So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
+  value named like an optimizer, and on a raw checkpoint read with flax.optim's keys
+  (``restore_checkpoint(d, None)['target']``). So ``torch.optim``, ``optimizer = optax.adam(...)``, a comment saying
   "optim" beside ``import flax``, or another library's ``.target`` alone do not cost a parse.
   """
   if 'apply_gradient' in text and _APPLY_GRADIENT.search(text) is not None:
@@ -313,6 +318,9 @@ def may_need_rewrite(text: str) -> bool:
   if 'opt' in text and _NAMED_MEMBER.search(text) is not None:
     return True
   if 'create' in text and _CALL_CREATE.search(text) is not None and OPTIM_WORD.search(text):
+    return True
+  if ('restore_checkpoint' in text or 'msgpack_restore' in text) and \
+      _LEGACY_KEY_READ.search(text) is not None:
     return True
   from codemod import shim_imports
   return references_flax_optim(text) or shim_imports.may_hold(text)

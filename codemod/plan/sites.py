@@ -62,12 +62,12 @@ CALL_CHAIN = (
     crossmodule.leave_unproven_apply,
     crossmodule.leave_tree_field_replace,
     crossmodule.leave_def_create,
+    restores.leave_raw_restore,  # (also in a file with nothing to convert: flagged only)
     _stop_if_unproven,
     apply_gradient.leave_optimize_lr,
     methods.leave_method,
     apply_gradient.leave_apply_problem,
     restores.leave_save,  # (also where the file keeps its legacy code: orbax's absolute path)
-    restores.leave_raw_restore,  # (also where it keeps its legacy code: what keeps it so)
     _stop_if_blocked,
     restores.leave_restore,
     apply_gradient.leave_apply,

@@ -79,8 +79,8 @@ def leave_restore(p, original) -> bool:
 
 def legacy_key_reads(q, call) -> list:
   """The reads of ``call``'s result (directly, or through the one name it is assigned to)
-  with flax.optim's checkpoint keys, where the file is not unproven; else ``[]``."""
-  if q.unproven or not q.f.legacy_key_reads:
+  with flax.optim's checkpoint keys."""
+  if not q.f.legacy_key_reads:
     return []
   owners = [id(call)] + [q.n.binding(targets[0]) for targets, value in q.f.assignments
                          if value is call and len(targets) == 1
@@ -97,14 +97,16 @@ def _is_raw(q, call) -> bool:
 
 def blocks(q) -> bool:
   """A raw restore read with flax.optim's keys keeps the file on the shim (OM121)."""
-  return any(_is_raw(q, c) and legacy_key_reads(q, c) for c in q.f.restores)
+  return not q.unproven and any(_is_raw(q, c) and legacy_key_reads(q, c) for c in q.f.restores)
 
 
 def leave_raw_restore(p, original) -> bool:
   """A checkpoint restored with no target, then read with a flax.optim Optimizer's keys
   (``raw['target']``, ``raw['state']['step']``), in a file whose optimizers this run converts:
   the checkpoints it writes from now on are TrainStates' (``step``, ``params``,
-  ``opt_state``), so that read fails with KeyError on the program's next run (OM121)."""
+  ``opt_state``), so that read fails with KeyError on the program's next run (OM121, the file
+  stays on the shim). In a file with nothing to convert (an evaluation script of a trainer the
+  run may convert) the read is flagged."""
   q = p.q
   if not any(original is c for c in q.f.restores) or not _is_raw(q, original):
     return False
@@ -112,12 +114,20 @@ def leave_raw_restore(p, original) -> bool:
   if not reads:
     return True
   qname = _reader(q, original)[0]
-  lines = sorted({q.n.pos(r)[0] for r in reads})
-  where = f'line{"s" if len(lines) > 1 else ""} {", ".join(map(str, lines))}'
   keys = ', '.join(sorted({code(r.slice[0].slice.value) if isinstance(r, cst.Subscript)
                            else code(r.args[0].value) for r in reads}))
-  p.flag(original, 'OM121', f'{qname.rsplit(".", 1)[1]} with no target returns the checkpoint\'s raw '
-                        f'dict, read with flax.optim\'s keys ({keys}, {where}): converted, this '
+  if q.unproven:
+    # (an evaluation script of a trainer the run converts: helper-27's eval_raw.py)
+    p.flag(original, 'OM121', f'{qname.rsplit(".", 1)[1]} with no target returns the '
+                              f'checkpoint\'s raw dict, read with flax.optim\'s keys ({keys}): '
+                              'a checkpoint written by a TrainState (what the code '
+                              'that saves it becomes once migrated) holds `step`, `params`, '
+                              '`opt_state` instead (a KeyError here): read both layouts\' keys, '
+                              'or restore into a TrainState with optim_compat.checkpoint.'
+                              'restore_legacy(ckpt_dir, state), which reads both')
+    return True
+  p.flag(original, 'OM121', f'{qname.rsplit(".", 1)[1]} with no target returns the checkpoint\'s '
+                            f'raw dict, read with flax.optim\'s keys ({keys}): converted, this '
                             'file\'s optimizers would write TrainState checkpoints (`step`, '
                             '`params`, `opt_state`: a KeyError here on the next run), while the '
                             'shim writes the legacy layout; to convert it, restore into the '
