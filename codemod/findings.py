@@ -95,6 +95,19 @@ def kind(applied: bool, safety: str) -> str:
   return 'fixed' if applied else ('unsafe' if safety == 'unsafe' else 'manual')
 
 
+#: Above this many lines, difflib's popularity heuristic (``autojunk``) is on: without it a
+#: file of many repeated blocks (helper-27: 400 copies of one function, 220 KB) took 61 s to
+#: match, with it 0.5 s, to the same positions; smaller files keep the exact matching.
+EXACT_MATCH_LINES = 2000
+
+
+def line_opcodes(a: list, b: list) -> list:
+  """``difflib.SequenceMatcher(None, a, b).get_opcodes()`` of two lists of lines
+  (:data:`EXACT_MATCH_LINES`)."""
+  return difflib.SequenceMatcher(None, a, b,
+                                 autojunk=len(a) > EXACT_MATCH_LINES).get_opcodes()
+
+
 def line_map(before: str, after: str) -> Callable[[int], int]:
   """``where(line)``: the 1-based line of ``after`` that holds line ``line`` of ``before``
   (``difflib``'s matching blocks of lines). A line the rewrite kept (a flagged statement
@@ -104,7 +117,7 @@ def line_map(before: str, after: str) -> Callable[[int], int]:
   to the line that follows the deletion. Out-of-range lines are clamped to ``after``'s
   lines."""
   a, b = before.splitlines(), after.splitlines()
-  ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+  ops = line_opcodes(a, b)
   last = max(len(b), 1)
 
   def where(line: int) -> int:

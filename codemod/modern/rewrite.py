@@ -21,7 +21,6 @@ calls by the kind of their table entry.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Optional
 
 import libcst as cst
@@ -30,7 +29,7 @@ from libcst.codemod.visitors import AddImportsVisitor, RemoveImportsVisitor
 
 from codemod import import_scope
 from codemod.rules import Options
-from codemod.findings import Finding
+from codemod.findings import Finding, line_opcodes
 from codemod.sources import parse
 from codemod.modern.base import _DROP, _FROZEN, _GROUPS, _PIL, _SCATTER, _STATIC, _Base
 from codemod.modern import table
@@ -133,7 +132,7 @@ def _line_map(current: str, original: str):
   lines exactly; a changed or inserted line -> the original line it replaced or follows)."""
   a, b = original.splitlines(), current.splitlines()
   mapping: dict[int, int] = {}
-  for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+  for tag, i1, i2, j1, j2 in line_opcodes(a, b):
     for k, j in enumerate(range(j1, j2)):
       if tag == 'equal':
         mapping[j + 1] = i1 + k + 1
