@@ -167,3 +167,11 @@ def test_every_fixture_with_calls_split_over_lines(case):
 ])
 def test_mutants_that_longer_runs_found(case, names, seed):
   check_mutant(case, names, seed)
+
+
+def test_a_run_that_adds_import_flax_flags_the_unproven_pops_the_first_time():
+  """Found by this fuzz in CI: `params` renamed in a JAX file that never imports flax; the
+  proven pop's fix (OM207) added `import flax`, and only the second run flagged the other,
+  unproven pop (OM208): not idempotent. A JAX file's unproven pops are flagged from the
+  first run, as its `.unfreeze()` calls are."""
+  check_mutant('om2xx_frozendict_documented_no_flax_import', ['rename'], 1)

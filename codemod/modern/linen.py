@@ -90,8 +90,10 @@ class _Linen:
       proven = self.from_init(receiver)
       by_key = not proven and self._named_after_key(original, key)
       proven = proven or by_key
-      if not proven and not (self.facts.imports_flax and isinstance(key, cst.SimpleString)):
-        return updated
+      if not proven and not ((self.facts.imports_flax or self.facts.imports_jax)
+                             and isinstance(key, cst.SimpleString)):
+        return updated  # (a JAX file without flax still flags, as `.unfreeze()` does: a run
+        # that adds `import flax` for a proven pop must not flag the others only the next time)
     elif attr == 'copy':  # `.copy({...})`: only a FrozenDict takes an argument there
       if not (len(original.args) == 1 and original.args[0].keyword is None
               and not original.args[0].star and isinstance(original.args[0].value, cst.Dict)
