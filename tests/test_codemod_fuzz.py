@@ -175,3 +175,11 @@ def test_a_run_that_adds_import_flax_flags_the_unproven_pops_the_first_time():
   unproven pop (OM208): not idempotent. A JAX file's unproven pops are flagged from the
   first run, as its `.unfreeze()` calls are."""
   check_mutant('om2xx_frozendict_documented_no_flax_import', ['rename'], 1)
+
+
+def test_an_optimizer_also_read_for_an_unknown_member_keeps_its_om117():
+  """Found by this fuzz in CI (a silent fault of this stop's D4 change): `state` renamed, so
+  `optimizer.renamed_4.step` made `optimizer` a name read for a member no Optimizer has, and
+  its `.target` (a TrainState after the rewrite) was left with no TODO. Only a parameter
+  annotated with a plain class is spared the flag."""
+  check_mutant('train_state_bound', ['wrap_values', 'rename'], 201)

@@ -264,7 +264,8 @@ def leave_rename(p, original) -> None:
       p.flag(original, 'OM120', '`.step` is a Python int on a TrainState fresh from '
                                 'TrainState.create or stepped outside jit (legacy: an int32 '
                                 'array): use jnp.asarray(<state>.step, jnp.int32) here')
-  elif q.maybe_read_as_optimizer(recv) or (named_like_optimizer(recv) and not q.foreign(recv)):
+  elif q.maybe_read_as_optimizer(recv) or (named_like_optimizer(recv)
+                                            and not q.annotated_plain(recv)):
     # (named like one: `state.optimizer` of a container nothing here follows, say one a
     # notebook builds from another module's class)
     p.flag(original, 'OM117', f'if `{code(recv)}` is a flax.optim Optimizer, '
