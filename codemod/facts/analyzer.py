@@ -925,7 +925,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     owner = self.n.binding(value) if isinstance(value, cst.Name) else (
         id(value) if isinstance(value, cst.Call) else None)
     if owner is not None:
-      self.f.legacy_key_reads.setdefault(owner, []).append(node)
+      self.f.legacy_key_reads.setdefault(owner, []).append((node, code(key)))
 
   def visit_Arg(self, node: cst.Arg) -> None:
     if self.n.is_def(node.value) and id(node) not in self._group_args | self._tx_args \
@@ -935,7 +935,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   def visit_Call(self, node: cst.Call) -> None:
     n, f = self.n, self.f
     f.call_funcs.add(id(node.func))
-    if m.matches(node, _GET_CALL):
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == 'get' and \
+        m.matches(node, _GET_CALL):
       self._legacy_key_read(node.func.value, node.args[0].value, node)
     if (failure := dynamic_import(n, node)) is not None:
       f.uses_legacy = True

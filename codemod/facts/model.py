@@ -114,8 +114,9 @@ class Facts:
   grad_assigns: set = _field(set)     # ids of `a, b = opt.compute_gradient(f)`
   method_calls: dict = _field()       # id(call) -> `.replicate()` / `.unreplicate()` call
   restores: list = _field(list)       # checkpoint restore calls (legacy_api.RESTORES, RAW_RESTORES)
-  #: binding, or id(call), -> ``x['target']`` / ``x['state']`` / ``x.get('target')`` reads of
-  #: it (legacy_api.CHECKPOINT_LEGACY_KEYS): a raw restore read with the legacy keys (OM121)
+  #: binding, or id(call), -> ``(read, key as written)`` of each ``x['target']`` /
+  #: ``x['state']`` / ``x.get('target')`` of it (legacy_api.CHECKPOINT_LEGACY_KEYS): a raw
+  #: restore read with the legacy keys (OM121)
   legacy_key_reads: dict = _field()
   saves: list = _field(list)          # checkpoint save calls (legacy_api.SAVES)
   legacy_attrs: list = _field(list)   # opt.optimizer_def, opt.state, opt.replicate...

@@ -38,6 +38,8 @@ _PIL = table.by_kind('pil')
 _FROZEN = {a.extra: a for a in table.APIS if a.kind == 'frozendict'}
 _CELLS = {q for q, a in _FLAGS.items() if a.rule == 'OM222'}
 _DICT_KEYS = next(a for a in table.APIS if a.kind == 'dict_keys')
+#: moved modules (``jax.experimental.optimizers``): their import statements move too
+_MODULE_MOVES = {q: a for q, a in _RENAMES.items() if a.extra == 'module'}
 #: names a from-import may bind that a relocation renames to (the old qname -> new qname)
 _FROM_MOVES = {**{q: a.new for q, a in _RENAMES.items()},
                **{q: a.new for q, a in _RELOCATE.items() if q != 'jax.config'}}

@@ -8,7 +8,7 @@ from typing import Optional
 import libcst as cst
 from libcst.metadata import ScopeProvider
 
-from codemod.modern.base import _FROM_MOVES, _RELOCATE, _RENAMES
+from codemod.modern.base import _FROM_MOVES, _MODULE_MOVES, _RELOCATE, _RENAMES
 from codemod.modern.helpers import _dotted, _dotted_name, _fix_semicolons, _unsafe_why
 
 
@@ -39,8 +39,8 @@ class _Imports:
       return updated  # dropped with its line (leave_SimpleStatementLine)
     names = list(updated.names)
     for i, alias in enumerate(original.names):
-      moved = _RENAMES.get(_dotted_name(alias.name))
-      if moved is not None and moved.extra == 'module':
+      moved = _MODULE_MOVES.get(_dotted_name(alias.name))
+      if moved is not None:
         # `import jax.experimental.optimizers [as o]` -> `import jax.example_libraries....`
         # (uses through `jax.` are renamed where they are read)
         if self.decide(original, moved.rule, f'`import {_dotted_name(alias.name)}` -> '
@@ -132,7 +132,7 @@ class _Imports:
     if original.relative or original.module is None or isinstance(original.names, cst.ImportStar):
       return updated, []
     module = _dotted_name(original.module)
-    if (api := _RENAMES.get(module)) is not None and api.extra == 'module':
+    if (api := _MODULE_MOVES.get(module)) is not None:
       # `from jax.experimental.optimizers import adam` -> `from jax.example_libraries....`
       if self.decide(original, api.rule, f'`from {module} import ...` -> `from {api.new} '
                      f'import ...`: {api.since}', ''):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import io
 import re
 import tokenize
@@ -148,16 +149,21 @@ def _bound_names(node):
   return [code(a.asname.name) if a.asname else code(a.name).split('.')[0] for a in node.names]
 
 
-def _exported(q) -> set:
+def _exported(q) -> frozenset:
   """The string items of the module's ``__all__ = [...]`` / ``(...)`` / ``+= [...]`` (read off
   the text: the analysed module may be reduced to the statements the rules need)."""
-  text = q.analysis.text
+  return _all_items(q.analysis.text)
+
+
+@functools.lru_cache(maxsize=4)
+def _all_items(text: str) -> frozenset:
+  """:func:`_exported` of ``text`` (once per text, not once per import flagged)."""
   if not _ALL.search(text):
-    return set()
+    return frozenset()
   try:
     tree = ast.parse(text)
   except (SyntaxError, ValueError, RecursionError, MemoryError):
-    return set()
+    return frozenset()
   found = set()
   for stmt in tree.body:
     targets = (stmt.targets if isinstance(stmt, ast.Assign) else
@@ -166,7 +172,7 @@ def _exported(q) -> set:
         stmt.value, (ast.List, ast.Tuple)):
       found.update(e.value for e in stmt.value.elts
                    if isinstance(e, ast.Constant) and isinstance(e.value, str))
-  return found
+  return frozenset(found)
 
 
 def _dynamic_scale_moves(original: cst.ImportFrom):

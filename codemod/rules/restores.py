@@ -85,7 +85,7 @@ def legacy_key_reads(q, call) -> list:
   owners = [id(call)] + [q.n.binding(targets[0]) for targets, value in q.f.assignments
                          if value is call and len(targets) == 1
                          and isinstance(targets[0], cst.Name)]
-  return [r for o in owners for r in q.f.legacy_key_reads.get(o, ())]
+  return [read for o in owners for read in q.f.legacy_key_reads.get(o, ())]
 
 
 def _is_raw(q, call) -> bool:
@@ -113,26 +113,22 @@ def leave_raw_restore(p, original) -> bool:
   reads = legacy_key_reads(q, original)
   if not reads:
     return True
-  qname = _reader(q, original)[0]
-  keys = ', '.join(sorted({code(r.slice[0].slice.value) if isinstance(r, cst.Subscript)
-                           else code(r.args[0].value) for r in reads}))
+  keys = ', '.join(sorted({key for _, key in reads}))
+  head = (f'{_reader(q, original)[0].rsplit(".", 1)[1]} with no target returns the '
+          f'checkpoint\'s raw dict, read with flax.optim\'s keys ({keys}): ')
+  restore = ('restore into the TrainState with optim_compat.checkpoint.restore_legacy(ckpt_dir, '
+             'state), which reads both')
   if q.unproven:
     # (an evaluation script of a trainer the run converts: helper-27's eval_raw.py)
-    p.flag(original, 'OM121', f'{qname.rsplit(".", 1)[1]} with no target returns the '
-                              f'checkpoint\'s raw dict, read with flax.optim\'s keys ({keys}): '
-                              'a checkpoint written by a TrainState (what the code '
-                              'that saves it becomes once migrated) holds `step`, `params`, '
+    p.flag(original, 'OM121', head + 'a checkpoint written by a TrainState (what the code that '
+                              'saves it becomes once migrated) holds `step`, `params`, '
                               '`opt_state` instead (a KeyError here): read both layouts\' keys, '
-                              'or restore into a TrainState with optim_compat.checkpoint.'
-                              'restore_legacy(ckpt_dir, state), which reads both')
+                              'or ' + restore.replace('the TrainState', 'a TrainState'))
     return True
-  p.flag(original, 'OM121', f'{qname.rsplit(".", 1)[1]} with no target returns the checkpoint\'s '
-                            f'raw dict, read with flax.optim\'s keys ({keys}): converted, this '
-                            'file\'s optimizers would write TrainState checkpoints (`step`, '
-                            '`params`, `opt_state`: a KeyError here on the next run), while the '
-                            'shim writes the legacy layout; to convert it, restore into the '
-                            'TrainState with optim_compat.checkpoint.restore_legacy(ckpt_dir, '
-                            'state), which reads both', blocks=True)
+  p.flag(original, 'OM121', head + 'converted, this file\'s optimizers would write TrainState '
+                            'checkpoints (`step`, `params`, `opt_state`: a KeyError here on the '
+                            'next run), while the shim writes the legacy layout; to convert it, '
+                            + restore, blocks=True)
   return True
 
 
