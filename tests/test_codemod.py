@@ -1703,3 +1703,14 @@ def test_a_raw_restore_read_by_legacy_keys_in_a_file_with_nothing_to_convert_is_
   assert again.new == result.new and [f.rule for f in again.manual] == ['OM121']
   plain = source.replace("raw['target'], raw['state']['step']", "raw['params'], raw['step']")
   assert not legacy_api.may_need_rewrite(plain)
+
+
+def test_a_raw_restore_read_with_get_says_the_default_is_a_silent_wrong_load():
+  """helper-28 D1: `raw.get('target', {})` raises no KeyError on a TrainState's checkpoint; it
+  returns the default. The TODO says so."""
+  source = ('from flax.training import checkpoints\n\n\ndef load(d):\n'
+            '  ck = checkpoints.restore_checkpoint(ckpt_dir=d, target=None)\n'
+            "  return ck.get('target', {}), ck.get('state', {}).get('step', 0)\n")
+  result = engine.rewrite_source(source, 'load.py')
+  assert [f.rule for f in result.manual] == ['OM121']
+  assert "`.get`'s default: a silent wrong load" in result.manual[0].message

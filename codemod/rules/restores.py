@@ -114,6 +114,8 @@ def leave_raw_restore(p, original) -> bool:
   if not reads:
     return True
   keys = ', '.join(sorted({key for _, key in reads}))
+  missing = ('a KeyError here, or `.get`\'s default: a silent wrong load'
+             if any(isinstance(read, cst.Call) for read, _ in reads) else 'a KeyError here')
   head = (f'{_reader(q, original)[0].rsplit(".", 1)[1]} with no target returns the '
           f'checkpoint\'s raw dict, read with flax.optim\'s keys ({keys}): ')
   restore = ('restore into the TrainState with optim_compat.checkpoint.restore_legacy(ckpt_dir, '
@@ -122,7 +124,7 @@ def leave_raw_restore(p, original) -> bool:
     # (an evaluation script of a trainer the run converts: helper-27's eval_raw.py)
     p.flag(original, 'OM121', head + 'a checkpoint written by a TrainState (what the code that '
                               'saves it becomes once migrated) holds `step`, `params`, '
-                              '`opt_state` instead (a KeyError here): read both layouts\' keys, '
+                              f'`opt_state` instead ({missing}): read both layouts\' keys, '
                               'or ' + restore.replace('the TrainState', 'a TrainState'))
     return True
   p.flag(original, 'OM121', head + 'converted, this file\'s optimizers would write TrainState '
