@@ -25,6 +25,7 @@ parse. For stdin (``-``) there is no tree and no flow.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
@@ -299,12 +300,17 @@ class Step(_ModuleFunction):
     converted: its file's rewrite makes those parameters ``TrainState`` s; False:
       that file keeps its legacy optimizer code, for ``why``.
     why: the first manual item of the defining file when not converted.
+    restores: a checkpoint helper of a module with no flax.optim code
+      (:func:`restore_helpers`): the reader it passes those parameters to as the
+      target (``'restore_checkpoint'``), which loads a legacy checkpoint only into a
+      flax.optim Optimizer (into a TrainState: ``ValueError: Missing field step``).
   """
   qualified: str
   path: str
   params: tuple[tuple[Optional[int], str], ...]
   converted: bool
   why: str = ''
+  restores: str = ''
 
 
 @dataclasses.dataclass(frozen=True)
@@ -630,8 +636,10 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
   aliases = {alias: target for path, names, _ in files if texts.get(path) is not None
              for module, is_package in names if is_package
              for alias, target in reexports(texts[path], module, is_package).items()}
+  helpers = restore_helpers(files, texts, imported)
   settle = functools.partial(_settle, texts=texts, sources=sources, options=options,
-                             outside=outside, aliases=aliases, inject_classes=inject_classes)
+                             outside=outside, aliases=aliases, inject_classes=inject_classes,
+                             helpers=helpers)
   factories, steps, found = settle(creators)
   factories, steps, found, scanned = _decide_def_factories(
       factories, steps, found, creators, settle, texts, files, outside)
@@ -640,6 +648,66 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
                                        sources, options, outside, inject_classes)
   return _handoffs_elsewhere(factories, steps, scanned, texts, files, sources, options,
                              outside, inject_classes), steps
+
+
+#: ``{last name: (position, keyword) of the target}`` of the checkpoint readers taking one.
+_READERS = {qname.rsplit('.', 1)[1]: where for qname, where in legacy_api.RESTORES.items()}
+
+
+def restore_helpers(files, texts: Mapping, imported: set) -> dict[str, Step]:
+  """The checkpoint helpers of the tree: module-level functions of files with no flax.optim
+  word (:func:`codemod.legacy_api.may_need_rewrite`) that pass a parameter of theirs as the
+  target of a checkpoint reader (``def restore_or_init(workdir, optimizer): return
+  checkpoints.restore_checkpoint(workdir, optimizer)``), in a module some import line of the
+  tree names. Each is a :class:`Step` kept as it is (``converted`` False, ``restores`` the
+  reader): a caller converting the optimizer it passes would hand the reader a TrainState,
+  into which a checkpoint its legacy code wrote does not load, so that caller keeps its
+  legacy code, on the shim (OM124; helper-27's D2). Read with :mod:`ast` (no LibCST parse);
+  a file that does not parse is skipped (its own run reports it)."""
+  found = {}
+  for path, names, shown in files:
+    text = texts.get(path)
+    if (text is None or not names or _TOP_DEF.search(text) is None
+        or not any(word in text for word in _READERS) or legacy_api.may_need_rewrite(text)
+        or not any(name.rsplit('.', 1)[-1] in imported for name, _ in names)):
+      continue
+    try:
+      tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+      continue
+    for function in tree.body:
+      if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+          found_params := _restored_params(function)):
+        reader = found_params[0][2]
+        params = tuple((position, name) for position, name, _ in found_params)
+        why = f'it restores a checkpoint into `{params[0][1]}` with {reader}'
+        for name, _ in names:
+          found[f'{name}.{function.name}'] = Step(f'{name}.{function.name}', shown, params,
+                                                  False, why, restores=reader)
+  return found
+
+
+def _restored_params(function) -> list[tuple[Optional[int], str, str]]:
+  """``(position, name, reader)`` of each parameter of ``function`` it passes, by its name, as
+  the target of a checkpoint reader (:data:`_READERS`)."""
+  positional = [a.arg for a in [*function.args.posonlyargs, *function.args.args]]
+  names = {*positional, *(a.arg for a in function.args.kwonlyargs)}
+  found = []
+  for node in ast.walk(function):
+    if not isinstance(node, ast.Call):
+      continue
+    func = node.func
+    reader = func.attr if isinstance(func, ast.Attribute) else getattr(func, 'id', None)
+    if reader not in _READERS:
+      continue
+    index, keyword = _READERS[reader]
+    given = [k.value for k in node.keywords if k.arg == keyword] or (
+        [node.args[index]] if len(node.args) > index else [])
+    if given and isinstance(given[0], ast.Name) and given[0].id in names and \
+        given[0].id not in [name for _, name, _ in found]:
+      name = given[0].id
+      found.append((positional.index(name) if name in positional else None, name, reader))
+  return found
 
 
 def _handoffs_elsewhere(factories, steps, scanned, texts, files, sources, options, outside,
@@ -894,10 +962,11 @@ def _defined_elsewhere(method: str, paths: set, texts, files) -> bool:
 
 
 def _settle(creators, texts, sources, options, outside, aliases, seed=None,
-            inject_classes=frozenset()):
+            inject_classes=frozenset(), helpers=None):
   """The pre-pass over ``creators`` to a fixed point: ``(factories, steps, found)`` (``found``:
   each file's :func:`_scan`). ``seed``: the table the first scan of each file is given
-  (else none)."""
+  (else none). ``helpers``: :func:`restore_helpers`, steps of files no scan plans."""
+  merge = functools.partial(_merge, aliases=aliases, helpers=helpers or {})
   found = {str(path): _scan(sources[path], names, shown, options,
                             Flow(seed if seed is not None else {},
                                  *(names[0] if names else (None, False)),
@@ -907,7 +976,7 @@ def _settle(creators, texts, sources, options, outside, aliases, seed=None,
            for path, names, shown in creators}
   unsettled: set[str] = set()
   for _ in range(MAX_ROUNDS - 1):
-    factories, steps = _merge(found, aliases)
+    factories, steps = merge(found)
     if not factories and not steps:
       return {}, {}, found
     unsettled = set()
@@ -928,14 +997,16 @@ def _settle(creators, texts, sources, options, outside, aliases, seed=None,
     why = 'it depends on other modules in a way the pre-pass did not settle'
     found[key] = tuple([dataclasses.replace(f, converted=False, why=why) for f in part]
                        for part in found[key])
-  return (*_merge(found, aliases), found)
+  return (*merge(found), found)
 
 
-def _merge(found: dict, aliases: Mapping[str, str]) -> tuple[dict[str, Factory], dict[str, Step]]:
+def _merge(found: dict, aliases: Mapping[str, str], helpers: Mapping[str, Step] = {},  # noqa: B006
+           ) -> tuple[dict[str, Factory], dict[str, Step]]:
   """The tables by qualified name, plus each re-exported name (``aliases``, from
-  :func:`codemod.modules.reexports`, followed through packages) of an entry."""
+  :func:`codemod.modules.reexports`, followed through packages) of an entry; ``helpers``
+  (:func:`restore_helpers`) among the steps."""
   factories = {f.qualified: f for factories, _, _ in found.values() for f in factories}
-  steps = {f.qualified: f for _, steps, _ in found.values() for f in steps}
+  steps = {**helpers, **{f.qualified: f for _, steps, _ in found.values() for f in steps}}
   for table in (factories, steps):
     for _ in range(4):  # pkg -> pkg.sub -> pkg.sub.module: a few hops
       new = {alias: table[target] for alias, target in aliases.items()

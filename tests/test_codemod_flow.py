@@ -2280,3 +2280,97 @@ def test_an_apply_time_rate_on_another_modules_container_field_holds_the_class(t
     m = 0.9 * m + 2 * w
     w -= 0.1 / (1 + i) * m
   assert abs(float(run.stdout) - w) < 1e-6, (run.stdout, w)
+
+
+_RESTORE_HELPER = '''import os
+
+from flax.training import checkpoints
+
+
+def restore_or_init(workdir, optimizer):
+  return checkpoints.restore_checkpoint(workdir, optimizer)
+
+
+def save(workdir, optimizer, step):
+  checkpoints.save_checkpoint(os.path.abspath(workdir), optimizer, step, keep=3)
+'''
+_RESTORE_TRAIN = '''import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import optim
+
+import ckpt_util
+
+
+def main(workdir):
+  params = {'w': jnp.asarray(np.linspace(-1.0, 1.0, 4, dtype=np.float32))}
+  optimizer = optim.Adam(0.1).create(params)
+  optimizer = ckpt_util.restore_or_init(workdir, optimizer)
+  start = int(optimizer.state.step)
+  grad_fn = jax.grad(lambda p: jnp.sum((p['w'] - 0.5) ** 2))
+  for _ in range(3):
+    optimizer = optimizer.apply_gradient(grad_fn(optimizer.target))
+  ckpt_util.save(workdir, optimizer, int(optimizer.state.step))
+  print(start, int(optimizer.state.step), json.dumps(np.asarray(optimizer.target['w']).tolist()))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1])
+'''
+
+
+def test_an_optimizer_restored_by_a_checkpoint_helper_of_another_module(legacy_python, tmp_path):
+  """helper-27's D2: train.py hands its optimizer to `ckpt_util.restore_or_init`, a module with
+  no flax.optim word that restores into it with `restore_checkpoint`. train.py was converted
+  with "0 flagged": the helper then got a TrainState, and the legacy checkpoint failed to load
+  (`ValueError: Missing field step`). Now the helper is known to the pre-pass as a checkpoint
+  helper (OM124, blocking: train.py stays on the shim, whose Optimizer loads the legacy
+  layout): real flax.optim 0.5.3 saves, the migrated program resumes it, then its own; a
+  caller passing params, not an optimizer, still converts."""
+  legacy, new = tmp_path / 'legacy', tmp_path / 'new'
+  for tree in (legacy, new):
+    tree.mkdir()
+    (tree / 'ckpt_util.py').write_text(_RESTORE_HELPER)
+    (tree / 'train.py').write_text(_RESTORE_TRAIN)
+  (new / 'params_only.py').write_text(
+      'from flax import optim\n\nfrom ckpt_util import restore_or_init\n\n\ndef run(d, p):\n'
+      '  p = restore_or_init(d, p)\n  return optim.Adam(0.1).create(p)\n')
+  proc = _cli('rewrite', '--write', 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert ('train.py:18:15: OM124 [manual] `optimizer` is passed to ckpt_util.py:restore_or_init, '
+          'a checkpoint helper (it restores a checkpoint into `optimizer` with restore_checkpoint)'
+          ) in proc.stderr, proc.stderr
+  assert 'optim_compat' in (new / 'train.py').read_text()           # kept, on the shim
+  assert 'TrainState' in (new / 'params_only.py').read_text()       # converted
+  assert (new / 'ckpt_util.py').read_text() == _RESTORE_HELPER
+
+  import numpy as np
+
+  (tmp_path / 'runold.py').write_text(  # (flax 0.5.3's checkpoints module on this old stack)
+      'import runpy, sys\n'
+      f'sys.path.insert(0, {str(ROOT / "tests" / "fixtures" / "programs" / "lifecycle")!r})\n'
+      'import old_stack\nold_stack.install()\n'
+      'runpy.run_path(sys.argv.pop(1), run_name="__main__")\n')
+
+  def run(python, tree, ckpt):
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join([str(tree), str(ROOT)]),
+           'JAX_PLATFORMS': 'cpu'}
+    old = [str(tmp_path / 'runold.py')] if python == legacy_python else []
+    done = subprocess.run([python, *old, 'train.py', str(ckpt)], capture_output=True,
+                          text=True, cwd=tree, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split(' ', 2)
+
+  legacy_ckpt, new_ckpt = tmp_path / 'ck_legacy', tmp_path / 'ck_new'
+  assert run(legacy_python, legacy, legacy_ckpt)[:2] == ['0', '3']  # real flax.optim saves
+  shutil.copytree(legacy_ckpt, new_ckpt)
+  expected = run(legacy_python, legacy, legacy_ckpt)
+  got = run(sys.executable, new, new_ckpt)                           # the legacy checkpoint
+  assert got[:2] == expected[:2] == ['3', '6']
+  np.testing.assert_allclose(json.loads(got[2]), json.loads(expected[2]), rtol=1e-6)
+  again, expected_again = run(sys.executable, new, new_ckpt), run(legacy_python, legacy, legacy_ckpt)
+  assert again[:2] == expected_again[:2] == ['6', '9']              # its own, resumed
+  np.testing.assert_allclose(json.loads(again[2]), json.loads(expected_again[2]), rtol=1e-6)

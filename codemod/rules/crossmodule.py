@@ -131,7 +131,14 @@ def step_problems(q, call: cst.Call) -> list[tuple[str, bool, bool]]:
   problems = []
   for step, name, arg in q.step_calls.get(id(call), ()):
     excerpt, factory = code(arg), q.factory_of(arg)
-    if not step.converted and q.own_optimizer(arg):
+    if step.restores and _restores_optimizer(q, arg):
+      # (helper-27's D2: `ckpt_util.restore_or_init(workdir, optimizer)`, no flax.optim there)
+      problems.append((f'`{excerpt}` is passed to {step.where}, a checkpoint helper ({step.why}):'
+                       ' migrated here, it would get a TrainState, into which a checkpoint the '
+                       'legacy code wrote does not load (`Missing field step`): restore there '
+                       'with optim_compat.checkpoint.restore_legacy(ckpt_dir, target), which '
+                       'reads both layouts, and rerun', True, True))
+    elif not step.converted and q.own_optimizer(arg):
       problems.append((f'`{excerpt}` is passed to {step.where}, which keeps its legacy optimizer '
                        f'code ({step.why}): migrated here, it would get a TrainState: migrate it '
                        'there first', True, True))
@@ -156,6 +163,13 @@ def step_problems(q, call: cst.Call) -> list[tuple[str, bool, bool]]:
                        f'this run converts to take a TrainState as `{name}`: migrate '
                        f'{factory.where} too, or convert this call by hand', False, False))
   return problems
+
+
+def _restores_optimizer(q, arg) -> bool:
+  """``arg``, handed to a checkpoint helper (:attr:`codemod.flow.Step.restores`), is an
+  optimizer of this file, or may hold one and is named like one (``p`` may as well be params)."""
+  return q.own_optimizer(arg) or (q.factory_of(arg) is None and q.maybe_optimizer(arg)
+                                  and named_like_optimizer(arg))
 
 
 def factories_to_legacy_steps(q) -> dict:
@@ -256,8 +270,8 @@ def blocks(q) -> bool:
     return True
   if any(held_class(q, name) for name in f.declared_fields) or f.held_containers:
     return True
-  if any(not step.converted and (q.own_optimizer(arg) or (
-      q.factory_of(arg) is None and q.maybe_optimizer(arg)))
+  if any(_restores_optimizer(q, arg) if step.restores else not step.converted and (
+      q.own_optimizer(arg) or (q.factory_of(arg) is None and q.maybe_optimizer(arg)))
          for uses in q.step_calls.values() for step, _, arg in uses):
     return True
   if any(unproven_apply(q, c) and unproven_message(q, c.func.value)[1]
