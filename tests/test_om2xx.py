@@ -669,6 +669,22 @@ PROGRAMS = {
           state = opt_update(i, g, state)
         RESULT = {'params': get_params(state)}
         ''', {'OM204', 'OM216'}, False),
+    'tie_in': ('''
+        import jax
+        import jax.numpy as jnp
+        from jax import lax
+
+        def relu_from(x, key):  # (sam's hardware_bernoulli: a 0.0 tied to the key)
+          low = jax.lax.tie_in(key, 0.0)
+          return jnp.maximum(x, low)
+
+        def scaled(x, n):
+          return lax.tie_in(x, n + 1) * x  # (parentheses kept: (n + 1) * x)
+
+        x = jnp.linspace(-1.0, 1.0, 6)
+        RESULT = {'r': jax.jit(relu_from)(x, jax.random.PRNGKey(0)),
+                  's': jax.jit(scaled)(x, 2.0)}
+        ''', {'OM217'}, False),
     'pil': ('''
         import jax.numpy as jnp
         import numpy as np

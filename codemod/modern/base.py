@@ -35,6 +35,7 @@ _MHA = table.by_kind('mha')
 _DROPOUT = table.by_kind('dropout')
 _STATIC = table.by_kind('static_sizes')
 _PIL = table.by_kind('pil')
+_SECOND_ARG = table.by_kind('second_arg')
 _FROZEN = {a.extra: a for a in table.APIS if a.kind == 'frozendict'}
 _CELLS = {q for q, a in _FLAGS.items() if a.rule == 'OM222'}
 _DICT_KEYS = next(a for a in table.APIS if a.kind == 'dict_keys')
@@ -75,6 +76,7 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
     self.removes: list[tuple[str, Optional[str], Optional[str]]] = []
     self._pending: list[list[str]] = []
     self._dropped: set[int] = set()       # ids of `pass` lines standing for removed statements
+    self.second_arg_funcs: set[int] = set()  # ids of the funcs of calls OM217 replaces
     self._classes: list[cst.ClassDef] = []
     self._plans: dict[tuple[int, int], Optional[tuple]] = {}  # see _plan
     self._first = module.body[0] if module.body else None

@@ -101,7 +101,7 @@ class _References:
 
   def _flag_reference(self, node) -> None:
     name = self.qname_in(node, _FLAGS)
-    if name is None or name in _CELLS:
+    if name is None or name in _CELLS or id(node) in self.second_arg_funcs:
       return
     api = _FLAGS[name]
     self.flag(node, api.rule, api.extra.format(name=name))

@@ -31,7 +31,7 @@ from codemod import import_scope
 from codemod.rules import Options
 from codemod.findings import Finding, line_opcodes
 from codemod.sources import parse
-from codemod.modern.base import _DROP, _FROZEN, _GROUPS, _PIL, _SCATTER, _STATIC, _Base
+from codemod.modern.base import _DROP, _FROZEN, _GROUPS, _PIL, _SCATTER, _SECOND_ARG, _STATIC, _Base
 from codemod.modern import table
 from codemod.modern.facts import _Facts
 from codemod.modern.imports import _Imports
@@ -141,14 +141,44 @@ def _line_map(current: str, original: str):
   return lambda line: mapping.get(line, line)
 
 
+#: expressions that need no parentheses where a call stood
+_ATOMS = (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer, cst.Float,
+          cst.Imaginary, cst.SimpleString, cst.ConcatenatedString, cst.FormattedString,
+          cst.Tuple, cst.List, cst.Dict, cst.Set)
+
+
+def _pure_first(call: cst.Call) -> bool:
+  """``call`` has two plain positional arguments, the first a name, an attribute chain on a
+  name or a constant: dropping it drops no side effect."""
+  if len(call.args) != 2 or any(a.keyword is not None or a.star for a in call.args):
+    return False
+  first = call.args[0].value
+  while isinstance(first, cst.Attribute):
+    first = first.value
+  return isinstance(first, (cst.Name, cst.Integer, cst.Float, cst.SimpleString))
+
+
 class _Rewriter(_Imports, _Drops, _References, _Arrays, _Linen, _Base):
   """The OM2xx transformer: each fix family is a mixin (``imports``, ``drops``,
   ``references``, ``arrays``, ``linen``) over the shared :class:`~codemod.modern.base._Base`;
   calls are dispatched here, by the kind of their table entry."""
 
   # -- calls -------------------------------------------------------------------------------
+  def visit_Call(self, node):
+    if self.qname_in(node.func, _SECOND_ARG) is not None and _pure_first(node) and \
+        self.opts.fixable(_SECOND_ARG[self.qname_in(node.func, _SECOND_ARG)].rule):
+      self.second_arg_funcs.add(id(node.func))  # (its reference is then not flagged)
+
   def leave_Call(self, original, updated):
     func = original.func
+    if id(func) in self.second_arg_funcs:
+      api = _SECOND_ARG[self.qname_in(func, _SECOND_ARG)]
+      self.fixed(original, api.rule, f'`tie_in(x, y)` -> `y`: {api.why}; {api.since}')
+      value = updated.args[1].value
+      if not isinstance(value, _ATOMS) and not value.lpar:
+        value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+      return value.with_changes(lpar=[*updated.lpar, *value.lpar],
+                                rpar=[*value.rpar, *updated.rpar])
     if (name := self.qname_in(func, _SCATTER)) is not None:
       return self._scatter(original, updated, _SCATTER[name])
     if (name := self.qname_in(func, _STATIC)) is not None:

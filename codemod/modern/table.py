@@ -95,6 +95,8 @@ RULES = (
                       'the same functions; gone from jax.numpy after jax 0.4.13)'),
     ('OM216', 'safe', '`jax.experimental.optimizers` / `stax` -> `jax.example_libraries.*` (moved '
                       'in jax 0.2.25; the same modules, on both stacks)'),
+    ('OM217', 'safe', '`jax.lax.tie_in(x, y)` -> `y` where `x` is a name, an attribute or a '
+                      'constant (a no-op since omnistaging, jax 0.2.0; gone from today\'s jax)'),
     ('OM221', 'manual', '`jax.mask` / `jax.shapecheck`: removed in jax 0.3.16, no replacement'),
     ('OM222', 'manual', '`nn.LSTMCell()` without `features`, static `initialize_carry`: carry '
                         'shapes need the hidden size'),
@@ -116,7 +118,7 @@ class Api:
   """
   rule: str
   kind: str  # 'rename' | 'relocate' | 'drop_call' | 'scatter' | 'frozendict' | 'mha' | 'dropout'
-  #            | 'static_sizes' | 'pil' | 'flag'
+  #            | 'static_sizes' | 'pil' | 'second_arg' | 'flag'
   old: tuple[str, ...]
   new: Optional[str]
   why: str
@@ -249,6 +251,9 @@ APIS: tuple[Api, ...] = (
           f'jnp.{old} is in jax 0.4.13, gone in jax 0.10.2; jnp.{new} is on both')
       for old, new in (('product', 'prod'), ('alltrue', 'all'), ('sometrue', 'any'),
                        ('cumproduct', 'cumprod'), ('round_', 'round'))),
+    Api('OM217', 'second_arg', ('jax.lax.tie_in',), None,
+        'a no-op since omnistaging (jax 0.2.0): `tie_in(x, y)` returns `y`', 'lax.tie_in(x, y)',
+        'y', 'in jax 0.4.13, gone in jax 0.10.2'),
     Api('OM224', 'flag', ('jax.lax.tie_in',), None,
         'a no-op since omnistaging (jax 0.2.0): `tie_in(x, y)` returns `y`', 'lax.tie_in(x, y)',
         'y', 'in jax 0.4.13, gone in jax 0.10.2',
