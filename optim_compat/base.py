@@ -105,6 +105,10 @@ class OptimizerDef:
       new_params_flat, new_states_flat = list(zip(*out)) if out else ((), ())
       return (treedef.unflatten(new_params_flat),
               OptimizerState(state.step + 1, treedef.unflatten(new_states_flat)))
+    if type(self).__name__ in _READS_PARAM_DTYPE:
+      leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+      check_param_leaves(self, [jax.tree_util.keystr(k) for k, _ in leaves],
+                         [v for _, v in leaves], 'apply_gradient(target)', stepping=True)
     rule = self._spec.param_update
     new_param_rule = getattr(rule, 'new_param', None)  # the new value itself, exactly
     tx = legacy_rule.from_legacy_rule(self, hyper_params, new_param_rule or rule)
@@ -288,11 +292,17 @@ def _slots(params):
 
 #: Table defs whose rules read each parameter's dtype or shape (a Python number has neither).
 _READS_PARAM_DTYPE = frozenset({'Adam', 'AdaBelief', 'LAMB', 'Adafactor'})
+#: ... and those whose state init reads its shape (0.5.3 failed at ``create`` there)
+_INIT_READS_SHAPE = frozenset({'Adafactor'})
 
 
-def check_param_leaves(opt_def, paths, values, what: str) -> None:
-  """Every parameter leaf a table def's rule will see is an array (or a number, where the
-  rule does not read its dtype). ``what`` names the argument (``create(target)``).
+def check_param_leaves(opt_def, paths, values, what: str, stepping: bool = False) -> None:
+  """Every parameter leaf a table def's rule will see is an array or a number; with
+  ``stepping`` (at ``apply_gradient``), an array where the rule reads its dtype. ``what``
+  names the argument (``create(target)``). As in flax.optim 0.5.3, ``Adam().create({'w':
+  1.0})`` creates (a placeholder a checkpoint restore fills with arrays); only a step on
+  such a leaf fails (there with AttributeError), or Adafactor's ``create`` (its state init
+  reads the shape).
 
   Raises:
     TypeError: names the argument, the leaf's path (or that it is the whole
@@ -306,10 +316,12 @@ def check_param_leaves(opt_def, paths, values, what: str) -> None:
       raise TypeError(f'{where} {legacy_rule.describe_leaf(value)}, not '
                       f'{"an array or a number" if path else "a pytree of arrays"} (the '
                       'parameters to optimize)')
-    if not hasattr(value, 'dtype') and name in _READS_PARAM_DTYPE:
+    if (stepping or name in _INIT_READS_SHAPE) and not hasattr(value, 'dtype') and \
+        name in _READS_PARAM_DTYPE:
       raise TypeError(f'{where} a Python {type(value).__name__} ({value!r}), not an array: '
                       f'{name}\'s update reads each parameter\'s dtype and shape (legacy '
-                      'flax.optim 0.5.3 failed with AttributeError); pass jnp.asarray(...)')
+                      'flax.optim 0.5.3 failed here with AttributeError); create the optimizer '
+                      'from jnp.asarray(...)')
 
 
 def _unslot(tree):

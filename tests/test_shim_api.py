@@ -405,13 +405,7 @@ def test_none_gradients_where_legacy_takes_them_still_work():
     ({'a': jnp.ones(3), 'b': 'x'}, "Adam.create(target): the leaf at ['b'] is a str 'x', not an "
                                    "array or a number (the parameters to optimize)"),
     ({'a': object}, "Adam.create(target): the leaf at ['a'] is a type <class 'object'>, not an "
-                    "array or a number (the parameters to optimize)"),
-    ({'a': 1.0}, "Adam.create(target): the leaf at ['a'] is a Python float (1.0), not an array: "
-                 "Adam's update reads each parameter's dtype and shape (legacy flax.optim 0.5.3 "
-                 "failed with AttributeError); pass jnp.asarray(...)"),
-    (3, "Adam.create(target): target is a Python int (3), not an array: Adam's update reads "
-        "each parameter's dtype and shape (legacy flax.optim 0.5.3 failed with AttributeError); "
-        "pass jnp.asarray(...)")])
+                    "array or a number (the parameters to optimize)")])
 def test_create_names_a_target_that_is_not_a_tree_of_arrays(target, message):
   """From the review (issue 15): Adam.create('hello') said ``data type 'hello' not
   understood`` (numpy read the string as a dtype name)."""
@@ -420,14 +414,49 @@ def test_create_names_a_target_that_is_not_a_tree_of_arrays(target, message):
   assert str(info.value) == message
 
 
+@pytest.mark.parametrize('target, grads, message', [
+    ({'a': 1.0}, {'a': 0.5}, "Adam.apply_gradient(target): the leaf at ['a'] is a Python float "
+                             "(1.0), not an array: Adam's update reads each parameter's dtype "
+                             "and shape (legacy flax.optim 0.5.3 failed here with "
+                             "AttributeError); create the optimizer from jnp.asarray(...)"),
+    (3, 1, "Adam.apply_gradient(target): target is a Python int (3), not an array: Adam's update "
+           "reads each parameter's dtype and shape (legacy flax.optim 0.5.3 failed here with "
+           "AttributeError); create the optimizer from jnp.asarray(...)")])
+def test_python_number_params_create_as_legacy_and_a_step_names_them(target, grads, message):
+  """helper-27's D4: flax.optim 0.5.3 creates Adam on Python-number leaves (its state: weak
+  float32 zeros), a placeholder a checkpoint restore fills with arrays, and fails only at
+  ``apply_gradient`` (AttributeError). The shim raised TypeError at ``create``; it now creates
+  the same state, steps once restored, and names the leaf where legacy failed."""
+  from flax import serialization
+  opt = optim.Adam(0.1).create(target)
+  zeros = jax.tree_util.tree_leaves(opt.state.param_states)
+  zero_dtype = jnp.int32 if isinstance(target, int) else jnp.float32  # (as 0.5.3 makes them)
+  assert [(z.dtype, z.weak_type, float(z)) for z in zeros] == [(zero_dtype, True, 0.0)] * 2
+  with pytest.raises(TypeError) as info:
+    opt.apply_gradient(grads)
+  assert str(info.value) == message
+  real = jax.tree_util.tree_map(jnp.float32, target)
+  saved = optim.Adam(0.1).create(real).apply_gradient(jax.tree_util.tree_map(jnp.float32, grads))
+  restored = serialization.from_state_dict(opt, serialization.to_state_dict(saved))
+  again = restored.apply_gradient(jax.tree_util.tree_map(jnp.float32, grads))
+  expected = saved.apply_gradient(jax.tree_util.tree_map(jnp.float32, grads))
+  assert int(again.state.step) == 2
+  for x, y in zip(jax.tree_util.tree_leaves(again.target), jax.tree_util.tree_leaves(expected.target)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_create_checks_what_each_rule_needs():
   with pytest.raises(TypeError, match=r"^GradientDescent.create\(target\): target is a str "
                                       r"'hello', not a pytree of arrays"):
     optim.GradientDescent(0.1).create('hello')  # legacy took it, then failed at the first step
-  for name in ('LAMB', 'AdaBelief', 'Adafactor'):
-    with pytest.raises(TypeError, match=rf"^{name}.create\(target\): the leaf at \['a'\] is a "
-                                        r"Python float \(1.0\), not an array"):
-      getattr(optim, name)(0.1).create({'a': 1.0})
+  with pytest.raises(TypeError, match=r"^Adafactor.create\(target\): the leaf at \['a'\] is a "
+                                      r"Python float \(1.0\), not an array"):
+    optim.Adafactor(0.1).create({'a': 1.0})  # (0.5.3's state init failed: AttributeError)
+  for name in ('LAMB', 'AdaBelief'):
+    opt = getattr(optim, name)(0.1).create({'a': 1.0})  # (as legacy: the step fails)
+    with pytest.raises(TypeError, match=rf"^{name}.apply_gradient\(target\): the leaf at "
+                                        r"\['a'\] is a Python float \(1.0\), not an array"):
+      opt.apply_gradient({'a': 0.5})
   # Python numbers where the legacy rule takes them (measured in 0.5.3: float32 results)
   for name in ('Momentum', 'Adagrad', 'RMSProp', 'LARS', 'Adadelta'):
     out = getattr(optim, name)(learning_rate=0.1).create({'a': 1.0}).apply_gradient({'a': 0.5})
