@@ -115,6 +115,44 @@ def restore_legacy(path_or_state_dict, target, *, optimizer=None, step: int | No
       return target  # as restore_checkpoint: nothing saved yet (a fresh run)
     sd, source = read_state_dict(path, step), str(path)
   sd = _normalize_namedtuples(sd)
+  try:
+    return _restore_sd(sd, target, source, optimizer)
+  except CheckpointError as e:
+    if str(e).startswith(f'{source}:'):
+      raise
+    raise CheckpointError(f'{source}: {e}{_injection_hint(sd, target)}') from None
+
+
+def _has_key(tree, key: str) -> bool:
+  return isinstance(tree, Mapping) and (key in tree or any(_has_key(v, key)
+                                                           for v in tree.values()))
+
+
+def _injection_hint(sd, target) -> str:
+  """Why a TrainState checkpoint may not fit ``target``: one side's opt_state is
+  ``optax.inject_hyperparams`` state and the other's is not (convert-checkpoint's
+  ``--learning-rate-injected`` given or not, helper-28's D2); else ''."""
+  if not _has_key(sd, 'opt_state'):
+    return ''
+  injected = lambda x: isinstance(x, tuple) and hasattr(x, 'hyperparams') and hasattr(  # noqa: E731
+      x, 'inner_state')
+  wants = any(injected(x) for x in jax.tree_util.tree_leaves(target, is_leaf=injected))
+  saved = _has_key(sd, 'hyperparams')
+  if wants and not saved:
+    return ('; the target\'s tx is wrapped in optax.inject_hyperparams (a learning rate set '
+            'at apply time) and the checkpoint\'s opt_state is a plain chain\'s: if '
+            'optim-migrate convert-checkpoint wrote it, convert the legacy checkpoint again '
+            'with --learning-rate-injected')
+  if saved and not wants:
+    return ('; the checkpoint\'s opt_state is optax.inject_hyperparams state (convert-checkpoint '
+            '--learning-rate-injected) and the target\'s tx is a plain chain: convert the legacy '
+            'checkpoint again without --learning-rate-injected, or wrap the tx in '
+            'optax.inject_hyperparams')
+  return ''
+
+
+def _restore_sd(sd, target, source: str, optimizer):
+  """:func:`restore_legacy` of a state dict read from ``source``."""
   if _is_opt(target):
     if _is_train_state_sd(sd) and isinstance(target, train_state_lib.TrainState):
       return _restore_one(sd, target, '')[0]  # saved after the migration: as is

@@ -494,6 +494,31 @@ def test_cli_replicated_and_injected(legacy, tmp_path, capsys):
   assert worst <= SHIM_ULP, (worst, where)
 
 
+def test_a_converted_checkpoint_restored_into_the_other_tx_names_the_file_and_the_flag(
+    legacy, tmp_path):
+  """helper-28's D2: convert-checkpoint without --learning-rate-injected, then
+  restore_legacy into the inject_hyperparams TrainState the migrated code builds (and the
+  other way round): the error named neither the checkpoint nor the flag."""
+  params = cases.params_for('adam_betas')
+  kwargs = {'beta1': 0.85, 'beta2': 0.99, 'eps': 1e-6}
+  optimizer = 'Adam(beta1=0.85, beta2=0.99, eps=1e-6)'
+  plain, injected = tmp_path / 'plain', tmp_path / 'injected'
+  assert _cli(_ckpt(legacy, 'adam_betas'), plain, '--optimizer', optimizer) == 0
+  assert _cli(_ckpt(legacy, 'adam_betas'), injected, '--optimizer', optimizer,
+              '--learning-rate-injected') == 0
+  for path, tx, flag in ((plain, _emitted_tx('Adam', kwargs, True), 'again with --'),
+                         (injected, _emitted_tx('Adam', kwargs), 'again without --')):
+    with pytest.raises(ck.CheckpointError) as info:
+      ck.restore_legacy(path, _target(params, tx))
+    message = str(info.value)
+    assert message.startswith(f'{path}: structure mismatch at opt_state/'), message
+    assert f'convert the legacy checkpoint {flag}learning-rate-injected' in message, message
+  # each into its own tx: no error
+  for path, injected_tx in ((plain, False), (injected, True)):
+    state = ck.restore_legacy(path, _target(params, _emitted_tx('Adam', kwargs, injected_tx)))
+    assert int(state.step) == int(legacy['before'])
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 
