@@ -16,7 +16,7 @@ import io
 import re
 import symtable
 import tokenize
-from typing import Sequence
+from typing import Optional, Sequence
 
 import libcst as cst
 import libcst.helpers
@@ -312,6 +312,28 @@ def insertion_start(body: Sequence[cst.BaseStatement]) -> int:
   return anchor
 
 
+def _section_end(body: Sequence[cst.BaseStatement], start: int) -> Optional[int]:
+  """The end (an index of ``body``) of the import section holding the first flax.optim
+  import, when another section of imports follows it (isort's groups: third-party, then
+  first-party, set apart by a blank or comment line): the new imports (``optax``,
+  ``flax.training``) then close the flax.optim import's section instead of following the
+  first-party one (helper-28's D3). None: no such later section."""
+  anchor = next((i for i in range(start, len(body)) if _import_only(body[i])
+                 and any(map(_legacy_import, _import_nodes(body[i])))), None)
+  if anchor is None:
+    return None
+  end = anchor + 1
+  while end < len(body) and _import_only(body[end]) and not body[end].leading_lines:
+    end += 1
+  return end if end < len(body) and _import_only(body[end]) else None
+
+
+def _run_end(body: Sequence[cst.BaseStatement], i: int) -> int:
+  while i < len(body) and _import_only(body[i]):
+    i += 1
+  return i
+
+
 def _present(statements, item) -> bool:
   """An import among ``statements`` already binds what ``item`` (an ``ImportItem``) adds."""
   for st in statements:
@@ -342,14 +364,18 @@ def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True
   """
   body = list(tree.body)
   start = insertion_start(body) if anchored else 0
-  if start:
+  section = _section_end(body, start) if anchored else None
+  if start or section is not None:
+    later = body[section:_run_end(body, section)] if section is not None else []
     key = AddImportsVisitor.CONTEXT_KEY
     context.scratch[key] = [i for i in context.scratch.get(key, [])
-                            if not _present(body[:start], i)]
+                            if not _present(body[:start], i) and not _present(later, i)]
     if not context.scratch[key]:
       return tree
   rest = body[start:]
   n = _add_reads(rest) if rest else 0
+  if section is not None:  # (the new imports close the flax.optim import's own section)
+    n = section - start
   if start == 0 and n == len(body):
     return AddImportsVisitor(context).transform_module(tree)
   part = AddImportsVisitor(context).transform_module(cst.Module(body=rest[:n]))
