@@ -379,7 +379,16 @@ def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True
   if start == 0 and n == len(body):
     return AddImportsVisitor(context).transform_module(tree)
   part = AddImportsVisitor(context).transform_module(cst.Module(body=rest[:n]))
-  return tree.with_changes(body=[*body[:start], *part.body, *rest[n:]])
+  added = list(part.body)
+  if section is not None and len(added) > n:
+    # a section of flax.optim imports only (removed next, with the blank line that sets it
+    # apart): its new imports take that blank line
+    first = section - 1
+    while first > start and not body[first].leading_lines and _import_only(body[first - 1]):
+      first -= 1
+    if all(_legacy_import(node) for st in body[first:section] for node in _import_nodes(st)):
+      added[n] = added[n].with_changes(leading_lines=body[first].leading_lines)
+  return tree.with_changes(body=[*body[:start], *added, *rest[n:]])
 
 
 def _globals_read(code: str) -> 'set[str] | None':

@@ -41,3 +41,24 @@ def test_a_read_keeps_the_import(use):
 def test_code_that_does_not_compile_is_left_as_is():
   source = 'from flax import optim\ndef f():\n  return 1\n  nonlocal optim\n'
   assert _drop(source) == source
+
+
+@pytest.mark.parametrize('head, expected', [
+    # helper-28's D3: isort's sections, third-party then first-party
+    ('import numpy as np\nimport jax\nfrom flax import optim\n\nfrom mypkg import models\n',
+     'import numpy as np\nimport jax\nimport optax\nfrom flax.training import train_state\n\n'
+     'from mypkg import models\n'),
+    # a section of its own: the new imports take its blank line
+    ('import functools\n\nfrom flax import optim\n\nfrom mypkg import models\n',
+     'import functools\n\nimport optax\nfrom flax.training import train_state\n\n'
+     'from mypkg import models\n'),
+    # one section: after it, as LibCST's AddImportsVisitor places them
+    ('import jax\nfrom flax import optim\nfrom mypkg import models\n',
+     'import jax\nfrom mypkg import models\nimport optax\nfrom flax.training import train_state\n'),
+])
+def test_added_imports_close_the_flax_optim_imports_section(head, expected):
+  from codemod import engine
+  source = head + '\n\ndef make(params):\n  return optim.Adam(1e-3).create(params), models\n'
+  result = engine.rewrite_source(source, 'train.py')
+  assert result.error is None, result.error
+  assert result.new.split('\n\n\ndef make')[0] + '\n' == expected, result.new
