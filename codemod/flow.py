@@ -655,8 +655,9 @@ _READERS = {qname.rsplit('.', 1)[1]: where for qname, where in legacy_api.RESTOR
 
 
 def restore_helpers(files, texts: Mapping, imported: set) -> dict[str, Step]:
-  """The checkpoint helpers of the tree: module-level functions of files with no flax.optim
-  word (:func:`codemod.legacy_api.may_need_rewrite`) that pass a parameter of theirs as the
+  """The checkpoint helpers of the tree: module-level functions of files that do not
+  reference flax.optim (:func:`codemod.legacy_api.references_flax_optim`; they may read
+  ``optimizer.state.step``, helper-29's D1) that pass a parameter of theirs as the
   target of a checkpoint reader (``def restore_or_init(workdir, optimizer): return
   checkpoints.restore_checkpoint(workdir, optimizer)``), in a module some import line of the
   tree names. Each is a :class:`Step` kept as it is (``converted`` False, ``restores`` the
@@ -668,7 +669,7 @@ def restore_helpers(files, texts: Mapping, imported: set) -> dict[str, Step]:
   for path, names, shown in files:
     text = texts.get(path)
     if (text is None or not names or _TOP_DEF.search(text) is None
-        or not any(word in text for word in _READERS) or legacy_api.may_need_rewrite(text)
+        or not any(word in text for word in _READERS) or legacy_api.references_flax_optim(text)
         or not any(name.rsplit('.', 1)[-1] in imported for name, _ in names)):
       continue
     try:

@@ -2322,19 +2322,30 @@ if __name__ == '__main__':
 '''
 
 
-def test_an_optimizer_restored_by_a_checkpoint_helper_of_another_module(legacy_python, tmp_path):
+@pytest.mark.parametrize('reads_step', [False, True])
+def test_an_optimizer_restored_by_a_checkpoint_helper_of_another_module(legacy_python, tmp_path,
+                                                                        reads_step):
   """helper-27's D2: train.py hands its optimizer to `ckpt_util.restore_or_init`, a module with
   no flax.optim word that restores into it with `restore_checkpoint`. train.py was converted
   with "0 flagged": the helper then got a TrainState, and the legacy checkpoint failed to load
   (`ValueError: Missing field step`). Now the helper is known to the pre-pass as a checkpoint
   helper (OM124, blocking: train.py stays on the shim, whose Optimizer loads the legacy
   layout): real flax.optim 0.5.3 saves, the migrated program resumes it, then its own; a
-  caller passing params, not an optimizer, still converts."""
+  caller passing params, not an optimizer, still converts. helper-29's D1: the same when the
+  helper module also reads `optimizer.state.step` (a flax.optim word: it was left out)."""
   legacy, new = tmp_path / 'legacy', tmp_path / 'new'
+  helper, train = _RESTORE_HELPER, _RESTORE_TRAIN
+  if reads_step:
+    helper = helper.replace('def save(workdir, optimizer, step):', 'def save(workdir, optimizer):'
+                            ).replace('optimizer, step, keep=3)',
+                                      'optimizer, int(optimizer.state.step), keep=3)')
+    train = train.replace('ckpt_util.save(workdir, optimizer, int(optimizer.state.step))',
+                          'ckpt_util.save(workdir, optimizer)')
+    assert helper != _RESTORE_HELPER and train != _RESTORE_TRAIN
   for tree in (legacy, new):
     tree.mkdir()
-    (tree / 'ckpt_util.py').write_text(_RESTORE_HELPER)
-    (tree / 'train.py').write_text(_RESTORE_TRAIN)
+    (tree / 'ckpt_util.py').write_text(helper)
+    (tree / 'train.py').write_text(train)
   (new / 'params_only.py').write_text(
       'from flax import optim\n\nfrom ckpt_util import restore_or_init\n\n\ndef run(d, p):\n'
       '  p = restore_or_init(d, p)\n  return optim.Adam(0.1).create(p)\n')
@@ -2345,7 +2356,8 @@ def test_an_optimizer_restored_by_a_checkpoint_helper_of_another_module(legacy_p
           ) in proc.stderr, proc.stderr
   assert 'optim_compat' in (new / 'train.py').read_text()           # kept, on the shim
   assert 'TrainState' in (new / 'params_only.py').read_text()       # converted
-  assert (new / 'ckpt_util.py').read_text() == _RESTORE_HELPER
+  assert ('  return checkpoints.restore_checkpoint(workdir, optimizer)\n'
+          in (new / 'ckpt_util.py').read_text())
 
   import numpy as np
 
