@@ -33,6 +33,8 @@ _STATE_STEP = m.Attribute(attr=m.Name('state'))
 _STEP_OF_STATE = m.Attribute(value=m.Attribute(attr=m.Name('state')), attr=m.Name('step'))
 _TARGET_READ = m.Attribute(value=m.Name(), attr=m.Name('target'))
 #: ``x.get('key'[, default])``
+#: `o.optimizer_def.create(...)`: a fresh optimizer from `o`'s def (the reset idiom)
+_DEF_RESET = m.Attribute(value=m.Attribute(attr=m.Name('optimizer_def')), attr=m.Name('create'))
 _GET_CALL = m.Call(func=m.Attribute(attr=m.Name('get')),
                    args=[m.Arg(keyword=None, star=''), m.ZeroOrOne(m.Arg())])
 #: a flax.optim Optimizer member read on a name (``x.target``, ``x.apply_gradient``, ...)
@@ -935,6 +937,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   def visit_Call(self, node: cst.Call) -> None:
     n, f = self.n, self.f
     f.call_funcs.add(id(node.func))
+    if m.matches(node.func, _DEF_RESET):
+      f.def_resets.add(id(node.func.value))
     if isinstance(node.func, cst.Attribute) and node.func.attr.value == 'get' and \
         m.matches(node, _GET_CALL):
       self._legacy_key_read(node.func.value, node.args[0].value, node)

@@ -198,8 +198,19 @@ def reflection_problem(q, call: cst.Call) -> Optional[str]:
           '`state.step` is `step`): convert it by hand')
 
 
+def resets(q) -> list[cst.Attribute]:
+  """``o.optimizer_def`` of ``o = o.optimizer_def.create(o.target)`` (the reset idiom) where
+  ``o`` may hold this file's optimizer but is not proven to (the rebinding makes it unsure):
+  converted, the rest of the file made ``o`` a TrainState that then reached flax.optim
+  members (helper-29's D2); the file stays on the shim (OM116). A proven one is flagged as
+  any legacy-only member (:func:`legacy_only_uses`)."""
+  return [a for a in q.f.legacy_attrs if id(a) in q.f.def_resets
+          and not q.is_optimizer(a.value) and q.maybe_read_as_optimizer(a.value)]
+
+
 def blocks(q) -> bool:
-  return bool(legacy_only_uses(q)) or any(method_reference(q, a) for a in q.f.member_attrs)
+  return bool(legacy_only_uses(q)) or bool(resets(q)) or any(
+      method_reference(q, a) for a in q.f.member_attrs)
 
 
 # -- sites ------------------------------------------------------------------------------------
@@ -223,6 +234,14 @@ def leave_legacy_only(p, original) -> bool:
   rule = api.LEGACY_ONLY_ATTRS.get(attr)
   if not rule or id(original) not in q.legacy_attr_ids:
     return False
+  if any(original is a for a in resets(q)):
+    recv = code(original.value)
+    p.flag(original, 'OM116', f'`{recv}.optimizer_def.create(...)` makes a fresh flax.optim '
+                              f'Optimizer from `{recv}`\'s def (a reset of its state): as a '
+                              'TrainState that is `train_state.TrainState.create(apply_fn='
+                              f'{recv}.apply_fn, params=..., tx={recv}.tx)`; convert it so, '
+                              'then rerun', blocks=True)
+    return True
   if id(original) not in q.handled and id(original) not in q.hp_owner_ids \
       and surgery_receiver(q, original.value):
     if not viewed(q, original):
