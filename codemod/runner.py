@@ -159,7 +159,9 @@ def cmd_rewrite(args) -> int:
       return EXIT_ERROR
     return _rewrite_stdin(args, options)
   # named paths left out, with why (a FIFO or device: reading it could block forever)
-  missing = {p: ('no such file or directory' if not pathlib.Path(p).exists() else
+  missing = {p: ('a symbolic link that leads nowhere (dangling, or a loop)'
+                 if pathlib.Path(p).is_symlink() and not pathlib.Path(p).exists() else
+                 'no such file or directory' if not pathlib.Path(p).exists() else
                  'not a regular file or directory; left alone')
              for p in paths if not (pathlib.Path(p).is_dir() or pathlib.Path(p).is_file())}
   missing.update((p, why) for p in paths if p not in missing and pathlib.Path(p).is_file()

@@ -215,3 +215,15 @@ def test_code_cpython_compiles_but_nested_past_the_recursion_limit_is_rewritten(
   for name in cases:
     out = (tmp_path / name).read_text()
     assert 'train_state.TrainState.create' in out and 'print(opt.params, x)' in out, name
+
+
+def test_a_named_symlink_loop_or_dangling_link_says_so(tmp_path, capsys):
+  """helper-27's D6 / helper-29's D4: a self-symlinked file named on the command line read
+  "no such file or directory" (exit 2 was right); a directory scan already named it."""
+  loop, dangling = tmp_path / 'loop.py', tmp_path / 'gone.py'
+  loop.symlink_to(loop)
+  dangling.symlink_to(tmp_path / 'missing.py')
+  for path in (loop, dangling):
+    assert cli.main(['rewrite', '--check', str(path)]) == 2
+    assert capsys.readouterr().err == (f'{path}: a symbolic link that leads nowhere (dangling, '
+                                       'or a loop)\n')
