@@ -967,7 +967,7 @@ def _settle(creators, texts, sources, options, outside, aliases, seed=None,
   """The pre-pass over ``creators`` to a fixed point: ``(factories, steps, found)`` (``found``:
   each file's :func:`_scan`). ``seed``: the table the first scan of each file is given
   (else none). ``helpers``: :func:`restore_helpers`, steps of files no scan plans."""
-  merge = functools.partial(_merge, aliases=aliases, helpers=helpers or {})
+  merge = functools.partial(_merge, aliases=aliases, helpers=helpers)
   found = {str(path): _scan(sources[path], names, shown, options,
                             Flow(seed if seed is not None else {},
                                  *(names[0] if names else (None, False)),
@@ -1001,13 +1001,13 @@ def _settle(creators, texts, sources, options, outside, aliases, seed=None,
   return (*merge(found), found)
 
 
-def _merge(found: dict, aliases: Mapping[str, str], helpers: Mapping[str, Step] = {},  # noqa: B006
+def _merge(found: dict, aliases: Mapping[str, str], helpers: Optional[Mapping[str, Step]] = None,
            ) -> tuple[dict[str, Factory], dict[str, Step]]:
   """The tables by qualified name, plus each re-exported name (``aliases``, from
   :func:`codemod.modules.reexports`, followed through packages) of an entry; ``helpers``
   (:func:`restore_helpers`) among the steps."""
   factories = {f.qualified: f for factories, _, _ in found.values() for f in factories}
-  steps = {**helpers, **{f.qualified: f for _, steps, _ in found.values() for f in steps}}
+  steps = {**(helpers or {}), **{f.qualified: f for _, steps, _ in found.values() for f in steps}}
   for table in (factories, steps):
     for _ in range(4):  # pkg -> pkg.sub -> pkg.sub.module: a few hops
       new = {alias: table[target] for alias, target in aliases.items()

@@ -251,10 +251,7 @@ def _add_reads(body: Sequence[cst.BaseStatement]) -> int:
   which is the safe side: the first statement always counts as skippable, and
   a line of several imports does not end the run.
   """
-  i = 1
-  while i < len(body) and _import_only(body[i]):
-    i += 1
-  return min(i + 1, len(body))
+  return min(_run_end(body, 1) + 1, len(body))
 
 
 def _module_name(node) -> str:
@@ -329,6 +326,7 @@ def _section_end(body: Sequence[cst.BaseStatement], start: int) -> Optional[int]
 
 
 def _run_end(body: Sequence[cst.BaseStatement], i: int) -> int:
+  """The index after the run of import-only statements of ``body`` from ``i`` on."""
   while i < len(body) and _import_only(body[i]):
     i += 1
   return i

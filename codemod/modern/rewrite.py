@@ -165,8 +165,8 @@ class _Rewriter(_Imports, _Drops, _References, _Arrays, _Linen, _Base):
 
   # -- calls -------------------------------------------------------------------------------
   def visit_Call(self, node):
-    if self.qname_in(node.func, _SECOND_ARG) is not None and _pure_first(node) and \
-        self.opts.fixable(_SECOND_ARG[self.qname_in(node.func, _SECOND_ARG)].rule):
+    if (name := self.qname_in(node.func, _SECOND_ARG)) is not None and _pure_first(node) and \
+        self.opts.fixable(_SECOND_ARG[name].rule):
       self.second_arg_funcs.add(id(node.func))  # (its reference is then not flagged)
 
   def leave_Call(self, original, updated):

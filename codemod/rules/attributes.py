@@ -204,8 +204,12 @@ def resets(q) -> list[cst.Attribute]:
   converted, the rest of the file made ``o`` a TrainState that then reached flax.optim
   members (helper-29's D2); the file stays on the shim (OM116). A proven one is flagged as
   any legacy-only member (:func:`legacy_only_uses`)."""
-  return [a for a in q.f.legacy_attrs if id(a) in q.f.def_resets
-          and not q.is_optimizer(a.value) and q.maybe_read_as_optimizer(a.value)]
+  return [a for a in q.f.legacy_attrs if _unsure_reset(q, a)]
+
+
+def _unsure_reset(q, attr) -> bool:
+  return (id(attr) in q.f.def_resets and not q.is_optimizer(attr.value)
+          and q.maybe_read_as_optimizer(attr.value))
 
 
 def blocks(q) -> bool:
@@ -234,7 +238,7 @@ def leave_legacy_only(p, original) -> bool:
   rule = api.LEGACY_ONLY_ATTRS.get(attr)
   if not rule or id(original) not in q.legacy_attr_ids:
     return False
-  if any(original is a for a in resets(q)):
+  if _unsure_reset(q, original):
     recv = code(original.value)
     p.flag(original, 'OM116', f'`{recv}.optimizer_def.create(...)` makes a fresh flax.optim '
                               f'Optimizer from `{recv}`\'s def (a reset of its state): as a '
