@@ -596,7 +596,10 @@ PROGRAMS = {
         class Cross(nn.Module):
           @nn.compact
           def __call__(self, q, kv, mask):
-            return nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4)(q, kv, mask)
+            y = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4)(q, kv, mask)
+            # (init2winit's xformer_translate: the mask positional, deterministic by keyword)
+            return y + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, name='det')(
+                q, kv, mask, deterministic=True)
 
         rs = np.random.RandomState(0)
         q = rs.randn(1, 3, 4).astype(np.float32)

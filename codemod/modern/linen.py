@@ -252,12 +252,13 @@ class _Linen:
       return updated
     if any(a.keyword is None for a in original.args[len(positional):]):
       return updated
-    if len(positional) > 4 or any(a.keyword is not None and a.keyword.value in
-                                  ('mask', 'deterministic') for a in original.args):
+    names = ['mask', 'deterministic'][:len(positional) - 2]
+    # (`(q, kv, mask, deterministic=d)` is fine: only a keyword the positional ones name clashes)
+    if len(positional) > 4 or any(a.keyword is not None and a.keyword.value in names
+                                  for a in original.args):
       self.flag(original, 'OM224', 'MultiHeadDotProductAttention called with these positional '
                 'arguments: pass mask= and deterministic= by keyword')
       return updated
-    names = ['mask', 'deterministic'][:len(positional) - 2]
     if not self.decide(original, api.rule, f'positional {" and ".join(names)} of '
                        f'MultiHeadDotProductAttention -> keyword: {api.why}', ''):
       return updated
