@@ -389,6 +389,68 @@ def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True
   return tree.with_changes(body=[*body[:start], *added, *rest[n:]])
 
 
+# -- a removed import keeps the blank line that set its section apart ---------------------
+def _split_leading(lines):
+  """``lines`` (a statement's leading lines) as ``(detached, attached)``: the comment lines
+  right above the statement are its own; the rest (blank lines, and comments set apart from
+  it by one) separate it from what comes before."""
+  lines = list(lines)
+  cut = len(lines)
+  while cut > 0 and lines[cut - 1].comment is not None:
+    cut -= 1
+  return lines[:cut], lines[cut:]
+
+
+def _names(node) -> list[str]:
+  return [] if isinstance(node.names, cst.ImportStar) else [a.evaluated_name for a in node.names]
+
+
+def _edited(before, after) -> bool:
+  """``after`` can be ``before`` (an import line) with names dropped or ``import flax.optim``
+  made ``import flax``: same kinds of import, same modules, no new name, same leading lines."""
+  b, a = list(_import_nodes(before)), list(_import_nodes(after))
+  if not _import_only(before) or not _import_only(after) or len(a) != len(b):
+    return False
+  for x, y in zip(b, a):
+    if type(x) is not type(y):
+      return False
+    if isinstance(x, cst.ImportFrom):
+      if x.relative or y.relative or _module_name(x.module) != _module_name(y.module):
+        return False
+      if not set(_names(y)) <= set(_names(x)):
+        return False
+    elif not all(any(m == n or m.startswith(n + '.') for m in _names(x)) for n in _names(y)):
+      return False
+  return all(p.deep_equals(q) for p, q in zip(before.leading_lines, after.leading_lines)) and \
+      len(before.leading_lines) == len(after.leading_lines)
+
+
+def keep_section_breaks(before: cst.Module, after: cst.Module) -> cst.Module:
+  """``after`` (``before`` with top-level statements removed or import lines edited by an
+  import removal) where a removed statement's blank line, the one setting its section apart
+  from the previous one, goes to the statement that followed it when that one had none:
+  removing ``import flax.optim as fo`` at the head of a section (``import jax`` below it)
+  would otherwise join the section to the one before. Comment lines right above a removed
+  import go with it (they were about it). ``after`` as it is when its statements do not
+  line up with ``before``'s."""
+  old, new = before.body, after.body
+  if len(new) >= len(old):
+    return after
+  out, carry, j, moved = [], None, 0, False
+  for stmt in old:
+    kept = new[j] if j < len(new) else None
+    if kept is not None and (kept is stmt or _edited(stmt, kept) or kept.deep_equals(stmt)):
+      if carry and not kept.leading_lines:
+        kept, moved = kept.with_changes(leading_lines=carry), True
+      out.append(kept)
+      carry, j = None, j + 1
+    elif carry is None:
+      carry = _split_leading(stmt.leading_lines)[0] or None
+  if j != len(new) or not moved:
+    return after
+  return after.with_changes(body=out)
+
+
 def _globals_read(code: str) -> 'set[str] | None':
   """The names some scope of ``code`` reads as module globals (CPython's own ``symtable``:
   a read at module level, or an implicit or declared global read in a function or class),

@@ -79,7 +79,8 @@ def rewrite_source(source: str, options: Options | None = None) -> tuple[str, li
       removals = context.scratch.pop(RemoveImportsVisitor.CONTEXT_KEY, [])
       n_head = next((i for i, st in enumerate(new.body)
                      if isinstance(st, cst.BaseCompoundStatement)), len(new.body))
-      new = import_scope.remove_unused_imports(context, new, n_head, removals)
+      new = import_scope.keep_section_breaks(
+          new, import_scope.remove_unused_imports(context, new, n_head, removals))
   return new.code, rewriter.findings
 
 

@@ -383,9 +383,10 @@ def fix_imports(context: CodemodContext, tree: cst.Module, drop) -> cst.Module:
     # (added to the whole module, they followed a block whose legacy import they replace:
     # `if __name__ == '__main__': from flax import optim ...`, a NameError in the block)
     head = _add_imports(context, head, adds)
-    tree = tree.with_changes(body=[*head.body, *tail])
+    tree = before = tree.with_changes(body=[*head.body, *tail])
     tree = import_scope.remove_unused_imports(context, tree, len(head.body), drop)
-    return import_scope.drop_unread_legacy_imports(tree, drop)
+    tree = import_scope.drop_unread_legacy_imports(tree, drop)
+    return import_scope.keep_section_breaks(before, tree)
   fast, slow = [], []
   for module, obj, asname in dict.fromkeys(drop):
     bound = asname or obj or module.split('.')[0]
@@ -396,11 +397,13 @@ def fix_imports(context: CodemodContext, tree: cst.Module, drop) -> cst.Module:
       slow.append((module, obj, asname))
   head = _add_imports(context, head, adds)
   if fast and import_scope.may_remove(head.body, fast):
-    head = import_scope.remove_unused_head_imports(context, head, fast)
-  tree = tree.with_changes(body=[*head.body, *tail])
+    head = import_scope.keep_section_breaks(
+        head, import_scope.remove_unused_head_imports(context, head, fast))
+  tree = before = tree.with_changes(body=[*head.body, *tail])
   if slow:
     tree = import_scope.remove_unused_imports(context, tree, len(head.body), slow)
     tree = import_scope.drop_unread_legacy_imports(tree, slow)
+    tree = import_scope.keep_section_breaks(before, tree)
   return tree
 
 
@@ -418,10 +421,11 @@ def finish(context: CodemodContext, q, tree: cst.Module, full: cst.Module) -> cs
   tree = fix_imports(context, tree, drop)
   if not drop:
     return tree
+  before = tree
   tree = plain_flax_imports(tree)
   if any(isinstance(stmt, cst.Try) for stmt in full.body):
     tree = tree.with_changes(body=[stmt for stmt in tree.body if not _emptied_try(stmt)])
-  return tree
+  return import_scope.keep_section_breaks(before, tree)
 
 
 def _emptied_try(stmt) -> bool:
