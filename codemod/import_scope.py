@@ -12,9 +12,12 @@ statements, and puts the result back among the others unchanged.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import io
 import re
 import symtable
+import sys
 import tokenize
 from typing import Optional, Sequence
 
@@ -389,7 +392,165 @@ def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True
   return tree.with_changes(body=[*body[:start], *added, *rest[n:]])
 
 
-# -- a removed import keeps the blank line that set its section apart ---------------------
+# -- where a careful human (or isort) would put the added imports ------------------------
+# add_imports places what LibCST's visitor places: names merged into an existing
+# `from m import ...` go first (`train_state, checkpoints`), and every new line follows the
+# run of imports it is shown (`import os` among optax and flax.training). place_imports
+# merges names in order and puts standard-library modules in the file's stdlib section
+# first, then hands the rest to add_imports.
+
+def _stdlib(module: str) -> bool:
+  top = module.split('.')[0]
+  return top != '__future__' and top in sys.stdlib_module_names
+
+
+def _stdlib_line(stmt) -> bool:
+  """``stmt`` is a line of absolute imports of standard-library modules only."""
+  nodes = list(_import_nodes(stmt)) if _import_only(stmt) else []
+  return bool(nodes) and all(
+      all(_stdlib(_module_name(a.name)) for a in node.names) if isinstance(node, cst.Import)
+      else not node.relative and node.module is not None and _stdlib(_module_name(node.module))
+      for node in nodes)
+
+
+def _future_line(stmt) -> bool:
+  return any(isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None
+             and _module_name(node.module) == '__future__' for node in _import_nodes(stmt))
+
+
+def _one_import(stmt):
+  """The import of a line holding exactly one import (what LibCST's visitor reads), or None."""
+  if (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1
+      and isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))):
+    return stmt.body[0]
+  return None
+
+
+def _skips_first(body) -> bool:
+  """LibCST's visitor keeps a leading docstring or ``__strict__`` line first."""
+  if not body or not isinstance(body[0], cst.SimpleStatementLine) or not body[0].body:
+    return False
+  first = body[0].body[0]
+  return (isinstance(first, cst.Expr) and isinstance(first.value, cst.SimpleString)
+          and len(body[0].body) == 1) or (
+      isinstance(first, cst.Assign) and len(first.targets) == 1
+      and isinstance(first.targets[0].target, cst.Name)
+      and first.targets[0].target.value == '__strict__')
+
+
+def _top_run(shown) -> tuple[int, int]:
+  """``(first, end)``: the indices of ``shown`` that LibCST's visitor reads as the module's
+  top imports (it merges names into those) and inserts new import lines at (``end``)."""
+  first = 1 if _skips_first(shown) else 0
+  end = first
+  while end < len(shown) and _one_import(shown[end]) is not None:
+    end += 1
+  return first, end
+
+
+def _by_type(name: str):
+  kind = 0 if name.isupper() and len(name) > 1 else 1 if name[:1].isupper() else 2
+  return kind, name.lower(), name
+
+
+#: Orders a list of imported names may be sorted in: case-insensitive (isort's default
+#: ``force_sort_within_sections``-insensitive order), isort's ``order_by_type`` (CONSTANTS,
+#: Classes, then the rest) and plain code-point order.
+_NAME_ORDERS = ((lambda name: (name.lower(), name)), _by_type, (lambda name: name))
+
+
+def _sorted_by(names, key) -> bool:
+  keys = [key(name) for name in names]
+  return all(a <= b for a, b in zip(keys, keys[1:]))
+
+
+def _no_comment(ws):
+  if isinstance(ws, cst.ParenthesizedWhitespace) and ws.first_line.comment is not None:
+    return ws.with_changes(first_line=cst.TrailingWhitespace())
+  return ws
+
+
+def merge_names(node: cst.ImportFrom, new: Sequence[cst.ImportAlias]) -> cst.ImportFrom:
+  """``node`` importing ``new`` too: each new name in its sorted place when ``node``'s own
+  names are sorted (in one of ``_NAME_ORDERS``), else after them; the layout
+  (commas, a multi-line parenthesized list, a trailing comma) is kept."""
+  old = list(node.names)
+  names = [a.evaluated_name for a in old]
+  key = next((k for k in _NAME_ORDERS if _sorted_by(names, k)), None)
+  new = sorted(new, key=lambda a: _NAME_ORDERS[0](a.evaluated_name))
+  merged = list(old)
+  if key is None:
+    merged.extend(new)
+  else:
+    for alias in new:
+      keys = [key(a.evaluated_name) for a in merged]
+      merged.insert(bisect.bisect_right(keys, key(alias.evaluated_name)), alias)
+  separators = [a.comma for a in old[:-1] if isinstance(a.comma, cst.Comma)
+                and _no_comment(a.comma.whitespace_after) is a.comma.whitespace_after]
+  if separators:
+    separator = separators[0]
+  elif node.lpar is not None and isinstance(node.lpar.whitespace_after,
+                                            cst.ParenthesizedWhitespace):
+    separator = cst.Comma(whitespace_after=_no_comment(node.lpar.whitespace_after))
+  else:
+    separator = cst.Comma(whitespace_after=cst.SimpleWhitespace(' '))
+  last = old[-1]
+  out = []
+  for i, alias in enumerate(merged):
+    if i == len(merged) - 1:
+      comma = last.comma
+    elif any(alias is a for a in old[:-1]):
+      comma = alias.comma
+    else:
+      comma = separator
+    out.append(alias.with_changes(comma=comma))
+  return node.with_changes(names=out)
+
+
+def _alias_node(item) -> cst.ImportAlias:
+  return cst.ImportAlias(
+      name=cst.parse_expression(item.obj_name),
+      asname=cst.AsName(name=cst.Name(item.alias)) if item.alias else None)
+
+
+def _merge_into_top(shown, items):
+  """LibCST's merging of ``from m import x`` items into the first ``from m import ...`` of
+  the top imports of ``shown``, with the names in order (:func:`merge_names`). Returns
+  ``shown`` and the items left for the visitor (modules with a star or a relative import
+  among the top ones, names already imported there)."""
+  first, end = _top_run(shown)
+  top = [(i, _one_import(shown[i])) for i in range(first, end)]
+  if any(isinstance(node, cst.ImportFrom) and (node.relative or node.module is None)
+         for _, node in top):
+    return shown, items
+  shown, left = list(shown), []
+  by_module: dict[str, list] = {}
+  for item in items:
+    if (item.obj_name is None or item.relative or item.module_name == '__future__'
+        or _present(shown[first:end], item)):
+      left.append(item)
+    else:
+      by_module.setdefault(item.module_name, []).append(item)
+  for module, wanted in by_module.items():
+    froms = [(i, node) for i, node in top if isinstance(node, cst.ImportFrom)
+             and _module_name(node.module) == module]
+    if not froms or any(isinstance(node.names, cst.ImportStar) for _, node in froms):
+      left.extend(wanted)
+      continue
+    i, node = froms[0]
+    merged = merge_names(node, [_alias_node(item) for item in dict.fromkeys(wanted)])
+    shown[i] = shown[i].with_changes(body=[merged])
+    top = [(j, merged if j == i else n) for j, n in top]
+  return shown, left
+
+
+def _line_key(stmt, by_kind: bool):
+  node = next(_import_nodes(stmt))
+  name = (_module_name(node.names[0].name) if isinstance(node, cst.Import)
+          else _module_name(node.module))
+  return (isinstance(node, cst.ImportFrom), name.lower()) if by_kind else (name.lower(),)
+
+
 def _split_leading(lines):
   """``lines`` (a statement's leading lines) as ``(detached, attached)``: the comment lines
   right above the statement are its own; the rest (blank lines, and comments set apart from
@@ -401,6 +562,103 @@ def _split_leading(lines):
   return lines[:cut], lines[cut:]
 
 
+def _stdlib_place(body, end: int):
+  """Where an added standard-library import goes among ``body[:end]`` (isort's stdlib
+  section), or None (no import there).
+
+  Returns ``('section', lines, by_kind)``: among ``lines``, the standard-library import
+  lines of the first section holding one (sections: runs of import lines set apart by blank
+  or comment lines or code), sorted by module (``by_kind`` False), by ``import`` lines then
+  ``from`` lines (True, isort's default) or not sorted (None: after them); or ``('top', i,
+  None)``: before ``body[i]``, the first import after any ``from __future__`` one, as a
+  section of its own.
+  """
+  sections, current = [], []
+  for i in range(end):
+    if not _import_only(body[i]):
+      current = []
+      continue
+    if body[i].leading_lines or not current:
+      current = []
+      sections.append(current)
+    current.append(i)
+  for section in sections:
+    lines = [i for i in section if _stdlib_line(body[i])]
+    if lines:
+      by_kind = next((k for k in (False, True) if _sorted_by(
+          [body[i] for i in lines], functools.partial(_line_key, by_kind=k))), None)
+      return 'section', lines, by_kind
+  first = next((i for i in range(end) if _import_only(body[i]) and not _future_line(body[i])),
+               None)
+  return None if first is None else ('top', first, None)
+
+
+def _stdlib_statement(item) -> cst.SimpleStatementLine:
+  if item.obj_name is None:
+    text = f'import {item.module_name}' + (f' as {item.alias}' if item.alias else '')
+  else:
+    text = (f'from {item.module_name} import {item.obj_name}'
+            + (f' as {item.alias}' if item.alias else ''))
+  return cst.parse_statement(text + '\n')
+
+
+def _insert_stdlib(body, place, stmt):
+  """``body`` with ``stmt`` (a standard-library import line) at ``place``
+  (:func:`_stdlib_place`'s answer)."""
+  body = list(body)
+  kind, lines, by_kind = place
+  if kind == 'top':
+    i = lines
+    detached, attached = _split_leading(body[i].leading_lines)
+    body[i] = body[i].with_changes(leading_lines=[cst.EmptyLine(), *attached])
+    return [*body[:i], stmt.with_changes(leading_lines=detached), *body[i:]]
+  i = lines[-1] + 1
+  if by_kind is not None:
+    key = _line_key(stmt, by_kind)
+    i = next((j for j in lines if _line_key(body[j], by_kind) > key), i)
+  if i == lines[0]:  # first of its section: it takes the section's leading lines
+    stmt = stmt.with_changes(leading_lines=body[i].leading_lines)
+    body[i] = body[i].with_changes(leading_lines=())
+  body.insert(i, stmt)
+  return body
+
+
+def place_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True) -> cst.Module:
+  """:func:`add_imports`, with the imports placed as isort (or a careful human) would: a
+  name added to an existing ``from m import a, b`` in its sorted place when ``a, b`` are
+  sorted (after them when not), and a standard-library module (``import os``) in the
+  file's stdlib section, sorted among it when it is sorted (at the top of the imports,
+  a section of its own, when no section imports the standard library), instead of among
+  the added third-party imports."""
+  key = AddImportsVisitor.CONTEXT_KEY
+  items = list(context.scratch.get(key, []))
+  if not items or any(i.module_name == '__future__' or i.relative for i in items):
+    return add_imports(context, tree, anchored)
+  body = list(tree.body)
+  start = insertion_start(body) if anchored else 0
+  section = _section_end(body, start) if anchored else None
+  rest = body[start:]
+  n = section - start if section is not None else _add_reads(rest) if rest else 0
+  shown, items = _merge_into_top(rest[:n], items)
+  end = start + _top_run(shown)[1]  # (the visitor inserts nothing before this index)
+  later = body[section:_run_end(body, section)] if section is not None else []
+  stdlib = [i for i in dict.fromkeys(items) if _stdlib(i.module_name)
+            and not _present([*body[:start], *shown], i) and not _present(later, i)]
+  body = [*body[:start], *shown, *rest[n:]]
+  if not stdlib or _stdlib_place(body, end) is None:
+    stdlib = []
+  context.scratch[key] = [i for i in items if i not in stdlib]
+  tree = add_imports(context, tree.with_changes(body=body), anchored)
+  if not stdlib:
+    return tree
+  body = list(tree.body)  # (the same statements as before up to `end`: the visitor adds after)
+  for stmt in sorted(map(_stdlib_statement, stdlib), key=lambda st: _line_key(st, False)):
+    body = _insert_stdlib(body, _stdlib_place(body, end), stmt)
+    end += 1
+  return tree.with_changes(body=body)
+
+
+# -- a removed import keeps the blank line that set its section apart ---------------------
 def _names(node) -> list[str]:
   return [] if isinstance(node.names, cst.ImportStar) else [a.evaluated_name for a in node.names]
 

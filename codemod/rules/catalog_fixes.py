@@ -256,7 +256,7 @@ FIXES = (
                 'def restore(workdir, params):\n'
                 '  opt = optim.Adam(learning_rate=1e-3).create(params)\n'
                 '  return checkpoints.restore_checkpoint(workdir, opt)\n',
-         after='from flax.training import train_state, checkpoints\n'
+         after='from flax.training import checkpoints, train_state\n'
                'import optax\n'
                'import optim_compat.checkpoint\n'
                '\n'

@@ -353,7 +353,7 @@ def _add_imports(context: CodemodContext, tree: cst.Module, adds) -> cst.Module:
     return tree
   context.scratch[AddImportsVisitor.CONTEXT_KEY] = adds
   try:
-    return import_scope.add_imports(context, tree)
+    return import_scope.place_imports(context, tree)
   finally:
     context.scratch.pop(AddImportsVisitor.CONTEXT_KEY, None)
 
