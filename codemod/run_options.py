@@ -6,6 +6,7 @@ puts the command-line flags over it (``codemod.runner`` calls them).
 """
 from __future__ import annotations
 
+import difflib
 import pathlib
 from typing import Optional
 
@@ -100,6 +101,21 @@ def _split(values, flag: str = '--select') -> Optional[tuple[str, ...]]:
   return tuple(out)
 
 
+def unknown_ids_message(flag: str, bad: list[str]) -> str:
+  """The error for rule ids (or prefixes) in ``flag`` that name no rule: the ids, the closest
+  known ids or prefixes of each (``om001`` -> ``OM001``), and where the list is, rather than
+  the whole list."""
+  hints = []
+  for given in bad:
+    known = sorted(set(RULES) | {rule[:len(given)] for rule in RULES})
+    close = difflib.get_close_matches(given.upper(), known, n=3)
+    if close:
+      hints.append((f'{given}: ' if len(bad) > 1 else '') + 'did you mean '
+                   + ', '.join(close[:-1]) + (' or ' if len(close) > 1 else '') + close[-1] + '?')
+  return (f'{flag}: unknown rule id(s) {bad}; ' + ''.join(h + ' ' for h in hints)
+          + '`optim-migrate rule` lists every rule')
+
+
 def build_options(args, config: dict) -> Options:
   """Flags over ``[tool.optim-migrate]`` (``config`` as checked by :func:`load_config`).
 
@@ -114,7 +130,7 @@ def build_options(args, config: dict) -> Options:
   for flag, given in (('--select', args.select), ('--ignore', args.ignore)):
     bad = check_rule_ids(_split(given, flag) or ())
     if bad:
-      raise ConfigError(f'{flag}: unknown rule id(s) {bad}; valid: {sorted(RULES)}')
+      raise ConfigError(unknown_ids_message(flag, bad))
   return Options(select=select, ignore=ignore,
                  unsafe_fixes=args.unsafe_fixes or config.get('unsafe-fixes', False),
                  prefer_stock_optax=args.prefer_stock_optax or config.get('prefer-stock-optax', False),

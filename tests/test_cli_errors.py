@@ -227,3 +227,23 @@ def test_a_named_symlink_loop_or_dangling_link_says_so(tmp_path, capsys):
     assert cli.main(['rewrite', '--check', str(path)]) == 2
     assert capsys.readouterr().err == (f'{path}: a symbolic link that leads nowhere (dangling, '
                                        'or a loop)\n')
+
+
+def test_an_unknown_rule_id_names_it_and_the_closest_ids_not_every_id(tmp_path, capsys):
+  """Before: ``--select OM999`` printed all ~70 rule ids."""
+  source = tmp_path / 'x.py'
+  source.write_text('x = 1\n')
+  assert cli.main(['rewrite', '--select', 'OM999', str(source)]) == cli.EXIT_ERROR
+  assert capsys.readouterr().err == (
+      "rewrite: --select: unknown rule id(s) ['OM999']; did you mean OM209, OM119 or OM109? "
+      '`optim-migrate rule` lists every rule\n')
+  assert cli.main(['rewrite', '--ignore', 'OM1,om001,XYZ', str(source)]) == cli.EXIT_ERROR
+  assert capsys.readouterr().err == (
+      "rewrite: --ignore: unknown rule id(s) ['om001', 'XYZ']; om001: did you mean OM001, "
+      'OM201 or OM101? `optim-migrate rule` lists every rule\n')
+
+
+def test_the_subcommand_the_unknown_id_error_points_at_lists_the_rules(capsys):
+  assert cli.main(['rule']) == 0
+  out = capsys.readouterr().out
+  assert 'OM001' in out and 'OM209' in out
