@@ -860,7 +860,8 @@ PROGRAMS = FIXTURES.parent / 'programs'
                                      'legacy_scan_carry_step', 'legacy_def_kwargs_dict',
                                      'legacy_multi_user_group', 'legacy_pickled_state',
                                      'legacy_state_dict_histograms',
-                                     'legacy_group_rates_by_config', 'legacy_state_surgery'])
+                                     'legacy_group_rates_by_config', 'legacy_state_surgery',
+                                     'legacy_reset_moments'])
 def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_python, tmp_path):
   """The legacy program on real flax.optim 0.5.3 (old stack) and its codemod output on the
   modern stack train to the same numbers; MultiOptimizer's unselected layer stays frozen."""

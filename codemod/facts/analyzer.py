@@ -938,7 +938,7 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     n, f = self.n, self.f
     f.call_funcs.add(id(node.func))
     if m.matches(node.func, _DEF_RESET):
-      f.def_resets.add(id(node.func.value))
+      f.def_resets[id(node.func.value)] = node
     if isinstance(node.func, cst.Attribute) and node.func.attr.value == 'get' and \
         m.matches(node, _GET_CALL):
       self._legacy_key_read(node.func.value, node.args[0].value, node)

@@ -59,9 +59,9 @@ class Facts:
   def_default_calls: dict = _field()  # ... and id(that def) -> the `.get(...)` call
   wn_inner: set = _field(set)         # ids of def calls wrapped by WeightNorm(...)
   create_calls: list = _field(list)   # `<def>.create(...)`
-  #: ids of `o.optimizer_def` in `o.optimizer_def.create(...)`: a fresh optimizer from `o`'s
-  #: def (the reset idiom), flagged OM116 and kept on the shim (helper-29's D2)
-  def_resets: set = _field(set)
+  #: id of `o.optimizer_def` -> the call `o.optimizer_def.create(...)`: a fresh optimizer from
+  #: `o`'s def (the reset idiom): converted where `o` is proven one (OM001), else OM116
+  def_resets: dict = _field(dict)
   stored: set = _field(set)           # ids of the targets of `=`, augmented `=` and `del`
   #: `<cls>.create(..., params=..., tx=...)`: a flax TrainState (or subclass) this file makes
   train_state_creates: list = _field(list)

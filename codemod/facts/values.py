@@ -15,6 +15,10 @@ _METHOD_ON_NAME = m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name(
                               | m.Name('replace'))
 _METHOD_ON_CALL = m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name('unreplicate')
                               | m.Name('replace'))
+#: ``o.optimizer_def.create(p)``: a fresh optimizer from ``o``'s own def (the reset idiom)
+RESET_CALL = m.Call(func=m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('optimizer_def')),
+                                     attr=m.Name('create')),
+                    args=[m.Arg(keyword=None, star='')])
 
 
 #: ``opt.optimizer_def.hyper_params`` (the whole hyper-parameters of an optimizer's def).
@@ -175,6 +179,8 @@ def produces_optimizer(n: Names, value) -> bool:
       return True
   if m.matches(func, _METHOD_ON_NAME):
     return n.binding(func.value) in f.opt_vars  # `opt.replace(target=p)` too
+  if m.matches(value, RESET_CALL):  # `opt = opt.optimizer_def.create(p)`: reset (OM001)
+    return n.binding(func.value.value) in f.opt_vars
   if (m.matches(func, m.Attribute(value=m.Attribute(), attr=m.Name('replace')))
       and func.value.attr.value in f.annotated_fields):
     return True  # `state.optimizer.replace(target=p)`: the optimizer field of a container

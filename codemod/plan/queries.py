@@ -61,6 +61,7 @@ class Queries:
     self.wrapped_args: set = set()  # ids of functions given to jax.jit / jax.pmap
     self.def_only = None           # (cache of codemod.rules.defs.def_only_uses)
     self.view_def = False          # (cache of codemod.rules.attributes.view_def; False: unset)
+    self.resets: set = set()       # ids of `o.optimizer_def.create(p)` on a proven optimizer
     self._container_receivers = None  # (cache of container_receivers)
     self._foreign_receivers = None  # (cache of foreign_receivers)
     self._plain_annotated = None  # (cache of annotated_plain)

@@ -69,6 +69,7 @@ CALL_CHAIN = (
     apply_gradient.leave_apply_problem,
     restores.leave_save,  # (also where the file keeps its legacy code: orbax's absolute path)
     _stop_if_blocked,
+    attributes.leave_reset,
     restores.leave_restore,
     apply_gradient.leave_apply,
     attributes.leave_replace,

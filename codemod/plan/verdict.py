@@ -23,6 +23,7 @@ def prepare(q) -> None:
   apply_gradient.prepare(q)   # injected learning rates, per-group rates
   references.prepare(q)      # legacy names with no conversion
   defs.prepare(q)             # hyper-parameter reads
+  attributes.prepare(q)       # resets of a proven optimizer (`o.optimizer_def.create(p)`)
   q.maybe_vars = q.derived_names()
   imports.prepare(q)          # emitted names bound to something else
   crossmodule.prepare(q)      # calls of other modules' step functions

@@ -15,7 +15,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from codemod import legacy_api as api
-from codemod.facts.values import pickled_value
+from codemod.facts.values import RESET_CALL, pickled_value
 from codemod.names import attr_chain, code, named_like_optimizer, template
 from codemod.rules.apply_gradient import stepped_here, stepped_in_scope
 
@@ -207,6 +207,18 @@ def resets(q) -> list[cst.Attribute]:
   return [a for a in q.f.legacy_attrs if _unsure_reset(q, a)]
 
 
+def prepare(q) -> None:
+  """``o = o.optimizer_def.create(p)`` where ``o`` is proven this file's optimizer and ``p``
+  a name or an attribute chain (read twice by the rewrite): converted (:func:`apply_reset`),
+  its ``.optimizer_def`` consumed."""
+  for attr in q.f.legacy_attrs:
+    call = q.f.def_resets.get(id(attr))
+    if (call is not None and m.matches(call, RESET_CALL) and q.is_optimizer(attr.value)
+        and attr_chain(call.args[0].value) is not None):
+      q.handled.add(id(attr))
+      q.resets.add(id(call))
+
+
 def _unsure_reset(q, attr) -> bool:
   return (id(attr) in q.f.def_resets and not q.is_optimizer(attr.value)
           and q.maybe_read_as_optimizer(attr.value))
@@ -241,10 +253,11 @@ def leave_legacy_only(p, original) -> bool:
   if _unsure_reset(q, original):
     recv = code(original.value)
     p.flag(original, 'OM116', f'`{recv}.optimizer_def.create(...)` makes a fresh flax.optim '
-                              f'Optimizer from `{recv}`\'s def (a reset of its state): as a '
-                              'TrainState that is `train_state.TrainState.create(apply_fn='
-                              f'{recv}.apply_fn, params=..., tx={recv}.tx)`; convert it so, '
-                              'then rerun', blocks=True)
+                              f'Optimizer from `{recv}`\'s def (a reset of its state), and '
+                              f'nothing here proves `{recv}` is this file\'s optimizer: as a '
+                              f'TrainState that is `{recv}.replace(step=0, params=..., '
+                              f'opt_state={recv}.tx.init(...))`; convert it so, then rerun',
+           blocks=True)
     return True
   if id(original) not in q.handled and id(original) not in q.hp_owner_ids \
       and surgery_receiver(q, original.value):
@@ -371,7 +384,27 @@ def leave_replace(p, original) -> bool:
   return True
 
 
+def leave_reset(p, original) -> bool:
+  """``o.optimizer_def.create(p)`` on a proven optimizer (OM001): a fresh state from
+  ``o``'s transformation, step 0 (:func:`apply_reset`)."""
+  if id(original) not in p.q.resets:
+    return False
+  recv = code(original.func.value.value)
+  p.fix(original, apply_reset, [('OM001', f'`{code(original)}` (a fresh optimizer from '
+                                          f'`{recv}`\'s def, step 0) -> `{recv}.replace(step=0, '
+                                          f'params=..., opt_state={recv}.tx.init(...))`')])
+  return True
+
+
 # -- fixes ----------------------------------------------------------------------------------
+def apply_reset(ctx, original, updated, fix):
+  """``o.optimizer_def.create(p)`` -> ``o.replace(step=0, params=p, opt_state=o.tx.init(p))``:
+  legacy ``OptimizerDef.create`` built ``Optimizer(def, init_state(p), p)``, its step 0 and
+  each moment fresh; the TrainState keeps its class, ``apply_fn`` and ``tx``."""
+  recv, params = updated.func.value.value, updated.args[0].value
+  return template('O.replace(step=0, params=P, opt_state=O.tx.init(P))', O=recv, P=params)
+
+
 def apply_rename(ctx, original, updated, fix):
   member = fix.data['member']
   recv = updated
