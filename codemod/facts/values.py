@@ -16,9 +16,10 @@ _METHOD_ON_NAME = m.Attribute(value=m.Name(), attr=m.Name('replicate') | m.Name(
 _METHOD_ON_CALL = m.Attribute(value=m.Call(), attr=m.Name('replicate') | m.Name('unreplicate')
                               | m.Name('replace'))
 #: ``o.optimizer_def.create(p)``: a fresh optimizer from ``o``'s own def (the reset idiom)
-RESET_CALL = m.Call(func=m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('optimizer_def')),
-                                     attr=m.Name('create')),
-                    args=[m.Arg(keyword=None, star='')])
+RESET_CALL = m.Call(
+    func=m.Attribute(value=m.Attribute(value=m.Name(), attr=m.Name('optimizer_def')),
+                     attr=m.Name('create')),
+    args=[m.Arg(keyword=None, star='')])
 
 
 #: ``opt.optimizer_def.hyper_params`` (the whole hyper-parameters of an optimizer's def).
