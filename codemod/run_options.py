@@ -66,8 +66,7 @@ def load_config(path: Optional[pathlib.Path]) -> dict:
   for key in ('select', 'ignore'):
     bad = check_rule_ids(table.get(key, ()))
     if bad:
-      raise ConfigError(f'{path}: [tool.optim-migrate] {key}: unknown rule id(s) {bad}; '
-                        f'valid: {sorted(RULES)}')
+      raise ConfigError(f'{path}: ' + unknown_ids_message(f'[tool.optim-migrate] {key}', bad))
   for key in ('prefer-stock-optax', 'unsafe-fixes', 'shim-fallback'):
     if key in table and not isinstance(table[key], bool):
       raise ConfigError(f'{path}: [tool.optim-migrate] {key} must be true or false')

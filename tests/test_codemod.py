@@ -797,9 +797,11 @@ def test_cli_empty_rule_list_or_item_exits_2_naming_the_option(tmp_path, capsys,
     ('tool = 3\n', 'tool must be a table ([tool]), got 3'),
     ('[tool.optim-migrate]\nselect = [\n', 'cannot read: '),
     ('[tool.optim-migrate]\nselect = ["OM9"]\n',
-     "[tool.optim-migrate] select: unknown rule id(s) ['OM9']; valid: ['OM001', "),
+     "[tool.optim-migrate] select: unknown rule id(s) ['OM9']; did you mean OM209, OM119 or OM109? "
+     '`optim-migrate rule` lists every rule'),
     ('[tool.optim-migrate]\nselect = ["OM0"]\nignore = ["OM1", "X"]\n',
-     "[tool.optim-migrate] ignore: unknown rule id(s) ['X']; valid: ['OM001', "),
+     "[tool.optim-migrate] ignore: unknown rule id(s) ['X']; `optim-migrate rule` lists every "
+     'rule'),
     ('[tool.optim-migrate]\nselect = []\n',
      '[tool.optim-migrate] select is empty: it would apply no rule'),
     # an empty id is a prefix of every rule: it ignored (or selected) them all, silently
