@@ -37,7 +37,9 @@ FIXES = (
                 'the rate is set at apply time); a jitted create (scenic\'s `jax.jit(d.create, '
                 "backend='cpu')(params)`) → `jax.jit(lambda params: train_state.TrainState."
                 "create(apply_fn=None, params=params, tx=d), backend='cpu')(params)`; a bound "
-                '`d.create` handed on otherwise (`f = d.create`, `jax.pmap(d.create)`) is OM114'),
+                '`d.create` handed on otherwise (`f = d.create`, `jax.pmap(d.create)`) is OM114; '
+                'the reset idiom `o = o.optimizer_def.create(o.target)` → `o.replace(step=0, '
+                'params=o.params, opt_state=o.tx.init(o.params))`'),
     Rule('OM002', 'safe', family='apply_gradient', summary=
          '`opt.apply_gradient(grads)` -> `opt.apply_gradients(grads=grads)`; '
          '`learning_rate=lr` -> set in an `optax.inject_hyperparams` state',

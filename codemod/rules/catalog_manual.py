@@ -289,8 +289,9 @@ MANUAL = (
                 '`.restore_state(...)`, `.state_dict()` where the legacy view cannot be laid out '
                 '(OM017), `.optimize` not unpacked into names, a def\'s `.init_state`, '
                 '`.apply_gradient` used as a value (`jax.jit(opt.apply_gradient)`), '
-                '`.replicate(...)` with other arguments than `devices` / `axis_name` (the file '
-                'keeps its legacy code)'),
+                '`.replicate(...)` with other arguments than `devices` / `axis_name`, a reset '
+                '(`o.optimizer_def.create(...)`) of a value nothing proves is the optimizer (the '
+                'file keeps its legacy code)'),
     Rule('OM117', 'manual', family='attributes', summary=
          'a legacy member read on a value nothing proves to be an optimizer',
          why='Function parameters of unknown origin, container items, attributes also assigned '
