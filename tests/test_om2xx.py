@@ -589,6 +589,7 @@ PROGRAMS = {
         RESULT = {'rest': sorted(state), 'params': params}
         ''', {'OM207'}, False),
     'attention': ('''
+        import functools
         import jax
         import numpy as np
         from flax import linen as nn
@@ -598,8 +599,12 @@ PROGRAMS = {
           def __call__(self, q, kv, mask):
             y = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4)(q, kv, mask)
             # (init2winit's xformer_translate: the mask positional, deterministic by keyword)
-            return y + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, name='det')(
+            y = y + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, name='det')(
                 q, kv, mask, deterministic=True)
+            # (the class through functools.partial, then built and called: helper-32's D1)
+            attention_cls = functools.partial(nn.MultiHeadDotProductAttention, num_heads=2,
+                                              qkv_features=4, name='partial')
+            return y + attention_cls()(q, kv, mask, deterministic=True)
 
         rs = np.random.RandomState(0)
         q = rs.randn(1, 3, 4).astype(np.float32)

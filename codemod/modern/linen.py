@@ -31,7 +31,7 @@ class _Linen:
     for v in values:
       if not isinstance(v, cst.Call):
         return None
-      if self.qname_in(v.func, _MHA):
+      if self.qname_in(v.func, _MHA) or self._partial_mha(v.func):
         kinds.add('mha')
       elif self.qname_in(v.func, _DROPOUT):
         kinds.add('dropout')
@@ -41,12 +41,24 @@ class _Linen:
       return None
     return kinds.pop(), values[0]
 
+  def _partial_mha(self, func) -> bool:
+    """``func`` is ``functools.partial(nn.MultiHeadDotProductAttention, ...)``, built inline
+    or held by a name whose reaching value it is (``attn_cls = functools.partial(...)``, then
+    ``attn_cls()(q, kv, mask)``): what calling it builds is that class."""
+    if isinstance(func, cst.Name) and self._layers_assigned():
+      found = self.value_of(func)
+      func = found[0] if found is not None and found[1] is None else None
+    return (isinstance(func, cst.Call) and bool(func.args) and func.args[0].keyword is None
+            and not func.args[0].star and self.qname_in(func.func, {'functools.partial'})
+            and self.qname_in(func.args[0].value, _MHA) is not None)
+
   def _layers_assigned(self) -> bool:
     """Does any assignment of the module assign an attention or Dropout construction? Else a
     name's reaching value (``value_of``, which needs every node's position) cannot be one."""
     if self._layer_values is None:
       self._layer_values = any(
-          isinstance(v, cst.Call) and (self.qname_in(v.func, _MHA) or self.qname_in(v.func, _DROPOUT))
+          isinstance(v, cst.Call) and (self.qname_in(v.func, _MHA) or self.qname_in(v.func, _DROPOUT)
+                                       or self._partial_mha(v))
           for v, index, _ in self.facts.values.values() if index is None)
     return self._layer_values
 
