@@ -244,12 +244,15 @@ def rule_text(rule_id: str, fixtures: pathlib.Path = FIXTURES) -> str:
   """The Markdown documentation of one rule (``docs/rules/<id>.md`` is this text).
 
   Raises:
-    KeyError: ``rule_id`` names no rule (the message lists the known ids).
+    KeyError: ``rule_id`` names no rule (the message names the closest known ids).
   """
   rules = _rules()
   key = normalize_id(rule_id)
   if key not in rules:
-    raise KeyError(f'unknown rule id {rule_id!r}; known: {", ".join(sorted(rules))}')
+    close = difflib.get_close_matches(key, sorted(rules), n=3)
+    hint = (f'did you mean {", ".join(close[:-1])}{" or " if len(close) > 1 else ""}'
+            f'{close[-1]}? ' if close else '')
+    raise KeyError(f'unknown rule id {rule_id!r}; {hint}`optim-migrate rule` lists every rule')
   rule = rules[key]
   safety = rule.safety
   out = [f'# {key}', '',

@@ -241,7 +241,7 @@ GRADIENT_DESCENT = OptimizerSpec(
     param_update=update_rules.sgd,
     emit_fn=_sgd_emit,
     stock_max_ulp=0,
-    differences=('none in float32: optax.sgd is bitwise equal (p - lr*g). In bfloat16 / '
+    differences=('in float32 optax.sgd is the legacy rule (p - lr*g). In bfloat16 / '
                  'float16 under pmap, XLA may fuse optax\'s scale and add into one rounding '
                  'where the legacy rule rounds twice (measured up to 1.03 ulp, '
                  'equivalence_tests.properties). '
@@ -275,9 +275,9 @@ MOMENTUM = OptimizerSpec(
     param_update=update_rules.momentum,
     emit_fn=_momentum_emit,
     stock_max_ulp=0,
-    differences=('none: weight_decay is coupled L2 added to the gradient before '
-                 'the momentum, i.e. chain(add_decayed_weights(wd), sgd(...)); '
-                 'bitwise equal, also with a learning rate injected per step. The shim '
+    differences=('weight_decay is coupled L2 added to the gradient before the momentum, '
+                 'i.e. chain(add_decayed_weights(wd), sgd(...)); bitwise equal, also with a '
+                 'learning rate injected per step. The shim '
                  'runs the legacy rule itself, which stays bitwise inside WeightNorm too. In '
                  'bfloat16 / float16 under pmap XLA may fuse roundings differently (measured up '
                  'to 1.03 ulp, equivalence_tests.properties). '
