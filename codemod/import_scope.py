@@ -352,7 +352,8 @@ def _present(statements, item) -> bool:
   return False
 
 
-def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True) -> cst.Module:
+def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True,
+                where: Optional[tuple[int, Optional[int]]] = None) -> cst.Module:
   """``AddImportsVisitor``'s result (the imports to add are in ``context.scratch``, as
   LibCST keeps them), placed after the run of imports :func:`insertion_start` picks
   rather than always after the module's leading run (``anchored=False``: where the visitor
@@ -361,11 +362,15 @@ def add_imports(context: CodemodContext, tree: cst.Module, anchored: bool = True
   LibCST's visitor copies and walks the whole module it is given, with a
   matcher transformer, to act on its first few statements; it is given those
   (:func:`_add_reads`) and the rest is put back after its result. Imports the
-  statements before that run already make are not added again.
+  statements before that run already make are not added again. ``where``: ``(start,
+  section)`` as :func:`place_imports` found them in a body of the same statements.
   """
   body = list(tree.body)
-  start = insertion_start(body) if anchored else 0
-  section = _section_end(body, start) if anchored else None
+  if where is not None:
+    start, section = where
+  else:
+    start = insertion_start(body) if anchored else 0
+    section = _section_end(body, start) if anchored else None
   if start or section is not None:
     later = body[section:_run_end(body, section)] if section is not None else []
     key = AddImportsVisitor.CONTEXT_KEY
@@ -648,7 +653,8 @@ def place_imports(context: CodemodContext, tree: cst.Module, anchored: bool = Tr
   if not stdlib or _stdlib_place(body, end) is None:
     stdlib = []
   context.scratch[key] = [i for i in items if i not in stdlib]
-  tree = add_imports(context, tree.with_changes(body=body), anchored)
+  # (the merges replaced statements in place: the same start and section)
+  tree = add_imports(context, tree.with_changes(body=body), anchored, where=(start, section))
   if not stdlib:
     return tree
   body = list(tree.body)  # (the same statements as before up to `end`: the visitor adds after)

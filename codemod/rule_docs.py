@@ -249,10 +249,9 @@ def rule_text(rule_id: str, fixtures: pathlib.Path = FIXTURES) -> str:
   rules = _rules()
   key = normalize_id(rule_id)
   if key not in rules:
-    close = difflib.get_close_matches(key, sorted(rules), n=3)
-    hint = (f'did you mean {", ".join(close[:-1])}{" or " if len(close) > 1 else ""}'
-            f'{close[-1]}? ' if close else '')
-    raise KeyError(f'unknown rule id {rule_id!r}; {hint}`optim-migrate rule` lists every rule')
+    from codemod.run_options import did_you_mean
+    raise KeyError(f'unknown rule id {rule_id!r}; {did_you_mean(key, rules)}`optim-migrate rule` '
+                   'lists every rule')
   rule = rules[key]
   safety = rule.safety
   out = [f'# {key}', '',

@@ -100,19 +100,26 @@ def _split(values, flag: str = '--select') -> Optional[tuple[str, ...]]:
   return tuple(out)
 
 
+def did_you_mean(given: str, known) -> str:
+  """``'did you mean A, B or C? '`` with the (at most 3) ids of ``known`` closest to
+  ``given`` (upper-cased), or ``''`` when none is close."""
+  close = difflib.get_close_matches(given.upper(), sorted(known), n=3)
+  if not close:
+    return ''
+  return ('did you mean ' + ', '.join(close[:-1]) + (' or ' if len(close) > 1 else '')
+          + close[-1] + '? ')
+
+
 def unknown_ids_message(flag: str, bad: list[str]) -> str:
   """The error for rule ids (or prefixes) in ``flag`` that name no rule: the ids, the closest
   known ids or prefixes of each (``om001`` -> ``OM001``), and where the list is, rather than
   the whole list."""
   hints = []
   for given in bad:
-    known = sorted(set(RULES) | {rule[:len(given)] for rule in RULES})
-    close = difflib.get_close_matches(given.upper(), known, n=3)
-    if close:
-      hints.append((f'{given}: ' if len(bad) > 1 else '') + 'did you mean '
-                   + ', '.join(close[:-1]) + (' or ' if len(close) > 1 else '') + close[-1] + '?')
-  return (f'{flag}: unknown rule id(s) {bad}; ' + ''.join(h + ' ' for h in hints)
-          + '`optim-migrate rule` lists every rule')
+    hint = did_you_mean(given, set(RULES) | {rule[:len(given)] for rule in RULES})
+    if hint:
+      hints.append((f'{given}: ' if len(bad) > 1 else '') + hint)
+  return f'{flag}: unknown rule id(s) {bad}; ' + ''.join(hints) + '`optim-migrate rule` lists every rule'
 
 
 def build_options(args, config: dict) -> Options:
