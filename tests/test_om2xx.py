@@ -594,10 +594,23 @@ PROGRAMS = {
         import numpy as np
         from flax import linen as nn
 
+        # module-level aliases, called in a compact method and built in setup (helper-33's D1)
+        Attention = functools.partial(nn.MultiHeadDotProductAttention, num_heads=2,
+                                      qkv_features=4)
+        MHA = nn.MultiHeadDotProductAttention
+
+        class Inner(nn.Module):
+          def setup(self):
+            self.pattn = Attention()
+
+          def __call__(self, q, kv, mask):
+            return self.pattn(q, kv, mask)
+
         class Cross(nn.Module):
           @nn.compact
           def __call__(self, q, kv, mask):
             y = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4)(q, kv, mask)
+            y = y + Inner()(q, kv, mask) + MHA(num_heads=2, qkv_features=4)(q, kv, mask)
             # (init2winit's xformer_translate: the mask positional, deterministic by keyword)
             y = y + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, name='det')(
                 q, kv, mask, deterministic=True)

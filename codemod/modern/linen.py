@@ -31,7 +31,8 @@ class _Linen:
     for v in values:
       if not isinstance(v, cst.Call):
         return None
-      if self.qname_in(v.func, _MHA) or self._partial_mha(v.func):
+      if self.qname_in(v.func, _MHA) or self._partial_mha(v.func) or (
+          isinstance(v.func, cst.Name) and self._global_mha(v.func, partial=False)):
         kinds.add('mha')
       elif self.qname_in(v.func, _DROPOUT):
         kinds.add('dropout')
@@ -47,18 +48,40 @@ class _Linen:
     ``attn_cls()(q, kv, mask)``): what calling it builds is that class."""
     if isinstance(func, cst.Name) and self._layers_assigned():
       found = self.value_of(func)
-      func = found[0] if found is not None and found[1] is None else None
+      if found is None:  # a module-level alias read in a function or method
+        return self._global_mha(func, partial=True)
+      func = found[0] if found[1] is None else None
     return (isinstance(func, cst.Call) and bool(func.args) and func.args[0].keyword is None
             and not func.args[0].star and self.qname_in(func.func, {'functools.partial'})
             and self.qname_in(func.args[0].value, _MHA) is not None)
+
+  def _global_mha(self, name: cst.Name, partial: bool) -> bool:
+    """``name`` is a module-level name every assignment of which (there is at least one) binds
+    ``functools.partial(nn.MultiHeadDotProductAttention, ...)`` (``partial``) or the class
+    itself (``MHA = nn.MultiHeadDotProductAttention``): helper-33's D1, module-level aliases
+    called in a compact method or built in ``setup``."""
+    scope = self.get_metadata(ScopeProvider, name, None)
+    assignments = list(scope[name.value]) if scope is not None else []
+    if not assignments or any(type(a.scope).__name__ != 'GlobalScope' for a in assignments):
+      return False
+    for a in assignments:
+      entry = self.facts.values.get(id(getattr(a, 'node', None)))
+      if entry is None or entry[1] is not None:
+        return False
+      value = entry[0]
+      if not (self._partial_mha(value) if partial and isinstance(value, cst.Call)
+              else not partial and self.qname_in(value, _MHA) is not None):
+        return False
+    return True
 
   def _layers_assigned(self) -> bool:
     """Does any assignment of the module assign an attention or Dropout construction? Else a
     name's reaching value (``value_of``, which needs every node's position) cannot be one."""
     if self._layer_values is None:
       self._layer_values = any(
-          isinstance(v, cst.Call) and (self.qname_in(v.func, _MHA) or self.qname_in(v.func, _DROPOUT)
-                                       or self._partial_mha(v))
+          (isinstance(v, cst.Call) and (self.qname_in(v.func, _MHA) or self.qname_in(v.func, _DROPOUT)
+                                        or self._partial_mha(v)))
+          or self.qname_in(v, _MHA) is not None  # (`MHA = nn.MultiHeadDotProductAttention`)
           for v, index, _ in self.facts.values.values() if index is None)
     return self._layer_values
 
