@@ -112,7 +112,9 @@ ARRAY_ONLY_ATTRS = frozenset({'astype', 'dtype', 'shape', 'ndim', 'item', 'block
 
 #: Legacy names replaced in type annotations (OM007): name -> (emitted, (module, object)).
 ANNOTATIONS = {'Optimizer': ('train_state.TrainState', ('flax.training', 'train_state')),
-               'OptimizerDef': ('optax.GradientTransformation', ('optax', None))}
+               'OptimizerDef': ('optax.GradientTransformation', ('optax', None)),
+               # (a def too: `-> optim.MultiOptimizer` on scenic's get_backbone_multioptimizer)
+               'MultiOptimizer': ('optax.GradientTransformation', ('optax', None))}
 #: Legacy names that have a module of their own on Flax >= 0.6 (OM006).
 DYNAMIC_SCALE = frozenset({'DynamicScale', 'dynamic_scale'})
 #: Checkpoint readers whose target may be a legacy optimizer (OM013): qname -> target arg

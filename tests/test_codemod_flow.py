@@ -2222,7 +2222,11 @@ def test_a_jitted_create_of_a_def_factorys_def_migrated_matches_real_flax_optim(
   and the container with it (and, alone, `jax.jit(d.create)` on a converted def was left as
   is: an AttributeError with no TODO). Now one run converts all three files (the user def
   through optim_compat.to_optax), and each of the four optimizers trains as on real
-  flax.optim 0.5.3 (the original, old stack)."""
+  flax.optim 0.5.3 (the original, old stack). lib/train_utils.py is scenic's
+  get_backbone_multioptimizer (2022): a `-> optim.MultiOptimizer` function whose groups are
+  get_optimizer's defs, one through a second name in an else branch; it was kept legacy
+  (OM109 for the annotation, OM101 for the groups) and every file with it: now it returns
+  optax.multi_transform of the converted factory's transformations."""
   new = tmp_path / 'new'
   shutil.copytree(JITTED_DEF_FACTORY, new)
   proc = _cli('rewrite', '--write', '--report', str(tmp_path / 'r.json'), 'new', cwd=tmp_path)
@@ -2235,10 +2239,44 @@ def test_a_jitted_create_of_a_def_factorys_def_migrated_matches_real_flax_optim(
   lib = (new / 'lib' / 'optimizers.py').read_text()
   assert "optim_compat.to_optax(HalfMomentum(" in lib and 'from flax import optim' not in lib
   assert 'optimizer: Optional[train_state.TrainState]' in (new / 'lib' / 'state.py').read_text()
+  utils = (new / 'lib' / 'train_utils.py').read_text()
+  assert 'def get_backbone_multioptimizer(config) -> optax.GradientTransformation:' in utils
+  assert ("return optax.multi_transform({'backbone_traversal': backbone_optim, "
+          "'other_traversal': other_optim, 'frozen': optax.set_to_zero()}, ") in utils
+  assert 'optim.' not in utils.replace('optimizers.', '')
   old, new_ = _run_on_both_stacks(legacy_python, JITTED_DEF_FACTORY, new, tmp_path)
-  for name in ('sgd', 'nesterov', 'adam', 'half_momentum'):
+  for name in ('sgd', 'nesterov', 'adam', 'half_momentum', 'adam+nesterov', 'sgd+same'):
     assert int(old[f'{name}/steps']) == int(new_[f'{name}/steps']) == 20
     assert old[f'{name}/losses'][-1] < 0.5 * old[f'{name}/losses'][0], name  # it trained
+
+
+def test_a_kept_def_factorys_create_stored_in_a_container_holds_the_class(
+    legacy_python, tmp_path):
+  """The jitted-create program with its MultiOptimizer built from a list (`MultiOptimizer(
+  *groups)`, not converted: OM118): lib/train_utils.py and the factory it calls stay legacy,
+  and train.py stores what their defs `.create` in lib/state.py's container. The container
+  was converted anyway (train.py's flags did not keep it legacy), so train.py read `.params`
+  of a flax.optim Optimizer: AttributeError on the first step. Now that create keeps train.py
+  legacy, which holds the class (OM123), and the whole tree runs on the shim as real
+  flax.optim does."""
+  new = tmp_path / 'new'
+  shutil.copytree(JITTED_DEF_FACTORY, new)
+  utils = new / 'lib' / 'train_utils.py'
+  text = utils.read_text()
+  groups = ('optim.MultiOptimizer((backbone_traversal, backbone_optim),\n'
+            '                              (other_traversal, other_optim))')
+  assert groups in text
+  utils.write_text(text.replace(groups, 'optim.MultiOptimizer(*groups)').replace(
+      '  return optim.', '  groups = [(backbone_traversal, backbone_optim), '
+      '(other_traversal, other_optim)]\n  return optim.'))
+  shutil.copytree(new, tmp_path / 'original')
+  proc = _cli('rewrite', '--write', '--no-cache', 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert re.search(r'lib/state\.py:\d+:\d+: OM123 \[manual\] the optimizer fields of '
+                   r'`TrainState` are read by train\.py, which keeps its legacy code \(OM122: '
+                   r'`optimizers\.get_optimizer\(config\)` is the flax\.optim def', proc.stderr)
+  assert 'optimizer: Optional[optim.Optimizer]' in (new / 'lib' / 'state.py').read_text()
+  _run_on_both_stacks(legacy_python, tmp_path / 'original', new, tmp_path)
 
 
 def test_an_apply_time_rate_on_another_modules_container_field_holds_the_class(tmp_path):

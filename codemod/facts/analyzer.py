@@ -760,6 +760,15 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       if len(targets) == 1 and isinstance(targets[0], cst.Name):
         self.def_names.append((targets[0], made))
         self.consumed_defs.add(id(value))
+    elif (isinstance(value, cst.Name) and len(targets) == 1 and isinstance(targets[0], cst.Name)
+          and (made := f.def_var_factories.get(n.binding(value))) is not None):
+      # `backbone_optim = other_optim` (scenic's get_backbone_multioptimizer): another name for
+      # a converted def factory's transformation, its own uses read as the first name's are
+      for b in n.name_bindings(targets):
+        f.def_vars.setdefault(b, None)
+        f.def_var_factories.setdefault(b, made)
+      self.def_names.append((targets[0], made))
+      self.create_receivers.add(id(value))
     elif f.flow is not None and (made := self.def_factory_of(value)) is not None:
       f.flow_def_vars.update(dict.fromkeys(n.name_bindings(targets), made))
     if source is not None:
@@ -996,8 +1005,14 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if name == api.WEIGHT_NORM:
       self._group_args.update(id(a) for a in node.args)
     elif name == api.MULTI:
-      self.placed_defs.update(id(a.value.elements[1].value) for a in node.args
-                              if isinstance(a.value, cst.Tuple) and len(a.value.elements) == 2)
+      subs = [a.value.elements[1].value for a in node.args
+              if isinstance(a.value, cst.Tuple) and len(a.value.elements) == 2]
+      self.placed_defs.update(map(id, subs))
+      # a group's def made by a converted def factory (`(trav, get_optimizer(cfg))`, or a name
+      # bound to one) is used as a def: the MultiOptimizer converts with it, or the file keeps
+      # its legacy code (multi_problem), and the factory with it (codemod.flow)
+      self.consumed_defs.update(map(id, subs))
+      self.create_receivers.update(id(s) for s in subs if isinstance(s, cst.Name))
     if name:
       f.def_calls.append(node)
       if name == api.WEIGHT_NORM and node.args and n.legacy_def(node.args[0].value):

@@ -396,6 +396,9 @@ def def_create_message(q, call: cst.Call) -> Optional[tuple[str, bool]]:
       text = (f'`{recv}` is the flax.optim def {made.where} returns, which keeps its legacy '
               f'optimizer code: `.create` makes a flax.optim Optimizer here; migrate them '
               f'together ({after})')
+      # a flax.optim Optimizer for certain: this file's code around it (a container class of
+      # the run it is stored in, read as a TrainState elsewhere) keeps its legacy code too
+      return text, True
     return text, f.uses_legacy and not q.unproven
   # what it makes is a flax.optim Optimizer wherever the def is one: a file that would be
   # converted around it (`.target` read as `.params`) keeps its legacy code instead

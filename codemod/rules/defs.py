@@ -141,12 +141,22 @@ def multi_problem(q, call) -> Optional[Problem]:
     sub_call = sub
     if isinstance(sub, cst.Name) and n.binding(sub) in q.f.def_vars:
       sub_call = q.f.def_vars[n.binding(sub)]
-    if n.legacy_def(sub_call) not in spec_lib.SPECS and not n.is_user_def(sub_call):
+    if n.legacy_def(sub_call) not in spec_lib.SPECS and not n.is_user_def(sub_call) and not (
+        _factory_def(q, sub)):
       return Problem('OM101', f'MultiOptimizer group {i}: only defs of the migration table are '
                               'converted')
   if not call.args:
     return Problem('OM118', 'MultiOptimizer() without groups', note=False)
   return None
+
+
+def _factory_def(q, sub) -> bool:
+  """``sub`` (a MultiOptimizer group's def) is what a def factory the run converts returns: a
+  call of it (``optimizers.get_optimizer(cfg)``) or a name bound to one (directly, or through
+  another such name): an Optax transformation once converted, the group's as it is."""
+  if isinstance(sub, cst.Name):
+    return q.f.def_var_factories.get(q.n.binding(sub)) is not None
+  return q.n.converted_def_factory(sub) is not None
 
 
 def multi_labels(call: cst.Call, positional: bool = False) -> list[str]:
