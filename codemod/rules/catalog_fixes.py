@@ -132,8 +132,9 @@ FIXES = (
          readme='`DynamicScale` / `dynamic_scale` from `flax.optim` → '
                 '`flax.training.dynamic_scale` (also in half-migrated files)'),
     Rule('OM007', 'safe', family='references', summary=
-         'annotations: `optim.Optimizer` -> `train_state.TrainState`, `optim.OptimizerDef` -> '
-         '`optax.GradientTransformation`; a parameter typed so in its docstring',
+         'annotations: `optim.Optimizer` -> `train_state.TrainState`, `optim.OptimizerDef` '
+         '(and a converted `optim.MultiOptimizer`) -> `optax.GradientTransformation`; a '
+         'parameter typed so in its docstring',
          why='Annotations and dataclass fields name the legacy classes; after the rewrite the '
              'values are TrainStates and Optax transformations. A parameter whose docstring '
              'types it `flax.optim.Optimizer` (`Args:` / `Parameters`, also in a module that '
@@ -147,8 +148,8 @@ FIXES = (
                'def step(opt: train_state.TrainState, grads):\n'
                '  return opt.apply_gradients(grads=grads)\n',
          readme='annotations and dataclass fields: `optim.Optimizer` → `train_state.TrainState`, '
-                '`optim.OptimizerDef` → `optax.GradientTransformation`; parameters so typed in '
-                'a docstring (also where flax.optim is never imported)'),
+                '`optim.OptimizerDef` (`optim.MultiOptimizer`) → `optax.GradientTransformation`; '
+                'parameters so typed in a docstring (also where flax.optim is never imported)'),
     Rule('OM008', 'safe', family='defs', summary=
          '`MultiOptimizer` + `ModelParamTraversal` and `create(p, focus=)` -> '
          '`optax.multi_transform` with labels from the traversal filters; unselected leaves -> '
