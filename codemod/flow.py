@@ -631,7 +631,11 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
                        and legacy_api.may_need_rewrite(texts[path]))
                    # a def factory its own module calls (`def create_optimizer(): return
                    # optim.Adam(...)`, then `create_optimizer().create(p)` in a method)
-                   or _calls_own_function(texts[path]))]
+                   or _calls_own_function(texts[path])
+                   # or that no file of the run imports (helper-34's D2: an uncalled
+                   # get_backbone_multioptimizer kept its module legacy, and the factory
+                   # it calls, and every module with it): converted as an imported one is
+                   or _returns_def(texts[path]))]
   # names a package's __init__.py imports from its modules, which importers take from it
   aliases = {alias: target for path, names, _ in files if texts.get(path) is not None
              for module, is_package in names if is_package
@@ -885,6 +889,23 @@ def _returned_def() -> re.Pattern:
   """``return optim.Adam(``, ``return Momentum(``: a function returning a legacy def."""
   names = '|'.join(sorted(legacy_api.DEF_NAMES))
   return re.compile(rf'\breturn[ \t(]+(?:[\w.]+\.)?(?:{names})[ \t]*\(')
+
+
+def _returns_def(text: str) -> bool:
+  """A module-level function of ``text`` returns a legacy def built in its ``return``
+  (``return optim.MultiOptimizer(...)``; not ``return optim.Adam(lr).create(p)``, an
+  optimizer). Read with :mod:`ast` only where :func:`_returned_def` finds the words."""
+  if _returned_def().search(text) is None or not legacy_api.may_need_rewrite(text):
+    return False
+  try:
+    tree = ast.parse(text)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return False  # (its own run reports it)
+  names = legacy_api.def_names()
+  return any(isinstance(node, ast.Return) and isinstance(node.value, ast.Call) and (
+      getattr(node.value.func, 'attr', None) or getattr(node.value.func, 'id', None)) in names
+      for function in tree.body if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+      for node in ast.walk(function))
 
 
 def _calls_own_function(text: str) -> bool:

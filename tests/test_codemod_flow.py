@@ -2250,6 +2250,34 @@ def test_a_jitted_create_of_a_def_factorys_def_migrated_matches_real_flax_optim(
     assert old[f'{name}/losses'][-1] < 0.5 * old[f'{name}/losses'][0], name  # it trained
 
 
+def test_a_def_factory_no_file_imports_converts_with_the_factory_it_calls(tmp_path):
+  """helper-34's D2: lib/train_utils.py's get_backbone_multioptimizer (the jitted-create
+  program's) in a tree where no file imports lib/train_utils.py (train.py creates
+  get_optimizer's defs only). The pre-pass never read it, so its returned MultiOptimizer was
+  a def handed to other code (OM114): it kept its file legacy, the get_optimizer defs it
+  groups with it, and train.py, which creates them (OM122); all three files on the shim.
+  Now it converts as a function of an imported module nothing calls does: every file
+  converts, nothing is flagged but the user def (OM104)."""
+  new = tmp_path / 'new'
+  shutil.copytree(JITTED_DEF_FACTORY, new)
+  train = new / 'train.py'
+  text = train.read_text()
+  assert 'from lib import train_utils\n' in text
+  text = text.replace('from lib import train_utils\n', '').replace(
+      'train_utils.get_backbone_multioptimizer(config).create',
+      'optimizers.get_optimizer(config.backbone_training).create')
+  train.write_text(text)
+  proc = _cli('rewrite', '--write', '--no-cache', '--report', str(tmp_path / 'r.json'), 'new',
+              cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  rows = json.loads((tmp_path / 'r.json').read_text())
+  assert [r['rule'] for r in rows if not r['applied']] == ['OM104'], rows
+  utils = (new / 'lib' / 'train_utils.py').read_text()
+  assert 'def get_backbone_multioptimizer(config) -> optax.GradientTransformation:' in utils
+  assert 'return optax.multi_transform(' in utils and 'optim_compat' not in utils
+  assert 'optim_compat.install()' not in (new / 'lib' / 'optimizers.py').read_text()
+
+
 def test_a_kept_def_factorys_create_stored_in_a_container_holds_the_class(
     legacy_python, tmp_path):
   """The jitted-create program with its MultiOptimizer built from a list (`MultiOptimizer(
