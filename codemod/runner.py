@@ -159,15 +159,18 @@ def cmd_rewrite(args) -> int:
       return EXIT_ERROR
     return _rewrite_stdin(args, options)
   # named paths left out, with why (a FIFO or device: reading it could block forever)
-  missing = {p: ('a symbolic link that leads nowhere (dangling, or a loop)'
+  missing = {p: ("empty path (pathlib reads '' as the current directory; name it `.`)"
+                 if p == '' else
+                 'a symbolic link that leads nowhere (dangling, or a loop)'
                  if pathlib.Path(p).is_symlink() and not pathlib.Path(p).exists() else
                  'no such file or directory' if not pathlib.Path(p).exists() else
                  'not a regular file or directory; left alone')
-             for p in paths if not (pathlib.Path(p).is_dir() or pathlib.Path(p).is_file())}
+             for p in paths if p == '' or not (pathlib.Path(p).is_dir()
+                                               or pathlib.Path(p).is_file())}
   missing.update((p, why) for p in paths if p not in missing and pathlib.Path(p).is_file()
                  for why in [named_file_problem(pathlib.Path(p))] if why)
   skipped: list = []
-  files = iter_python_files(paths, config.get('exclude', ()), skipped)
+  files = iter_python_files([p for p in paths if p != ''], config.get('exclude', ()), skipped)
   # a directory with nothing to take is a wrong path far more often than a finished job
   missing.update((p, 'no .py or .ipynb file taken in this directory (hidden folders, '
                   'virtualenvs, build/dist, the config\'s `exclude` globs and symlinks to '
@@ -177,7 +180,7 @@ def cmd_rewrite(args) -> int:
                  and not iter_python_files([p], config.get('exclude', ())))
   for p, why in missing.items():
     if full:
-      print(f'{p}: {why}', file=sys.stderr)
+      print(f"{p or repr(p)}: {why}", file=sys.stderr)
   for f, why in skipped:  # (a note, not a failure: a directory may hold such names)
     if full:
       print(f'{f}: skipped: {why}', file=sys.stderr)

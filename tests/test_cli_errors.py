@@ -229,6 +229,17 @@ def test_a_named_symlink_loop_or_dangling_link_says_so(tmp_path, capsys):
                                        'or a loop)\n')
 
 
+def test_an_empty_path_is_an_error_not_the_current_directory(tmp_path, monkeypatch, capsys):
+  """helper-34's D3: `rewrite ''` scanned (and under --write would have rewritten) the
+  current directory, as pathlib reads ''."""
+  (tmp_path / 'a.py').write_text('from flax import optim\nopt = optim.Adam(0.1).create({})\n')
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(['rewrite', '--write', '']) == 2
+  assert capsys.readouterr().err == (
+      "'': empty path (pathlib reads '' as the current directory; name it `.`)\n")
+  assert 'optim.Adam(0.1)' in (tmp_path / 'a.py').read_text()
+
+
 def test_an_unknown_rule_id_names_it_and_the_closest_ids_not_every_id(tmp_path, capsys):
   """Before: ``--select OM999`` printed all ~70 rule ids."""
   source = tmp_path / 'x.py'
