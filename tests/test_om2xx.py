@@ -606,11 +606,19 @@ PROGRAMS = {
           def __call__(self, q, kv, mask):
             return self.pattn(q, kv, mask)
 
+        class Field(nn.Module):
+          attn_cls: type = MHA  # (the class as a module field's default)
+
+          @nn.compact
+          def __call__(self, q, kv, mask):
+            return self.attn_cls(num_heads=2, qkv_features=4)(q, kv, mask)
+
         class Cross(nn.Module):
           @nn.compact
           def __call__(self, q, kv, mask):
             y = nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4)(q, kv, mask)
             y = y + Inner()(q, kv, mask) + MHA(num_heads=2, qkv_features=4)(q, kv, mask)
+            y = y + Field()(q, kv, mask)
             # (init2winit's xformer_translate: the mask positional, deterministic by keyword)
             y = y + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=4, name='det')(
                 q, kv, mask, deterministic=True)

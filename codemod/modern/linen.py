@@ -4,6 +4,7 @@ OM208), recurrent cells (OM222), ``MultiHeadDotProductAttention`` (OM209) / ``Dr
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import ImportAssignment, ScopeProvider
 
 from codemod.modern.base import _CELLS, _DROPOUT, _FLAGS, _FROZEN, _MHA
@@ -32,7 +33,8 @@ class _Linen:
       if not isinstance(v, cst.Call):
         return None
       if self.qname_in(v.func, _MHA) or self._partial_mha(v.func) or (
-          isinstance(v.func, cst.Name) and self._global_mha(v.func, partial=False)):
+          isinstance(v.func, cst.Name) and self._global_mha(v.func, partial=False)) or (
+          self._field_mha(v.func)):
         kinds.add('mha')
       elif self.qname_in(v.func, _DROPOUT):
         kinds.add('dropout')
@@ -73,6 +75,26 @@ class _Linen:
               else not partial and self.qname_in(value, _MHA) is not None):
         return False
     return True
+
+  def _field_mha(self, func) -> bool:
+    """``func`` is ``self.<field>`` of the enclosing module class whose declared default is
+    the attention class, a partial of it or a module-level alias of either (``attn_cls: type
+    = nn.MultiHeadDotProductAttention``, then ``self.attn_cls(num_heads=2)(q, kv, mask)``): a
+    class passed in its place takes ``mask=`` by keyword too if it is one like it."""
+    if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
+            and func.value.value == 'self' and self._classes):
+      return False
+    defaults = [line.body[0].value for line in self._classes[-1].body.body
+                if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+                and isinstance(line.body[0], cst.AnnAssign) and line.body[0].value is not None
+                and m.matches(line.body[0].target, m.Name(func.attr.value))]
+    if len(defaults) != 1:
+      return False
+    value = defaults[0]
+    return bool(self.qname_in(value, _MHA) is not None or (
+        isinstance(value, cst.Call) and self._partial_mha(value)) or (
+        isinstance(value, cst.Name) and (self._global_mha(value, partial=False)
+                                         or self._global_mha(value, partial=True))))
 
   def _layers_assigned(self) -> bool:
     """Does any assignment of the module assign an attention or Dropout construction? Else a
