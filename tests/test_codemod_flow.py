@@ -2278,6 +2278,24 @@ def test_a_def_factory_no_file_imports_converts_with_the_factory_it_calls(tmp_pa
   assert 'optim_compat.install()' not in (new / 'lib' / 'optimizers.py').read_text()
 
 
+def test_a_multioptimizer_group_of_a_kept_def_factory_names_the_factory(tmp_path):
+  """scenic at its 2022 commit: DETR keeps get_optimizer legacy (its defs go to a user
+  MultiOptimizer subclass), so get_backbone_multioptimizer's groups are flax.optim defs; the
+  flag said "only defs of the migration table are converted", which they are (helper-34's
+  D2). It names the factory the group's def comes from now."""
+  new = tmp_path / 'new'
+  shutil.copytree(JITTED_DEF_FACTORY, new)
+  (new / 'lib' / 'other.py').write_text(
+      'from lib import optimizers\n\n\ndef defs(config):\n'
+      '  d = optimizers.get_optimizer(config)\n  return [d]\n')
+  proc = _cli('rewrite', '--write', '--no-cache', 'new', cwd=tmp_path)
+  assert proc.returncode == 1, proc.stderr
+  assert re.search(r'lib/train_utils\.py:\d+:\d+: OM101 \[manual\] MultiOptimizer group 0: '
+                   r'`backbone_optim` is the def lib/optimizers\.py:get_optimizer returns, '
+                   r'which this run keeps legacy', proc.stderr), proc.stderr
+  assert 'optim_compat.install()' in (new / 'lib' / 'train_utils.py').read_text()
+
+
 def test_a_kept_def_factorys_create_stored_in_a_container_holds_the_class(
     legacy_python, tmp_path):
   """The jitted-create program with its MultiOptimizer built from a list (`MultiOptimizer(

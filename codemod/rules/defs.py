@@ -143,6 +143,11 @@ def multi_problem(q, call) -> Optional[Problem]:
       sub_call = q.f.def_vars[n.binding(sub)]
     if n.legacy_def(sub_call) not in spec_lib.SPECS and not n.is_user_def(sub_call) and not (
         _factory_def(q, sub)):
+      kept = q.f.flow_def_vars.get(n.binding(sub)) if isinstance(sub, cst.Name) else None
+      if kept is not None:  # (helper-34's D2: "only defs of the migration table" misled)
+        return Problem('OM101', f'MultiOptimizer group {i}: `{code(sub)}` is the def '
+                                f'{kept.where} returns, which this run keeps legacy (its '
+                                'TODOs and its callers\' say why): convert them together')
       return Problem('OM101', f'MultiOptimizer group {i}: only defs of the migration table are '
                               'converted')
   if not call.args:
