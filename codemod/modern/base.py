@@ -80,6 +80,7 @@ class _Base(NoAttributeHooks, cst.CSTTransformer):
     self._classes: list[cst.ClassDef] = []
     self._plans: dict[tuple[int, int], Optional[tuple]] = {}  # see _plan
     self._first = module.body[0] if module.body else None
+    self._module_node = module
     self._header = {ln.comment.value for ln in module.header if ln.comment}
 
   # -- bookkeeping -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ class _Facts(NoAttributeHooks, cst.CSTVisitor):
     self.block_of: dict[int, int] = {}               # id(statement) -> id(its block)
     self.owner: dict[int, cst.CSTNode] = {}          # id(block) -> the statement it belongs to
     self.stores: set[int] = set()                    # ids of assignment / loop / del targets
+    self.for_iters: dict[int, cst.BaseExpression] = {}  # id(a for loop's target) -> its iter
     self.attr_names: set[int] = set()                # ids of the `.x` Names of attributes
     self.annotated: set[int] = set()                 # ids of Names / Attributes in annotations
     self.assign_of: dict[int, cst.Assign] = {}       # id(value) -> its Assign
@@ -93,6 +94,7 @@ class _Facts(NoAttributeHooks, cst.CSTVisitor):
 
   def visit_For(self, node):
     self._store(node.target)
+    self.for_iters[id(node.target)] = node.iter  # (`for layer in self.layers`: OM209's flag)
 
   def visit_CompFor(self, node):
     self._store(node.target)

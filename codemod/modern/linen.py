@@ -12,8 +12,13 @@ from codemod.modern.helpers import _EQ, _code, _dotted, _names, _returns, _unsaf
 from codemod.modern.table import FLAX_COLLECTIONS, FLAX_TREE_CALLS, FROZEN_DICT_TYPES
 
 
+_MHA_WORD = 'MultiHeadDotProductAttention'
+_MHA_LAST = frozenset(q.rsplit('.', 1)[-1] for q in _MHA)
+
+
 class _Linen:
   """Flax calls: constructions, cells, frozen dicts, MHA and Dropout."""
+  _mha_text = None  # the module's code, read once when a call may need it (_unproven_mha)
 
   def _construction(self, func):
     """``('mha' | 'dropout', constructor call)`` when ``func`` is proven to be a
@@ -34,7 +39,7 @@ class _Linen:
         return None
       if self.qname_in(v.func, _MHA) or self._partial_mha(v.func) or (
           isinstance(v.func, cst.Name) and self._global_mha(v.func, partial=False)) or (
-          self._field_mha(v.func)):
+          self._field_mha(v.func)) or self._own_mha(v.func):
         kinds.add('mha')
       elif self.qname_in(v.func, _DROPOUT):
         kinds.add('dropout')
@@ -95,6 +100,90 @@ class _Linen:
         isinstance(value, cst.Call) and self._partial_mha(value)) or (
         isinstance(value, cst.Name) and (self._global_mha(value, partial=False)
                                          or self._global_mha(value, partial=True))))
+
+  def _own_mha(self, func) -> bool:
+    """``func`` names a class of this module subclassing the attention class (``class
+    MyAttention(nn.MultiHeadDotProductAttention)``), or a module-level function every
+    ``return`` of which builds it (``def make_attn(): return nn.MultiHeadDotProductAttention(
+    ...)``): helper-35's D1."""
+    if not isinstance(func, cst.Name):
+      return False
+    scope = self.get_metadata(ScopeProvider, func, None)
+    assignments = list(scope[func.value]) if scope is not None else []
+    if len(assignments) != 1 or type(assignments[0].scope).__name__ != 'GlobalScope':
+      return False
+    node = getattr(assignments[0], 'node', None)
+    if isinstance(node, cst.ClassDef):
+      return any(self.qname_in(b.value, _MHA) is not None or (
+          isinstance(b.value, cst.Name) and b.value.value != func.value
+          and self._own_mha(b.value)) for b in node.bases)
+    if isinstance(node, cst.FunctionDef):
+      returns = m.findall(node, m.Return())
+      return bool(returns) and all(
+          isinstance(r.value, cst.Call) and self.qname_in(r.value.func, _MHA) is not None
+          for r in returns)
+    return False
+
+  def _unproven_mha(self, call: cst.Call) -> None:
+    """OM224 on a call with three or more positional arguments whose callee may hold an
+    attention layer this module builds, where it cannot be proven one (helper-35's D1, each
+    left positional with no flag before): a loop over ``self.<attr>`` assigned a list of
+    them, ``self.<field>(...)`` of a field with no attention default in a module that builds
+    one, a name bound to ``MHA if c else Other``. On flax >= 0.7 the third positional
+    argument is ``inputs_v``, the mask before."""
+    positional = [a for a in call.args if a.keyword is None and not a.star]
+    if len(positional) < 3 or any(a.keyword is not None and a.keyword.value == 'mask'
+                                  for a in call.args):
+      return
+    if _MHA_WORD not in self._module_text():
+      return
+    why = self._may_hold_mha(call.func)
+    if why:
+      self.flag(call, 'OM224', f'{why} may be a MultiHeadDotProductAttention: since flax 0.7 '
+                'its third positional argument is `inputs_v` (the mask before); if it is one, '
+                'pass mask= (and deterministic=) by keyword')
+
+  def _module_text(self) -> str:
+    if self._mha_text is None:
+      self._mha_text = self._module_node.code
+    return self._mha_text
+
+  def _holds_mha(self, node) -> bool:
+    """``node`` contains a construction or a reference of the attention class."""
+    return any(self.qname_in(n, _MHA) is not None
+               for n in m.findall(node, m.Name() | m.Attribute())
+               if not isinstance(n, cst.Name) or n.value in _MHA_LAST)
+
+  def _may_hold_mha(self, func) -> str:
+    if isinstance(func, cst.Call):
+      callee = func.func
+      if (isinstance(callee, cst.Attribute) and isinstance(callee.value, cst.Name)
+          and callee.value.value == 'self' and self._classes):
+        declared = [line.body[0] for line in self._classes[-1].body.body
+                    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+                    and isinstance(line.body[0], cst.AnnAssign)
+                    and m.matches(line.body[0].target, m.Name(callee.attr.value))]
+        if declared and (declared[0].value is None or m.matches(declared[0].value, m.Name('None'))):
+          return f'`{_code(func)}` (the class a field with no default is given)'
+        return ''
+      if isinstance(callee, cst.Name):
+        found = self.value_of(callee)
+        if found is not None and found[1] is None and isinstance(found[0], cst.IfExp) and (
+            self._holds_mha(found[0])):
+          return f'`{_code(func)}` (`{callee.value}` is one of two classes)'
+      return ''
+    if isinstance(func, cst.Name):
+      scope = self.get_metadata(ScopeProvider, func, None)
+      assignments = list(scope[func.value]) if scope is not None else []
+      iters = [self.facts.for_iters.get(id(getattr(a, 'node', None))) for a in assignments]
+      if iters and all(it is not None for it in iters):
+        for it in iters:
+          if (isinstance(it, cst.Attribute) and isinstance(it.value, cst.Name)
+              and it.value.value == 'self' and self._classes and any(
+                  self._holds_mha(v) for v in self.facts.self_attrs.get(
+                      (id(self._classes[-1]), it.attr.value), []))):
+            return f'`{func.value}` (an item of `{_code(it)}`, which holds attention layers)'
+    return ''
 
   def _layers_assigned(self) -> bool:
     """Does any assignment of the module assign an attention or Dropout construction? Else a

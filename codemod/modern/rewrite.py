@@ -197,4 +197,5 @@ class _Rewriter(_Imports, _Drops, _References, _Arrays, _Linen, _Base):
       kind, ctor = construction
       return self._mha(original, updated) if kind == 'mha' else \
           self._dropout(original, updated, ctor)
+    self._unproven_mha(original)
     return updated
