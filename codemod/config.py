@@ -33,6 +33,11 @@ def read_table(path: pathlib.Path) -> Optional[dict]:
   if not isinstance(tool, dict):
     raise ConfigError(f'{path}: tool must be a table ([tool]), got {tool!r}')
   table = tool.get('optim-migrate')
+  misspelt = [k for k in tool if k != 'optim-migrate' and k.replace('_', '-').lower() in (
+      'optim-migrate', 'optim-migrate-cli', 'flax-optim-migrate')]
+  if table is None and misspelt:  # (helper-35: `[tool.optim_migrate]` was ignored silently)
+    raise ConfigError(f'{path}: [tool.{misspelt[0]}] is not read: the table is '
+                      '[tool.optim-migrate]')
   if table is not None and not isinstance(table, dict):
     raise ConfigError(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
                       f'got {table!r}')

@@ -808,6 +808,9 @@ def test_cli_empty_rule_list_or_item_exits_2_naming_the_option(tmp_path, capsys,
     ('[tool.optim-migrate]\nignore = ["OM1", ""]\n',
      '[tool.optim-migrate] ignore has an empty rule id'),
     ('[tool.optim-migrate]\nselect = [" "]\n', '[tool.optim-migrate] select has an empty rule id'),
+    # (helper-35: the underscore spelling was ignored silently, the run went ahead)
+    ('[tool.optim_migrate]\nselect = ["OM9"]\n',
+     '[tool.optim_migrate] is not read: the table is [tool.optim-migrate]'),
 ])
 def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
                                                      message):
