@@ -89,17 +89,22 @@ class _Linen:
     if not (isinstance(func, cst.Attribute) and isinstance(func.value, cst.Name)
             and func.value.value == 'self' and self._classes):
       return False
-    defaults = [line.body[0].value for line in self._classes[-1].body.body
-                if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
-                and isinstance(line.body[0], cst.AnnAssign) and line.body[0].value is not None
-                and m.matches(line.body[0].target, m.Name(func.attr.value))]
-    if len(defaults) != 1:
+    declared = self._field_declarations(func.attr.value)
+    if len(declared) != 1 or declared[0].value is None:
       return False
-    value = defaults[0]
+    value = declared[0].value
     return bool(self.qname_in(value, _MHA) is not None or (
         isinstance(value, cst.Call) and self._partial_mha(value)) or (
         isinstance(value, cst.Name) and (self._global_mha(value, partial=False)
                                          or self._global_mha(value, partial=True))))
+
+  def _field_declarations(self, name: str) -> list[cst.AnnAssign]:
+    """The ``name: T [= default]`` lines of the enclosing class's body (its dataclass
+    fields so named)."""
+    return [line.body[0] for line in self._classes[-1].body.body
+            if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
+            and isinstance(line.body[0], cst.AnnAssign)
+            and m.matches(line.body[0].target, m.Name(name))]
 
   def _own_mha(self, func) -> bool:
     """``func`` names a class of this module subclassing the attention class (``class
@@ -159,10 +164,7 @@ class _Linen:
       callee = func.func
       if (isinstance(callee, cst.Attribute) and isinstance(callee.value, cst.Name)
           and callee.value.value == 'self' and self._classes):
-        declared = [line.body[0] for line in self._classes[-1].body.body
-                    if isinstance(line, cst.SimpleStatementLine) and len(line.body) == 1
-                    and isinstance(line.body[0], cst.AnnAssign)
-                    and m.matches(line.body[0].target, m.Name(callee.attr.value))]
+        declared = self._field_declarations(callee.attr.value)
         if declared and (declared[0].value is None or m.matches(declared[0].value, m.Name('None'))):
           return f'`{_code(func)}` (the class a field with no default is given)'
         return ''
