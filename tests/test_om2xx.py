@@ -252,6 +252,50 @@ def test_an_attention_layer_it_cannot_prove_is_flagged_not_left_positional():
   assert _rewrite(plain).findings == []
 
 
+def test_attention_layers_reached_through_items_unpacking_lambdas_and_stars_are_flagged():
+  """helper-36: attention layers reached through an item of a self attribute, a dict, a
+  lambda built in setup, tuple unpacking, getattr, or called with a `*` argument were left
+  with the mask third positional and no flag (a silent difference on flax >= 0.7)."""
+  source = textwrap.dedent('''\
+      from flax import linen as nn
+
+      MHA = nn.MultiHeadDotProductAttention
+
+      class A(nn.Module):
+        def setup(self):
+          self.layers = [nn.MultiHeadDotProductAttention(num_heads=2), nn.Dense(3)]
+          self.d = {'a': nn.MultiHeadDotProductAttention(num_heads=2)}
+          self.make = lambda: nn.MultiHeadDotProductAttention(num_heads=2)
+          self.dense = nn.Dense(3)
+
+        def __call__(self, x, mask, args):
+          y = self.layers[0](x, x, mask)
+          y = y + self.d['a'](x, x, mask)
+          y = y + self.make()(x, x, mask)
+          a, b = self.layers
+          y = y + a(x, x, mask)
+          c, e = MHA(num_heads=2), nn.Dense(3)
+          y = y + c(x, x, mask)
+          attn = nn.MultiHeadDotProductAttention(num_heads=2)
+          y = y + attn(x, x, *[mask])
+          y = y + attn(*args)
+          y = y + getattr(nn, 'MultiHeadDotProductAttention')(num_heads=2)(x, x, mask)
+          for i, l in enumerate(self.layers):
+            y = y + l(x, x, mask)
+          y = y + self.dense(x, x, mask) + e(x, x, mask) + attn(x, *[x], mask=mask)
+          return y
+      ''')
+  result = _rewrite(source)
+  assert [(f.rule, f.fixed, f.line) for f in result.findings] == [
+      ('OM224', False, line) for line in (13, 14, 15, 17, 19, 21, 22, 23, 25)], result.findings
+  assert 'y = y + self.layers[0](x, x, mask)' not in result.new  # (`y = ` kept, flagged above)
+  assert '    y = self.layers[0](x, x, mask)\n' in result.new
+  # the same calls where no attention layer is in reach: nothing flagged
+  plain = source.replace('nn.MultiHeadDotProductAttention', 'nn.Dense').replace(
+      "'MultiHeadDotProductAttention'", "'Dense'")
+  assert _rewrite(plain).findings == []
+
+
 def test_an_import_after_the_use_is_not_used_for_the_new_name():
   # the annotation is evaluated before `import jax` runs (a late import, a later notebook cell)
   source = 'import jax.numpy as jnp\ndef f(x: jnp.DeviceArray):\n  return x\nimport jax\n'

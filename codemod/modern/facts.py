@@ -94,7 +94,9 @@ class _Facts(NoAttributeHooks, cst.CSTVisitor):
 
   def visit_For(self, node):
     self._store(node.target)
-    self.for_iters[id(node.target)] = node.iter  # (`for layer in self.layers`: OM209's flag)
+    # (`for layer in self.layers`, `for i, layer in enumerate(self.layers)`: OM209's flag)
+    for target in [node.target, *m.findall(node.target, m.Name())]:
+      self.for_iters[id(target)] = node.iter
 
   def visit_CompFor(self, node):
     self._store(node.target)

@@ -130,15 +130,19 @@ class _Linen:
     return False
 
   def _unproven_mha(self, call: cst.Call) -> None:
-    """OM224 on a call with three or more positional arguments whose callee may hold an
-    attention layer this module builds, where it cannot be proven one (helper-35's D1, each
-    left positional with no flag before): a loop over ``self.<attr>`` assigned a list of
-    them, ``self.<field>(...)`` of a field with no attention default in a module that builds
-    one, a name bound to ``MHA if c else Other``. On flax >= 0.7 the third positional
-    argument is ``inputs_v``, the mask before."""
+    """OM224 on a call with three or more positional arguments (or a ``*`` argument) whose
+    callee may hold an attention layer this module builds, where it cannot be proven one
+    (helper-35's and helper-36's cases, each left positional with no flag before): a loop
+    over, an item of, or a name unpacked from ``self.<attr>`` holding them (``for l in
+    self.layers``, ``self.layers[0](...)``, ``self.d['a'](...)``, ``a, b = self.layers``), a
+    name or attribute bound to a value naming the class (``a, b = MHA(...), nn.Dense(3)``, a
+    lambda building one, ``MHA if c else Other``), ``self.<field>(...)`` of a field with no
+    attention default, ``getattr(nn, 'MultiHeadDotProductAttention')``. On flax >= 0.7 the
+    third positional argument is ``inputs_v``, the mask before."""
     positional = [a for a in call.args if a.keyword is None and not a.star]
-    if len(positional) < 3 or any(a.keyword is not None and a.keyword.value == 'mask'
-                                  for a in call.args):
+    starred = any(a.star == '*' for a in call.args)
+    if (len(positional) < 3 and not starred) or any(
+        a.keyword is not None and a.keyword.value == 'mask' for a in call.args):
       return
     if _MHA_WORD not in self._module_text():
       return
@@ -153,13 +157,30 @@ class _Linen:
       self._mha_text = self._module_node.code
     return self._mha_text
 
-  def _holds_mha(self, node) -> bool:
-    """``node`` contains a construction or a reference of the attention class."""
-    return any(self.qname_in(n, _MHA) is not None
-               for n in m.findall(node, m.Name() | m.Attribute())
-               if not isinstance(n, cst.Name) or n.value in _MHA_LAST)
+  def _holds_mha(self, node, depth: int = 0) -> bool:
+    """``node`` contains a reference of the attention class (or of this module's alias,
+    subclass or factory of it), ``getattr(x, '...MultiHeadDotProductAttention')``, or reads
+    ``self.<attr>`` of the enclosing class assigned such a value (one level)."""
+    for n in m.findall(node, m.Name() | m.Attribute() | m.SimpleString()):
+      if isinstance(n, cst.SimpleString):
+        if _MHA_WORD in n.value:
+          return True
+      elif isinstance(n, cst.Attribute):
+        if self.qname_in(n, _MHA) is not None:
+          return True
+        if (depth == 0 and isinstance(n.value, cst.Name) and n.value.value == 'self'
+            and self._classes and any(self._holds_mha(v, 1) for v in self.facts.self_attrs.get(
+                (id(self._classes[-1]), n.attr.value), []))):
+          return True
+      elif n.value in _MHA_LAST and self.qname_in(n, _MHA) is not None:
+        return True
+      elif n.value not in ('self', 'nn') and (self._own_mha(n) or self._global_mha(n, False)
+                                            or self._global_mha(n, True)):
+        return True
+    return False
 
   def _may_hold_mha(self, func) -> str:
+    """Why ``func`` (a callee) may be an attention layer, or ``''``."""
     if isinstance(func, cst.Call):
       callee = func.func
       if (isinstance(callee, cst.Attribute) and isinstance(callee.value, cst.Name)
@@ -167,24 +188,40 @@ class _Linen:
         declared = self._field_declarations(callee.attr.value)
         if declared and (declared[0].value is None or m.matches(declared[0].value, m.Name('None'))):
           return f'`{_code(func)}` (the class a field with no default is given)'
-        return ''
       if isinstance(callee, cst.Name):
         found = self.value_of(callee)
         if found is not None and found[1] is None and isinstance(found[0], cst.IfExp) and (
             self._holds_mha(found[0])):
           return f'`{_code(func)}` (`{callee.value}` is one of two classes)'
+    root = func
+    while isinstance(root, (cst.Subscript, cst.Call)):
+      if isinstance(root, cst.Call) and self._holds_mha(root):
+        return f'`{_code(func)}` (built from a value naming the attention class)'
+      root = root.value if isinstance(root, cst.Subscript) else root.func
+    if (isinstance(root, cst.Attribute) and isinstance(root.value, cst.Name)
+        and root.value.value == 'self' and self._classes):
+      if any(self._holds_mha(v) for v in self.facts.self_attrs.get(
+          (id(self._classes[-1]), root.attr.value), [])):
+        return f'`{_code(func)}` (`{_code(root)}` holds attention layers)'
       return ''
-    if isinstance(func, cst.Name):
-      scope = self.get_metadata(ScopeProvider, func, None)
-      assignments = list(scope[func.value]) if scope is not None else []
-      iters = [self.facts.for_iters.get(id(getattr(a, 'node', None))) for a in assignments]
-      if iters and all(it is not None for it in iters):
-        for it in iters:
-          if (isinstance(it, cst.Attribute) and isinstance(it.value, cst.Name)
-              and it.value.value == 'self' and self._classes and any(
-                  self._holds_mha(v) for v in self.facts.self_attrs.get(
-                      (id(self._classes[-1]), it.attr.value), []))):
-            return f'`{func.value}` (an item of `{_code(it)}`, which holds attention layers)'
+    if isinstance(root, cst.Name):
+      scope = self.get_metadata(ScopeProvider, root, None)
+      assignments = list(scope[root.value]) if scope is not None else []
+      for a in assignments:
+        node = getattr(a, 'node', None)
+        it = self.facts.for_iters.get(id(node))
+        if it is not None and self._holds_mha(it):
+          return f'`{root.value}` (an item of `{_code(it)}`, which holds attention layers)'
+        entry = self.facts.values.get(id(node))
+        bound = entry[0] if entry is not None else None
+        if (entry is not None and entry[1] is not None and isinstance(bound, (cst.Tuple, cst.List))
+            and not any(isinstance(e, cst.StarredElement) for e in bound.elements)
+            and entry[1] < len(bound.elements)):
+          bound = bound.elements[entry[1]].value  # (`c, e = MHA(...), nn.Dense(3)`: e is no MHA)
+        if bound is not None and self._holds_mha(bound):
+          value = ' '.join(_code(bound).split())
+          value = value if len(value) <= 60 else value[:57] + '...'
+          return f'`{root.value}` (bound to `{value}`, which names attention layers)'
     return ''
 
   def _layers_assigned(self) -> bool:
@@ -396,6 +433,12 @@ class _Linen:
   def _mha(self, original: cst.Call, updated: cst.Call):
     api = _MHA['flax.linen.MultiHeadDotProductAttention']
     positional = [a for a in original.args if a.keyword is None]
+    if any(a.star == '*' for a in original.args) and not any(
+        a.keyword is not None and a.keyword.value == 'mask' for a in original.args):
+      self.flag(original, 'OM224', 'MultiHeadDotProductAttention called with a `*` argument: '
+                'since flax 0.7 its third positional argument is `inputs_v` (the mask before): '
+                'pass mask= (and deterministic=) by keyword')
+      return updated
     if any(a.star for a in original.args) or len(positional) < 3:
       return updated
     if any(a.keyword is None for a in original.args[len(positional):]):
