@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import difflib
 import pathlib
 from typing import Optional
 
@@ -33,8 +34,10 @@ def read_table(path: pathlib.Path) -> Optional[dict]:
   if not isinstance(tool, dict):
     raise ConfigError(f'{path}: tool must be a table ([tool]), got {tool!r}')
   table = tool.get('optim-migrate')
-  misspelt = [k for k in tool if k != 'optim-migrate' and k.replace('_', '-').lower() in (
-      'optim-migrate', 'optim-migrate-cli', 'flax-optim-migrate')]
+  # (helper-36: `[tool.optim_migrat]` too; difflib's ratio >= 0.8 of the normalised name)
+  misspelt = [k for k in tool if k != 'optim-migrate' and any(
+      difflib.SequenceMatcher(None, k.replace('_', '-').lower(), right).ratio() >= 0.8
+      for right in ('optim-migrate', 'flax-optim-migrate'))]
   if table is None and misspelt:  # (helper-35: `[tool.optim_migrate]` was ignored silently)
     raise ConfigError(f'{path}: [tool.{misspelt[0]}] is not read: the table is '
                       '[tool.optim-migrate]')

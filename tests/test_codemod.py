@@ -811,6 +811,9 @@ def test_cli_empty_rule_list_or_item_exits_2_naming_the_option(tmp_path, capsys,
     # (helper-35: the underscore spelling was ignored silently, the run went ahead)
     ('[tool.optim_migrate]\nselect = ["OM9"]\n',
      '[tool.optim_migrate] is not read: the table is [tool.optim-migrate]'),
+    # (helper-36: a further misspelling was still ignored)
+    ('[tool.optim_migrat]\nselect = ["OM9"]\n',
+     '[tool.optim_migrat] is not read: the table is [tool.optim-migrate]'),
 ])
 def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
                                                      message):
