@@ -29,7 +29,7 @@ from optim_compat.checkpoint_files import (
     CheckpointError, ReplicatedCheckpointWarning, _is_orbax, _msgpack_checkpoint_problem,
     _pack_stream, _TooLarge)
 from optim_compat.checkpoint_layout import (
-    _flat, _get, _is_namedtuple, _INJECT_KEPT, _legacy_fields, _normalize_namedtuples,
+    _flat, _get, _is_namedtuple, _INJECT_KEPT, _legacy_fields, _mixed_states, _normalize_namedtuples,
     _restore_one, _set, _strip_replicas, find_legacy_optimizers)
 
 
@@ -136,7 +136,8 @@ def infer_def(param_states) -> str:
            and set(e.state_fields) - fields <= {'mg'}]
   if len(names) != 1:
     raise CheckpointError(f'cannot infer the optimizer from the state fields {sorted(fields)} '
-                          f'(candidates: {names or "none"}); pass --optimizer')
+                          f'(candidates: {names or "none"}); pass --optimizer'
+                          + _mixed_states(_flat(param_states)))
   return names[0]
 
 

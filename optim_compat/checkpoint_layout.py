@@ -256,6 +256,25 @@ def _legacy_fields(ps_flat: dict) -> set:
   return {k[-1] for k, v in ps_flat.items() if v is not None and v is not _EMPTY and k}
 
 
+def _mixed_states(ps_flat: dict) -> str:
+  """A sentence when parameters hold different legacy state fields (helper-35's D2: a
+  ``MultiOptimizer`` checkpoint, one def per group), else ``''``."""
+  per_param: dict = {}
+  for k, v in ps_flat.items():
+    if k:
+      per_param.setdefault(k[:-1], set()).update([k[-1]] if v is not None and v is not _EMPTY else [])
+  kinds: dict = {}
+  for key, fields in per_param.items():
+    kinds.setdefault(tuple(sorted(fields)), '/'.join(map(str, key)))
+  if len(kinds) < 2:
+    return ''
+  shown = '; '.join(f'{where}: {list(fields) or "no state"}' for fields, where in kinds.items())
+  return (f'. Its parameters hold different legacy states ({shown}): a MultiOptimizer '
+          'checkpoint, one optimizer per group, which one --optimizer cannot describe; build '
+          'the MultiOptimizer with optim_compat and restore it with '
+          'optim_compat.checkpoint.restore_legacy(path, state)')
+
+
 def _def_name(optimizer) -> str | None:
   if optimizer is None:
     return None
@@ -354,7 +373,8 @@ class _Filler:
       where = _join(self.where, ('state', 'param_states') + legacy_key)
       if legacy_key not in self.ps_flat:
         raise CheckpointError(f'{where}: missing from {self.source} ({path} needs it; '
-                              f'{self.source} has fields {sorted(_legacy_fields(self.ps_flat))})')
+                              f'{self.source} has fields {sorted(_legacy_fields(self.ps_flat))})'
+                              + _mixed_states(self.ps_flat))
       value = _conform(tpl, self.ps_flat[legacy_key], where)
       self.used.add(legacy_key)
       out[key] = _negate(value) if negate else value

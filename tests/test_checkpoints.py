@@ -1060,3 +1060,34 @@ def test_a_threads_closed_loop_report_is_not_cut_by_another_threads_message():
   resume.set()
   t.join(10)
   assert out.getvalue() == 'convert-checkpoint: ckpt: not readable\n'
+
+
+def test_convert_checkpoint_of_a_multioptimizer_says_so_and_names_the_way(tmp_path, capsys):
+  """helper-35's D2: a MultiOptimizer checkpoint (Adam on one group, Momentum on the other)
+  was refused with "grad_ema: missing" while the fields it listed held grad_ema; now the
+  message names the per-parameter states and restore_legacy, which restores it."""
+  import optim_compat as optim
+  from flax import traverse_util
+  params = {'a': {'w': np.full((2, 3), 0.5, np.float32)}, 'b': {'w': np.ones((3,), np.float32)}}
+  groups = lambda: optim.MultiOptimizer(
+      (traverse_util.ModelParamTraversal(lambda p, _: p.startswith('/a')), optim.Adam(1e-3)),
+      (traverse_util.ModelParamTraversal(lambda p, _: p.startswith('/b')), optim.Momentum(0.1)))
+  with pytest.warns(DeprecationWarning):
+    opt = groups().create(params)
+  opt = opt.apply_gradient(jax.tree_util.tree_map(np.ones_like, params))
+  src = tmp_path / 'checkpoint_1'
+  src.write_bytes(serialization.to_bytes(opt))
+  before = _sha(src)
+  for extra in (['--optimizer', 'Adam(learning_rate=1e-3)'], []):
+    assert _cli(src, tmp_path / 'out', *extra) == 2
+    err = capsys.readouterr().err
+    assert ("parameters hold different legacy states (a/w: ['grad_ema', 'grad_sq_ema']; "
+            "b/w: ['momentum']): a MultiOptimizer checkpoint") in err, err
+    assert 'optim_compat.checkpoint.restore_legacy(path, state)' in err
+    assert not (tmp_path / 'out').exists() and _sha(src) == before
+  with pytest.warns(DeprecationWarning):
+    target = groups().create(jax.tree_util.tree_map(np.zeros_like, params))
+  restored = ck.restore_legacy(src, target)
+  assert int(restored.state.step) == 1
+  for got, want in zip(jax.tree_util.tree_leaves(restored), jax.tree_util.tree_leaves(opt)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

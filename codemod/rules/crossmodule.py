@@ -402,7 +402,9 @@ def def_create_message(q, call: cst.Call) -> Optional[tuple[str, bool]]:
     return text, f.uses_legacy and not q.unproven
   # what it makes is a flax.optim Optimizer wherever the def is one: a file that would be
   # converted around it (`.target` read as `.params`) keeps its legacy code instead
-  return (f'if `{recv}` is a flax.optim optimizer def (made elsewhere), `.create` makes a '
+  # (helper-35's D3: "made elsewhere" was said of a def a same-file factory kept legacy makes)
+  return (f'if `{recv}` is a flax.optim optimizer def (what it is is not proven here: a '
+          f'parameter, or made by code the run does not convert), `.create` makes a '
           f'flax.optim Optimizer: migrate it where the def is made ({after})'), (
               f.uses_legacy and not q.unproven)
 
