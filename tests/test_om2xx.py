@@ -296,6 +296,50 @@ def test_attention_layers_reached_through_items_unpacking_lambdas_and_stars_are_
   assert _rewrite(plain).findings == []
 
 
+def test_attention_layers_given_to_a_parameter_or_a_field_are_flagged():
+  """An attention layer handed to a function's parameter or a module's field in the module
+  (`block(nn.MultiHeadDotProductAttention(...), x, mask)`, `Block(attn=...)`) and called
+  there with the mask third positional: flagged; the same calls given a Dense are not."""
+  source = textwrap.dedent('''\
+      from flax import linen as nn
+
+      def block(attn, x, mask):
+        return attn(x, x, mask)
+
+      def other(fn, x, mask):
+        return fn(x, x, mask)
+
+      class Block(nn.Module):
+        attn: nn.Module
+        ffn: nn.Module
+
+        def __call__(self, x, mask):
+          return self.attn(x, x, mask) + self.ffn(x, x, mask)
+
+        def helper(self, layer, x, mask):
+          return layer(x, x, mask)
+
+      class Typed(nn.Module):
+        attn: nn.MultiHeadDotProductAttention
+
+        def __call__(self, x, mask):
+          return self.attn(x, x, mask)
+
+      class Top(nn.Module):
+        @nn.compact
+        def __call__(self, x, mask):
+          y = block(nn.MultiHeadDotProductAttention(num_heads=2), x, mask)
+          y = y + other(nn.Dense(3), x, mask)
+          b = Block(attn=nn.MultiHeadDotProductAttention(num_heads=2), ffn=nn.Dense(3))
+          return y + b(x, mask) + b.helper(nn.MultiHeadDotProductAttention(num_heads=2), x, mask)
+      ''')
+  result = _rewrite(source)
+  assert [(f.rule, f.fixed, f.line) for f in result.findings] == [
+      ('OM224', False, line) for line in (4, 14, 17, 23)], result.findings
+  assert 'a parameter of `block`' in result.findings[0].message
+  assert 'field `attn` is given attention layers' in result.findings[1].message
+
+
 def test_an_import_after_the_use_is_not_used_for_the_new_name():
   # the annotation is evaluated before `import jax` runs (a late import, a later notebook cell)
   source = 'import jax.numpy as jnp\ndef f(x: jnp.DeviceArray):\n  return x\nimport jax\n'

@@ -203,6 +203,11 @@ class _Linen:
       if any(self._holds_mha(v) for v in self.facts.self_attrs.get(
           (id(self._classes[-1]), root.attr.value), [])):
         return f'`{_code(func)}` (`{_code(root)}` holds attention layers)'
+      declared = self._field_declarations(root.attr.value)
+      if declared and (self._holds_mha(declared[0].annotation)
+                       or self._given_mha(root.attr.value)):
+        return (f'`{_code(func)}` (field `{root.attr.value}` is given attention layers in this '
+                'module)')
       return ''
     if isinstance(root, cst.Name):
       scope = self.get_metadata(ScopeProvider, root, None)
@@ -218,11 +223,41 @@ class _Linen:
             and not any(isinstance(e, cst.StarredElement) for e in bound.elements)
             and entry[1] < len(bound.elements)):
           bound = bound.elements[entry[1]].value  # (`c, e = MHA(...), nn.Dense(3)`: e is no MHA)
+        if isinstance(node, cst.Param):
+          owner = next((f for f in self.facts.functions.values() if any(
+              q is node for q in (*f.params.params, *f.params.posonly_params,
+                                  *f.params.kwonly_params))), None)
+          if owner is not None and self._given_mha(owner.name.value, param=node, owner=owner):
+            return (f'`{root.value}` (a parameter of `{owner.name.value}`, which is given '
+                    'attention layers in this module)')
         if bound is not None and self._holds_mha(bound):
           value = ' '.join(_code(bound).split())
           value = value if len(value) <= 60 else value[:57] + '...'
           return f'`{root.value}` (bound to `{value}`, which names attention layers)'
     return ''
+
+  def _given_mha(self, name: str, param=None, owner=None) -> bool:
+    """Some call of this module passes a value naming the attention class as ``name=`` (a
+    module field, ``Block(attn=nn.MultiHeadDotProductAttention(...))``), or to the parameter
+    ``param`` of the function ``owner`` (named ``name``), by position or keyword."""
+    module = self._module_node
+    if param is None:
+      return any(self._holds_mha(a.value) for a in m.findall(
+          module, m.Arg(keyword=m.Name(name))))
+    params = [*owner.params.posonly_params, *owner.params.params]
+    index = next((i for i, q in enumerate(params) if q is param), None)
+    for call in m.findall(module, m.Call(func=m.Name(name) | m.Attribute(attr=m.Name(name)))):
+      # (a method called as `self.f(...)`: its `self` is not among the arguments)
+      shift = 1 if isinstance(call.func, cst.Attribute) and params and \
+          params[0].name.value in ('self', 'cls') else 0
+      positional = [a for a in call.args if a.keyword is None and not a.star]
+      if any(index is not None and i + shift == index and self._holds_mha(a.value)
+             for i, a in enumerate(positional)):
+        return True
+      if any(a.keyword is not None and a.keyword.value == param.name.value
+             and self._holds_mha(a.value) for a in call.args):
+        return True
+    return False
 
   def _layers_assigned(self) -> bool:
     """Does any assignment of the module assign an attention or Dropout construction? Else a
