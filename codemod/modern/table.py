@@ -101,7 +101,8 @@ RULES = (
     ('OM222', 'manual', '`nn.LSTMCell()` without `features`, static `initialize_carry`: carry '
                         'shapes need the hidden size'),
     ('OM223', 'manual', 'elements of a jax array used as dict keys (0-d arrays are unhashable)'),
-    ('OM224', 'manual', 'a removed JAX API in a form OM2xx does not rewrite'),
+    ('OM224', 'manual', 'a removed JAX / Flax API in a form OM2xx does not rewrite, or a call that '
+                        'may be an attention layer with the mask third positional (unproven)'),
 )
 
 
