@@ -336,6 +336,12 @@ writes none or the table names a divergence (``spec.OptimizerSpec.diverges_on``)
 #: per-run figures: ``golden_drift``'s module docstring names the script; the table is in
 #: the crosscpu report). Left out: --xla_cpu_enable_fast_math (not a CPU: it reassociates
 #: freely; up to 286 ulp in a WeightNorm state).
+#:
+#: Checked 2026-12-07 on a real other CPU (an AMD KVM guest, family 175, AVX2 and FMA, no
+#: AVX-512; jax 0.10.2): tests/test_golden.py and the golden cases of the shim and check
+#: suites passed, 31 of 85 trajectories differed from these goldens, none beyond its bound;
+#: the two closest to theirs (emitted adadelta_params 3 ulp, shim weightnorm_default 4.5)
+#: have the formula's bound of that measurement (6, 9) instead of the simulated one.
 GOLDEN_BOUNDS = {
     # case_id: GoldenBound(legacy, legacy_state, shim, shim_state, emitted)
     'sgd_default': GoldenBound(8, 2, 8, 2, 8),
@@ -354,7 +360,7 @@ GOLDEN_BOUNDS = {
     'adabelief_eps': GoldenBound(4, 4, 5, 8, 4),
     'adabelief_wd': GoldenBound(6, 4, 6, 8, 14),
     'adadelta_default': GoldenBound(5, 7, 5, 10, 5),
-    'adadelta_params': GoldenBound(4, 14, 4, 14, 4),
+    'adadelta_params': GoldenBound(4, 14, 4, 14, 6),  # (emitted: 3 on the AMD below)
     'adadelta_wd': GoldenBound(4, 14, 4, 14, 14),
     'adagrad_default': GoldenBound(3, 8, 3, 8, 3),
     'adagrad_eps': GoldenBound(4, 8, 4, 8, 4),
@@ -376,7 +382,7 @@ GOLDEN_BOUNDS = {
     'focus_adam_head': GoldenBound(3, 8, 4, 8, None),
     'weightnorm_adam': GoldenBound(10, 16, 8, 18, None),
     'weightnorm_momentum': GoldenBound(10, 10, 7, 12, None),
-    'weightnorm_default': GoldenBound(14, 9, 8, 8, None),
+    'weightnorm_default': GoldenBound(14, 9, 9, 8, None),  # (shim: 4.5 on the AMD below)
     'adam_lr_schedule': GoldenBound(3, 8, 4, 8, 4),
     'momentum_beta_override': GoldenBound(5, 4, 5, 4, None),
     'multi_keyword_lr': GoldenBound(4, 4, 4, 4, None),
