@@ -53,9 +53,12 @@ NO_BACKEND_OPT = '--xla_backend_optimization_level=0'
 
 
 def converted(case) -> bool:
-  """Cases with an emitted Optax form (what the codemod rewrites)."""
+  """Cases with an emitted Optax form (what the codemod rewrites): a table def, or
+  WeightNorm around one (``optim_compat.transforms.weight_norm``)."""
   from optim_compat import spec
   _, def_name, kwargs = case
+  if def_name == 'WeightNorm':
+    return kwargs['inner'][0] in spec.SPECS
   return (def_name in spec.SPECS and 'focus' not in kwargs
           and kwargs.get('apply') in (None, 'lr_decay'))
 
@@ -63,7 +66,12 @@ def converted(case) -> bool:
 def emitted_source(case) -> str:
   """The Optax source the codemod emits for a converted case (lr injected with a schedule)."""
   from optim_compat import spec
-  _, def_name, kwargs = case
+  case_id, def_name, kwargs = case
+  if def_name == 'WeightNorm':
+    inner_name, inner_kwargs = kwargs['inner']
+    rest = ''.join(f', {k}={v!r}' for k, v in kwargs.items() if k != 'inner')
+    inner = emitted_source((case_id, inner_name, inner_kwargs))
+    return f'optim_compat.transforms.weight_norm({inner}{rest})'
   args = {k: repr(v) for k, v in kwargs.items() if k not in ('apply', 'grads')}
   return spec.SPECS[def_name].emit(args, learning_rate_injected='apply' in kwargs)
 

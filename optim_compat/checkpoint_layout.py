@@ -31,6 +31,9 @@ _INJECT_KEPT = ('hyperparams', 'hyperparams_states')
 
 #: optax.multi_transform's state: MultiTransformState (optax < 0.2.5), PartitionState
 _PARTITION = {'MultiTransformState', 'PartitionState'}
+#: legacy WeightNorm's per-parameter fields holding the wrapped def's states -> the key of
+#: ``transforms.weight_norm``'s inner parameters they belong to
+_WN_INNER = {'direction_state': 'direction', 'scale_state': 'scale'}
 
 
 # --------------------------------------------------------------------------
@@ -397,6 +400,8 @@ class _Filler:
     return serialization.from_state_dict(template, found)
 
   def rebuild(self, node, path: str):
+    if isinstance(node, transforms.WeightNormState):
+      return self.rebuild_weight_norm(node, path)
     if isinstance(node, transforms.LegacyRuleState):
       return type(node)(self.count_like(node.count, f'{path}.count'),
                         self.legacy_states(node.param_states))
@@ -429,6 +434,23 @@ class _Filler:
     raise CheckpointError(f'{path}: no legacy source for this {_describe(node)} leaf of the target '
                           f'opt_state (fields without a mapping in optim_compat.state_map)')
 
+  def rebuild_weight_norm(self, node, path):
+    """``transforms.weight_norm``'s state from legacy ``WeightNorm`` per-parameter states
+    (``<param>/{direction, scale, direction_state/<field>, scale_state/<field>}``): the
+    direction and scale trees as they are, the wrapped def's states as the inner
+    transformation's, over ``{'direction': ..., 'scale': ...}`` (its row chosen by its
+    own state classes)."""
+    inner_flat = _wn_inner_flat(self.ps_flat)
+    self.used.update(k for k in self.ps_flat if len(k) >= 2 and k[-2] in _WN_INNER)
+    inner = _Filler(self.step, traverse_util.unflatten_dict(inner_flat) if inner_flat else {},
+                    None, self.where, self.source)
+    # (the wrapped def's row, by its state classes: candidates name the WeightNorm)
+    inner.row = choose_row(node.inner_state, _legacy_fields(inner.ps_flat))
+    inner_state = inner.rebuild(node.inner_state, f'{path}.inner_state')
+    inner.check_all_used()
+    return type(node)(self.field_tree(node.direction, 'direction', f'{path}.direction'),
+                      self.field_tree(node.scale, 'scale', f'{path}.scale'), inner_state)
+
   def rebuild_groups(self, inner_states, path):
     """``optax.multi_transform`` groups (the codemod's MultiOptimizer / focus form):
     each group's state is filled with the row of its own transformation."""
@@ -447,6 +469,19 @@ class _Filler:
       raise CheckpointError(f'{_join(self.where, ("state", "param_states") + key)}: legacy state '
                             f'{_describe(v)} has no place in the target opt_state (it would be '
                             f'silently dropped): is the target built with the right optimizer?')
+
+
+def _wn_inner_flat(ps_flat: dict) -> dict:
+  """Legacy WeightNorm per-parameter states (flat: ``(*param, 'direction_state', field)``)
+  -> the wrapped def's states over ``{'direction': ..., 'scale': ...}`` (flat: ``('direction',
+  *param, field)``), a ``{}`` state (a def with none) kept as one."""
+  inner = {}
+  for key, v in ps_flat.items():
+    if len(key) >= 2 and key[-2] in _WN_INNER:
+      inner[(_WN_INNER[key[-2]],) + key[:-2] + key[-1:]] = v
+    elif key and key[-1] in _WN_INNER and v is _EMPTY:
+      inner[(_WN_INNER[key[-1]],) + key[:-1]] = v
+  return inner
 
 
 def opt_state_from_legacy(template, step, param_states, optimizer=None, *, where: str = '',
@@ -528,7 +563,22 @@ def legacy_from_opt_state(opt_state, optimizer_def, template_param_states, check
       found[key + ((field,) if field else ())] = _negate(v) if negate else v
 
   def walk(node, path, row):
-    if isinstance(node, (transforms.LegacyRuleState, base.OptimizerState)):
+    if isinstance(node, transforms.WeightNormState):
+      wrapped = getattr(optimizer_def, 'wrapped_optimizer', None)
+      if wrapped is None:
+        raise CheckpointError(f'{path}: a weight_norm state, and the def is '
+                              f'{type(optimizer_def).__name__}, not a WeightNorm')
+      take(node.direction, 'direction')
+      take(node.scale, 'scale')
+      inner_tpl = _wn_inner_flat(_flat(serialization.to_state_dict(template_param_states)))
+      inner = legacy_from_opt_state(
+          node.inner_state, wrapped, traverse_util.unflatten_dict(inner_tpl) if inner_tpl else {},
+          check_count, where=f'{path}.inner_state')
+      back = {v: k for k, v in _WN_INNER.items()}
+      for key, v in _flat(inner).items():
+        if v is not None and v is not _EMPTY:
+          found[key[1:-1] + (back[key[0]], key[-1])] = v
+    elif isinstance(node, (transforms.LegacyRuleState, base.OptimizerState)):
       check(node[0] if isinstance(node, tuple) else node.step, f'{path}.count')
       take(node.param_states)
     elif _is_namedtuple(node) and type(node).__name__ in _PARTITION:

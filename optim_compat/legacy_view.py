@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from typing import Callable, Mapping, Sequence
 
 import jax
@@ -77,7 +78,8 @@ def inferred_def(opt_state) -> base.OptimizerDef:
   Each Optax state class of ``optim_compat.state_map`` belongs to one table def
   (``ScaleByAdamState``: Adam; ``TraceState``: Momentum, or LARS beside a
   ``MaskedState``; ``ScaleByRStdDevState``: centered RMSProp; no class of the table:
-  GradientDescent), and a ``to_optax(d)`` state holds the legacy layout itself; only the
+  GradientDescent), a ``to_optax(d)`` state holds the legacy layout itself, and a
+  ``transforms.weight_norm`` state is a ``WeightNorm`` of its inner state's def; only the
   layout is read, so the def has its default hyper-parameters.
 
   Args:
@@ -99,6 +101,11 @@ def inferred_def(opt_state) -> base.OptimizerDef:
                     'MultiOptimizer or create(..., focus=...)): pass the optimizer_def')
   if _laid_out(opt_state) is not None:
     return _AsLaidOut()
+  if isinstance(opt_state, transforms.WeightNormState):  # (transforms.weight_norm's)
+    from optim_compat.weight_norm import WeightNorm
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', DeprecationWarning)
+      return WeightNorm(inferred_def(opt_state.inner_state))
   fields = {f for spec_row in state_map.OPTAX_STATE_SOURCES.values()
             for sources in spec_row.values() for f in sources.values()}
   row = layout.choose_row(opt_state, {f.lstrip('-') for f in fields})

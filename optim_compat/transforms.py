@@ -4,7 +4,8 @@
 the legacy def ``<Name>`` from the legacy arguments, running its per-parameter rule
 in the legacy order of operations (:func:`from_legacy_rule`, its state
 :class:`LegacyRuleState`); the codemod emits it where stock Optax differs
-intrinsically (see ``spec.py``).
+intrinsically (see ``spec.py``). ``weight_norm(inner_tx, wn_decay, wn_eps)`` is legacy
+``WeightNorm`` around any Optax transformation (state :class:`WeightNormState`).
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import warnings
 
 from optim_compat import defs, spec
 from optim_compat.legacy_rule import LegacyRuleState, from_legacy_rule  # noqa: F401 - public
+from optim_compat.weight_norm import WeightNormState, weight_norm  # noqa: F401 - public
 
-__all__ = ['LegacyRuleState', 'from_legacy_rule',
+__all__ = ['LegacyRuleState', 'WeightNormState', 'from_legacy_rule', 'weight_norm',
            *sorted(e.name.lower() for e in spec.SPECS.values() if e.param_update is not None)]
 
 

@@ -6,15 +6,17 @@ Legacy flax.optim 0.5.3 semantics: each leaf with ``size > shape[-1]`` is
 Other leaves are kept whole (``scale = ()``). Gradients reach ``v`` and ``scale``
 through ``jax.vjp`` of that map, ``wn_decay * v`` is added to ``v``'s gradient,
 and the wrapped def updates ``{'direction': v, 'scale': scale}``. A 0-d leaf
-raises ``IndexError`` as in legacy. No Optax alias exists; ``to_optax`` wraps it.
+raises ``IndexError`` as in legacy. No Optax alias exists: the shim's def (``to_optax``
+wraps it), and :func:`weight_norm`, the same map around any Optax transformation.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+import optax
 from jax import lax
 
 from optim_compat import legacy_rule
@@ -38,6 +40,103 @@ class _WeightNormParamState:
 
 def _is_split(x) -> bool:
   return x.size > x.shape[-1]
+
+
+def _split_all(params, eps):
+  """``(directions, scales)``: each leaf ``p`` with size > shape[-1] as ``p / n, n``, ``n =
+  sqrt(sum_{axes != last} p**2 + eps)`` (shape ``(1, ..., 1, out)``); other leaves ``p, ()``."""
+  def split(p):
+    if _is_split(p):
+      norms = jnp.sqrt(jnp.square(p).sum(tuple(range(p.ndim - 1)), keepdims=True) + eps)
+      return p / norms, norms
+    return p, ()
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  directions, scales = zip(*(split(p) for p in leaves)) if leaves else ((), ())
+  return treedef.unflatten(directions), treedef.unflatten(scales)
+
+
+def _merge_all(directions, scales, eps):
+  """The weights of a (direction, scale) split: ``d * (s * rsqrt(sum_{axes != last} d**2 +
+  eps))`` for split leaves, ``d`` for the others (legacy's order of operations)."""
+  def merge(d, s):
+    if _is_split(d):
+      norm = jnp.square(d).sum(tuple(range(d.ndim - 1)), keepdims=True) + eps
+      return d * (s * lax.rsqrt(norm))
+    return d
+  return jax.tree_util.tree_map(merge, directions, scales)
+
+
+def _split_gradients(grads, directions, scales, decay, eps):
+  """The gradients of ``direction`` and ``scale`` (the vjp of :func:`_merge_all` at them,
+  applied to ``grads``), ``decay * direction`` added to the split leaves' direction's."""
+  _, vjp = jax.vjp(lambda d, s: _merge_all(d, s, eps), directions, scales)
+  dir_grad, scale_grad = vjp(grads)
+  dir_grad = jax.tree_util.tree_map(
+      lambda d, g: g + decay * d if _is_split(d) else g, directions, dir_grad)
+  return dir_grad, scale_grad
+
+
+class WeightNormState(NamedTuple):
+  """State of :func:`weight_norm`.
+
+  Attributes:
+    direction: the params' tree: ``v`` of each split leaf (its shape), the leaf itself else.
+    scale: the params' tree: ``s`` of each split leaf (shape ``(1, ..., 1, out)``), ``()``
+      else.
+    inner_state: the wrapped transformation's state over ``{'direction': ..., 'scale':
+      ...}``.
+  """
+  direction: Any
+  scale: Any
+  inner_state: Any
+
+
+def weight_norm(inner: optax.GradientTransformation, wn_decay: float = 0.,
+                wn_eps: float = 1e-8) -> optax.GradientTransformation:
+  """Legacy ``flax.optim.WeightNorm`` (0.5.3) around an Optax transformation.
+
+  ``WeightNorm(Adam(...), wn_decay, wn_eps)`` is ``weight_norm(<Adam's Optax chain>,
+  wn_decay, wn_eps)``: ``inner`` updates ``{'direction': v, 'scale': s}`` (kept in the
+  state, as legacy keeps them in its per-parameter states), and the update is the new
+  weights minus the old (``new - params``; ``TrainState.apply_gradients`` adds it back, so
+  a param may be 1 ulp from legacy's ``w(v', s')``, as for every rule that subtracts twice:
+  shared/optax-mapping.md). Equations: the :class:`WeightNorm` docstring (source: legacy
+  ``flax/optim/weight_norm.py``).
+
+  Args:
+    inner: the transformation of the wrapped def (e.g. ``optax.adam(...)``, or one built
+      with ``optax.inject_hyperparams``: its ``learning_rate`` is found in
+      ``inner_state`` by ``optax.tree_utils.tree_set``).
+    wn_decay: L2 added to the direction's gradient (``wn_decay * v``).
+    wn_eps: added under the norm's square root.
+
+  Returns:
+    A GradientTransformation whose state is :class:`WeightNormState`; its ``update``
+    needs ``params`` (``TrainState.apply_gradients`` passes them).
+
+  Raises:
+    IndexError: at ``init``, a 0-d leaf (as legacy).
+    ValueError: ``update`` called without ``params``.
+  """
+  def init_fn(params):
+    directions, scales = _split_all(params, wn_eps)
+    return WeightNormState(directions, scales,
+                           inner.init({'direction': directions, 'scale': scales}))
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError('weight_norm: update needs params (the current weights)')
+    dir_grad, scale_grad = _split_gradients(updates, state.direction, state.scale, wn_decay,
+                                            wn_eps)
+    split = {'direction': state.direction, 'scale': state.scale}
+    inner_updates, inner_state = inner.update({'direction': dir_grad, 'scale': scale_grad},
+                                              state.inner_state, split)
+    new = optax.apply_updates(split, inner_updates)
+    weights = _merge_all(new['direction'], new['scale'], wn_eps)
+    out = jax.tree_util.tree_map(lambda w, p: (w - p).astype(p.dtype), weights, params)
+    return out, WeightNormState(new['direction'], new['scale'], inner_state)
+
+  return optax.GradientTransformation(init_fn, update_fn)
 
 
 class WeightNorm(OptimizerDef):
@@ -87,16 +186,7 @@ class WeightNorm(OptimizerDef):
         directions, scales)
 
   def init_state(self, params):
-    eps = self.hyper_params.wn_eps
-
-    def split(p):
-      if _is_split(p):
-        norms = jnp.sqrt(jnp.square(p).sum(tuple(range(p.ndim - 1)), keepdims=True) + eps)
-        return p / norms, norms
-      return p, ()
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    directions, scales = zip(*(split(p) for p in leaves)) if leaves else ((), ())
-    directions, scales = treedef.unflatten(directions), treedef.unflatten(scales)
+    directions, scales = _split_all(params, self.hyper_params.wn_eps)
     state = self.wrapped_optimizer.init_state({'direction': directions, 'scale': scales})
     return state.replace(param_states=self._states(params, state, directions, scales))
 
@@ -109,22 +199,12 @@ class WeightNorm(OptimizerDef):
     pick = lambda name: treedef.unflatten([getattr(s, name) for s in leaves])
     direction, scale = pick('direction'), pick('scale')
     eps, decay = hyper_params.wn_eps, hyper_params.wn_decay
-
-    def merge(d, s):
-      if _is_split(d):
-        norm = jnp.square(d).sum(tuple(range(d.ndim - 1)), keepdims=True) + eps
-        return d * (s * lax.rsqrt(norm))
-      return d
-    merge_all = lambda d, s: jax.tree_util.tree_map(merge, d, s)
-    _, vjp = jax.vjp(merge_all, direction, scale)
-    dir_grad, scale_grad = vjp(grads)
-    dir_grad = jax.tree_util.tree_map(
-        lambda d, g: g + decay * d if _is_split(d) else g, direction, dir_grad)
+    dir_grad, scale_grad = _split_gradients(grads, direction, scale, decay, eps)
     inner_state = state.replace(param_states={'direction': pick('direction_state'),
                                               'scale': pick('scale_state')})
     new_wn, new_state = self.wrapped_optimizer.apply_gradient(
         hyper_params.inner, {'direction': direction, 'scale': scale}, inner_state,
         {'direction': dir_grad, 'scale': scale_grad})
-    new_params = merge_all(new_wn['direction'], new_wn['scale'])
+    new_params = _merge_all(new_wn['direction'], new_wn['scale'], eps)
     return new_params, new_state.replace(param_states=self._states(
         params, new_state, new_wn['direction'], new_wn['scale']))

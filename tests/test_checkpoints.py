@@ -781,6 +781,9 @@ def _emitted_chains():
   out['focus'] = (f"optax.multi_transform({{'focus': {spec.SPECS['Adam'].emit({'learning_rate': '0.1'})}, "
                   "'frozen': optax.set_to_zero()}, {'w': 'focus', 'b': 'focus', 'frozen': 'frozen'})")
   out['weight_norm'] = 'optim_compat.to_optax(optim_compat.WeightNorm(optim_compat.Adam(0.1)))'
+  out['weight_norm_tx'] = (f"optim_compat.transforms.weight_norm("
+                         f"{spec.SPECS['Adam'].emit({'learning_rate': '0.1'})}, wn_decay=1e-3)")
+  out['weight_norm_tx_injected'] = f"optim_compat.transforms.weight_norm({adam})"
   out['multi_optimizer'] = ('optim_compat.to_optax(optim_compat.MultiOptimizer((optim_compat.'
                             "ModelParamTraversal(lambda p, _: 'w' in p), optim_compat.Adam(0.1))))")
   return out

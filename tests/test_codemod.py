@@ -1048,10 +1048,12 @@ _RESUMING = {
         'optim_compat.ArrayTrainState.create(apply_fn=None, params=jnp.asarray(initial), '
         'tx=optimizer)'),
     # nerfies' / hypernerf's `optimizer_def = optim.WeightNorm(optimizer_def)` where the config
-    # asks, with an apply-time rate in a pmapped step (before: OM101 kept the file legacy)
+    # asks, with an apply-time rate in a pmapped step (before: OM101 kept the file legacy;
+    # then the shim's defs and `to_optax(optimizer_def)`; now Optax and weight_norm)
     'legacy_weight_norm_checkpoint.py': (
-        'optimizer_def = optim_compat.WeightNorm(optimizer_def, wn_decay=1e-3)',
-        "tx=optim_compat.to_optax(optimizer_def, inject=('learning_rate',))",
+        'optimizer_def = optax.inject_hyperparams(optax.adam, ',
+        'optimizer_def = optim_compat.transforms.weight_norm(optimizer_def, wn_decay=1e-3)',
+        'tx=optimizer_def)',
         'optim_compat.checkpoint.restore_legacy(workdir, optimizer)'),
 }
 

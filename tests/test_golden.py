@@ -47,7 +47,7 @@ SINGLE = [c for c in cases.CASES if grid.converted(c)]
 @pytest.mark.parametrize('case_id,def_name,kwargs', SINGLE, ids=[c[0] for c in SINGLE])
 def test_emitted_optax_chain_matches_golden(case_id, def_name, kwargs):
   """The Optax source the codemod writes, evaluated, against real flax.optim."""
-  entry = spec.SPECS[def_name]
+  entry = spec.SPECS.get(def_name)  # (None: WeightNorm, around a table def's chain)
   schedule = cases.APPLY[kwargs['apply']][0] if 'apply' in kwargs else None
   source = grid.emitted_source((case_id, def_name, kwargs))
   traj = core.run_optax(emitted.tx_from_source(source), cases.params_for(case_id),
@@ -56,12 +56,13 @@ def test_emitted_optax_chain_matches_golden(case_id, def_name, kwargs):
   golden, _ = record_golden.load(case_id)
   dtype = cases.DTYPES.get(case_id)
   worst, where = core.compare(traj, golden, dtype)
-  if case_id in entry.diverges_on:  # a named difference: it must still be there, and named
+  if entry is not None and case_id in entry.diverges_on:  # a named difference: still there
     assert worst > 1000 and case_id in entry.differences, (worst, entry.differences)
     assert cases.golden_bound(case_id).emitted is None
     return
   assert worst <= cases.golden_bound(case_id).emitted, f'{source}: {worst} ulp at {where}'
-  if (entry.stock_max_ulp if dtype is None else entry.stock_max_ulp_low_precision) == 0:
+  if entry is not None and (
+      entry.stock_max_ulp if dtype is None else entry.stock_max_ulp_low_precision) == 0:
     # the table says bitwise: the emitted chain and the shim, both run here, agree bitwise
     shim_traj, _ = cases.run_case(optim, case_id, record=cases.RECORDED_STEPS)
     assert core.bitwise_equal(traj, shim_traj), source
@@ -162,15 +163,15 @@ def test_every_case_has_cross_machine_bounds():
   assert set(cases.GOLDEN_BOUNDS) == set(cases.CASE_BY_ID)
   for case in cases.CASES:
     case_id, def_name, _ = case
-    emitted = ((grid.converted(case) and case_id not in spec.SPECS[def_name].diverges_on)
-               or def_name.startswith('user:'))
+    emitted = ((grid.converted(case) and case_id not in getattr(
+        spec.SPECS.get(def_name), 'diverges_on', ())) or def_name.startswith('user:'))
     bound = cases.golden_bound(case_id)
     assert (bound.emitted is not None) == emitted, case_id
     assert min(b for b in bound if b is not None) > 0, case_id
 
 
 #: Representative cases run under another codegen (norms and reductions, and elementwise
-#: defs, which move without FMA; a few, to keep it cheap; WeightNorm has no emitted form).
+#: defs, which move without FMA; a few, to keep it cheap).
 OTHER_CODEGEN_CASES = ('lamb_wd', 'lars_wd', 'adafactor_momentum', 'weightnorm_default',
                        'adam_wd', 'adagrad_large')
 

@@ -212,10 +212,9 @@ def _other_values_of_defs(n: Names, assign_sites: dict) -> None:
 
 def _weight_norm_rebinds(n: Names, assign_sites: dict) -> None:
   """``d = Adam(lr)`` then, where the config asks, ``d = WeightNorm(d)`` (nerfies' and
-  hypernerf's ``train.py``): an Optax transformation cannot be wrapped in WeightNorm, so
-  such a name keeps the shim's defs (``optim_compat.Adam(lr)``, ``optim_compat.WeightNorm(d)``)
-  and its ``.create`` takes ``optim_compat.to_optax(d)``: the legacy state layout, bitwise
-  the shim's, the params within 2 ulp (``Facts.shim_def_vars``). Every plain assignment of the name before a
+  hypernerf's ``train.py``): ``d`` becomes Adam's Optax transformation and the wrap
+  ``optim_compat.transforms.weight_norm(d)`` (``Facts.wn_rebinds``), so its ``.create``
+  takes ``tx=d`` either way. Every plain assignment of the name before a
   ``d = d.create(p)`` must be a table def or such a wrap."""
   from optim_compat import spec as spec_lib
   f = n.facts
@@ -231,8 +230,7 @@ def _weight_norm_rebinds(n: Names, assign_sites: dict) -> None:
              and isinstance(v.args[0].value, cst.Name) and n.binding(v.args[0].value) == b]
     if wraps and b not in f.rebound and all(
         any(v is w for w in wraps) or n.legacy_def(v) in spec_lib.SPECS for v in values):
-      f.shim_def_vars.add(b)
-      f.shim_defs.update(id(v) for v in values)
+      f.wn_rebinds.update(id(w) for w in wraps)
 
 
 def _accesses(n: Names, name: cst.Name):

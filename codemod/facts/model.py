@@ -91,10 +91,10 @@ class Facts:
   mixed_defs: dict = _field()         # id(def call) -> name that then holds its optimizer
   def_var_others: dict = _field()     # def binding -> a value not a def it is assigned too
   mixed_user_bindings: set = _field(set)  # def bindings assigned a user def and a table def
-  #: def bindings assigned table defs and `WeightNorm(<itself>)` (`d = Adam(lr)`, then in a
-  #: branch `d = WeightNorm(d)`): kept the shim's defs, `tx=optim_compat.to_optax(d)`
-  shim_def_vars: set = _field(set)
-  shim_defs: set = _field(set)        # ids of the def calls assigned to those
+  #: ids of `WeightNorm(<the name itself>)` calls of a def binding assigned table defs and
+  #: such a wrap (`d = Adam(lr)`, then in a branch `d = WeightNorm(d)`): each def converts to
+  #: its Optax form and the wrap to `optim_compat.transforms.weight_norm(d)`
+  wn_rebinds: set = _field(set)
   user_def_wraps: set = _field(set)   # ids of those user def calls (wrapped in to_optax)
   attr_chains: set = _field(set)      # `self.optimizer`-like chains holding optimizers
   attr_other: set = _field(set)       # chains also assigned something else

@@ -107,8 +107,8 @@ def def_problem(q, call: cst.Call) -> Optional[Problem]:
     return multi_problem(q, call)
   if name == api.WEIGHT_NORM:
     inner = call.args[0].value if call.args and call.args[0].keyword is None else None
-    if id(call) in q.f.shim_defs:
-      return None  # `d = WeightNorm(d)` of a name holding the shim's defs
+    if id(call) in q.f.wn_rebinds:
+      return None  # `d = WeightNorm(d)` of a name holding table defs
     if inner is None or q.n.legacy_def(inner) not in spec_lib.SPECS:
       return Problem('OM101', 'WeightNorm is converted only around a def of the migration '
                               'table; use optim_compat.WeightNorm meanwhile')
@@ -419,19 +419,8 @@ def leave_def_call(p, original) -> bool:
     return True
   if q.blocked or id(original) in q.f.wn_inner:
     return True
-  if id(original) in q.f.shim_defs:
-    p.fix(original, apply_shim_def, [('OM001', f'flax.optim.{name}(...) -> optim_compat.{name}'
-                                               '(...): the name is wrapped in WeightNorm where '
-                                               'the config asks, so it keeps the shim\'s defs '
-                                               '(legacy numerics: state bitwise, params within '
-                                               '2 ulp) and TrainState gets '
-                                               f'{_to_optax(q, "<it>")}')],
-          data={'name': name})
-    return True
   if name == api.WEIGHT_NORM:
-    source = _weight_norm_source(q, original)
-    p.fix(original, apply_weight_norm, [('OM001', f'flax.optim.WeightNorm(...) -> {source} (no '
-                                                  'Optax equivalent: the shim\'s faithful WeightNorm)')])
+    p.fix(original, apply_weight_norm, [('OM001', None)])
   elif name == api.MULTI:
     p.fix(original, apply_multi, [('OM008', 'MultiOptimizer -> optax.multi_transform, labels from '
                                             'the traversal filters, unselected leaves frozen '
@@ -519,49 +508,59 @@ def leave_hp_read(p, original) -> bool:
 
 
 # -- fixes ----------------------------------------------------------------------------------
-def apply_def(ctx, original, updated, fix):
-  q = ctx.q
-  name = fix.data['name']
+def def_source(q, original, updated, name) -> tuple[str, str]:
+  """``(Optax source, how far it is from legacy)`` of the table def call ``updated``
+  (``original`` its node before this pass): the table's chain (the stock alternative under
+  ``--prefer-stock-optax``), or the shim's def as a transformation where its arguments are
+  read at run time."""
   spec = spec_lib.SPECS[name]
   if dynamic_args(q.n, original, spec):
-    ctx.add_import('optim_compat')
-    source = dynamic_source(updated, name, q.inject_lr)
-    fix.findings[0].message = (f'flax.optim.{name}(...) -> {source} (its arguments are read '
-                               'when the program runs: the shim\'s own def, bitwise equal to '
-                               'legacy, as an Optax transformation)')
-    return cst.parse_expression(source)
-  ctx.add_import('optax')
+    return dynamic_source(updated, name, q.inject_lr), (
+        'its arguments are read when the program runs: the shim\'s own def, bitwise equal to '
+        'legacy, as an Optax transformation')
   args = def_args(updated, spec, unpacked_dicts(q.n, original))
   source = spec.emit(args, learning_rate_injected=q.inject_lr)
   stock = None
   if q.opts.prefer_stock_optax and 'optim_compat.' in source:
     stock = getattr(spec_lib, 'STOCK_ALTERNATIVES', {}).get(name)
   if stock is not None:
-    source = stock.emit(spec, args, q.inject_lr)
-    distance = f'stock Optax, preferred: measured {stock.measured}'
-  else:
-    distance = ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
-                f'measured <= {spec.stock_max_ulp} ulp from legacy') + f': {spec.differences}'
-  if 'optim_compat.' in source:  # a faithful transformation (intrinsic difference)
-    ctx.add_import('optim_compat')
+    return stock.emit(spec, args, q.inject_lr), f'stock Optax, preferred: measured {stock.measured}'
+  return source, ('bitwise equal to legacy' if spec.stock_max_ulp == 0 else
+                  f'measured <= {spec.stock_max_ulp} ulp from legacy') + f': {spec.differences}'
+
+
+def _add_imports(ctx, source: str) -> None:
+  for module in ('optax', 'optim_compat'):
+    if f'{module}.' in source:
+      ctx.add_import(module)
+
+
+def apply_def(ctx, original, updated, fix):
+  name = fix.data['name']
+  source, distance = def_source(ctx.q, original, updated, name)
+  _add_imports(ctx, source)
   fix.findings[0].message = f'flax.optim.{name}(...) -> {source} ({distance})'
   return cst.parse_expression(source)
 
 
-def _weight_norm_source(q, original) -> str:
-  inner = original.args[0].value
-  inner_name = q.n.legacy_def(inner)
-  inner_src = code(inner.with_changes(func=cst.parse_expression(f'optim_compat.{inner_name}')))
-  rest = ''.join(', ' + code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
-                 for a in original.args[1:])
-  # (a learning rate set at apply time reaches the wrapped def's, as legacy forwards it)
-  inject = ", inject=('learning_rate',)" if q.inject_lr else ''
-  return f'optim_compat.to_optax(optim_compat.WeightNorm({inner_src}{rest}){inject})'
-
-
 def apply_weight_norm(ctx, original, updated, fix):
-  ctx.add_import('optim_compat')
-  return cst.parse_expression(_weight_norm_source(ctx.q, original))
+  """``WeightNorm(Adam(...), wn_decay, wn_eps)`` -> ``optim_compat.transforms.weight_norm(
+  <Adam's Optax source>, wn_decay, wn_eps)``; ``WeightNorm(d)`` of a name holding table defs
+  (``Facts.wn_rebinds``) -> ``weight_norm(d)``."""
+  inner = updated.args[0].value
+  if id(original) in ctx.q.f.wn_rebinds:
+    inner_src, distance = code(inner), 'around the Optax form of the defs the name holds'
+  else:
+    name = ctx.q.n.legacy_def(original.args[0].value)
+    inner_src, distance = def_source(ctx.q, original.args[0].value, inner, name)
+    distance = f'around {name}, {distance}'
+  rest = ''.join(', ' + code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
+                 for a in updated.args[1:])
+  source = f'optim_compat.transforms.weight_norm({inner_src}{rest})'
+  _add_imports(ctx, source)
+  fix.findings[0].message = (f'flax.optim.WeightNorm(...) -> {source} (legacy WeightNorm as an '
+                             f'Optax transformation, {distance}; params within 1 ulp of it)')
+  return cst.parse_expression(source)
 
 
 def labels_source(ctx, traversals: list[tuple[str, str]]) -> str:
@@ -608,9 +607,8 @@ def apply_create(ctx, original, updated, fix):
   tx = code(updated.func.args[0].value.value if jitted else updated.func.value)
   o_recv = create_receiver(n, original)
   if n.is_user_def(o_recv) or (isinstance(o_recv, cst.Name) and (
-      n.binding(o_recv) in f.shim_def_vars or (
-          n.binding(o_recv) not in f.mixed_user_bindings
-          and n.is_user_def(f.def_vars.get(n.binding(o_recv)))))):
+      n.binding(o_recv) not in f.mixed_user_bindings
+      and n.is_user_def(f.def_vars.get(n.binding(o_recv))))):
     tx = _to_optax(ctx.q, tx)
     ctx.add_import('optim_compat')
   if focus is not None:
@@ -638,12 +636,6 @@ def _to_optax(q, source: str) -> str:
   def's hyper-parameter dataclass holds it in ``opt_state.hyperparams``)."""
   inject = ", inject=('learning_rate',)" if q.inject_lr else ''
   return f'optim_compat.to_optax({source}{inject})'
-
-
-def apply_shim_def(ctx, original, updated, fix):
-  """``optim.Adam(lr)`` -> ``optim_compat.Adam(lr)``: the same def, the shim's."""
-  ctx.add_import('optim_compat')
-  return updated.with_changes(func=cst.parse_expression(f'optim_compat.{fix.data["name"]}'))
 
 
 def apply_user_wrap(ctx, original, updated, fix):
