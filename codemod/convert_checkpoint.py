@@ -11,8 +11,9 @@ copied unchanged. DST restores with
 ``flax.training.checkpoints.restore_checkpoint(DST, target=state)``.
 
 ``--optimizer`` names one table entry (the codemod's tx for it is rebuilt from the
-table); MultiOptimizer and WeightNorm checkpoints need their traversals or inner def
-and restore through ``optim_compat.checkpoint.restore_legacy(path, state)`` instead.
+table), or ``WeightNorm(<one>(...), wn_decay=...)``; MultiOptimizer checkpoints need their
+traversals and restore through ``optim_compat.checkpoint.restore_legacy(path, state)``
+instead.
 
 Exit status: 0 written; 2 nothing written (unreadable SRC, structure mismatch,
 existing DST without ``--force``, or with it a DST that is no checkpoint (``--force``

@@ -36,6 +36,9 @@ from optim_compat.checkpoint_layout import (
 def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[str, dict[str, str]]:
   """``"Adam(learning_rate=1e-3, beta1=0.9)"`` -> ``('Adam', {'learning_rate': '1e-3', ...})``.
 
+  ``"WeightNorm(Adam(...), wn_decay=1e-3)"`` -> ``('WeightNorm', {'inner': ('Adam', {...}),
+  'wn_decay': '1e-3'})``.
+
   Positional arguments take the legacy order (``spec.SPECS[name].hyper_params``).
   Values must be literal numbers, booleans or None; a non-literal
   ``learning_rate`` (e.g. ``config.lr``) is dropped, as it is not in the state,
@@ -43,8 +46,9 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
   ``opt_state``, and a value this cannot evaluate would be written as 0.0.
 
   Raises:
-    CheckpointError: not a call of a table entry (a bare ``Adam``: call it; ``WeightNorm`` /
-      ``MultiOptimizer``: restored at run time instead, the message says how), an
+    CheckpointError: not a call of a table entry or of ``WeightNorm`` around one (a bare
+      ``Adam``: call it; ``MultiOptimizer``: restored at run time instead, the message says
+      how), an
       unknown argument, one given twice (``Adam(1e-3, learning_rate=2)``), ``*``/``**``
       unpacking, a non-literal value (the learning rate only with
       ``learning_rate_injected``), a literal that is not a number, True/False or
@@ -60,13 +64,14 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
       raise CheckpointError(f'--optimizer {text!r} is the class {e.detail}, not called: call it, '
                             f'e.g. {e.detail}(learning_rate=1e-3)') from None
     call = None
-  if call is not None and call.name in ('WeightNorm', 'MultiOptimizer'):
+  if call is not None and call.name == 'WeightNorm':
+    return _parse_weight_norm(text, call, learning_rate_injected)
+  if call is not None and call.name == 'MultiOptimizer':
     raise CheckpointError(
-        f'--optimizer {text!r}: {call.name} has no Optax chain to convert to; the code the '
-        f'codemod writes for it keeps the legacy state layout (optim_compat.to_optax(...)), '
-        'and optim_compat.checkpoint.restore_legacy(dir, state) restores this checkpoint '
-        'into it at run time (convert-checkpoint takes one of '
-        f'{sorted(spec.SPECS)})')
+        f'--optimizer {text!r}: a MultiOptimizer needs its traversals, which a command line '
+        'cannot give; optim_compat.checkpoint.restore_legacy(dir, state) restores this '
+        'checkpoint into the state the migrated code builds, at run time (convert-checkpoint '
+        f'takes one of {sorted(spec.SPECS)}, or WeightNorm(<one of them>))')
   if call is None or call.name not in spec.SPECS:
     raise CheckpointError(f'--optimizer {text!r}: expected one of {sorted(spec.SPECS)} '
                           f'called with its legacy arguments')
@@ -123,6 +128,58 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
   return name, args
 
 
+_WN_ARGS = ('wrapped_optimizer', 'wn_decay', 'wn_eps')
+
+
+def _parse_weight_norm(text: str, call, learning_rate_injected: bool):
+  """``WeightNorm(<a table def call>, wn_decay, wn_eps)`` -> ``('WeightNorm', {'inner':
+  (name, args), 'wn_decay': ..., 'wn_eps': ...})``, the inner def parsed as
+  :func:`parse_optimizer` parses one; ``wn_decay`` / ``wn_eps`` literal numbers (they shape
+  no state, but the converted state is the one the migrated code builds with them)."""
+  given = list(zip(_WN_ARGS, call.args))
+  if len(call.args) > len(_WN_ARGS):
+    raise CheckpointError(f'--optimizer {text!r}: too many positional arguments')
+  for keyword, value in call.keywords:
+    if keyword not in _WN_ARGS:
+      raise CheckpointError(f'--optimizer {text!r}: WeightNorm has no argument {keyword!r}; '
+                            f'valid: {list(_WN_ARGS)}')
+    given.append((keyword, value))
+  names = [k for k, _ in given]
+  for key in set(names):
+    if names.count(key) > 1:
+      raise CheckpointError(f'--optimizer {text!r}: {key} is given twice; give it once')
+  args = dict(given)
+  inner = args.pop('wrapped_optimizer', None)
+  if inner is None or isinstance(inner, ast.Starred):
+    raise CheckpointError(f'--optimizer {text!r}: WeightNorm needs the def it wraps, e.g. '
+                          'WeightNorm(Adam(learning_rate=1e-3), wn_decay=1e-3)')
+  out = {'inner': parse_optimizer(ast.unparse(inner), learning_rate_injected)}
+  for key, value in args.items():
+    try:
+      literal = ast.literal_eval(value)
+    except ValueError:
+      literal = None
+    if isinstance(literal, bool) or not isinstance(literal, (int, float)) or \
+        not math.isfinite(literal):
+      raise CheckpointError(f'--optimizer {text!r}: {key}={ast.unparse(value)} must be a finite '
+                            'literal number')
+    out[key] = ast.unparse(value)
+  return 'WeightNorm', out
+
+
+def emitted_source(name: str, args: dict, learning_rate_injected: bool = False) -> str:
+  """The Optax source the codemod writes for ``name`` and its parsed ``args`` (a learning
+  rate not given: 0.0, to be set in the train step), ``transforms.weight_norm`` around the
+  inner def's for a WeightNorm."""
+  if name == 'WeightNorm':
+    inner = emitted_source(*args['inner'], learning_rate_injected)
+    rest = ''.join(f', {k}={v}' for k, v in args.items() if k != 'inner')
+    return f'optim_compat.transforms.weight_norm({inner}{rest})'
+  if 'learning_rate' not in args or args['learning_rate'] == 'None':
+    args = dict(args, learning_rate='0.0')  # not in the state layout; set it in the train step
+  return spec.SPECS[name].emit(args, learning_rate_injected)
+
+
 def infer_def(param_states) -> str:
   """The table entry whose legacy state fields the checkpoint has, when only one has them.
 
@@ -131,6 +188,9 @@ def infer_def(param_states) -> str:
       ``grad_ema, grad_sq_ema``); the message lists them.
   """
   fields = _legacy_fields(_flat(param_states))
+  if {'direction', 'scale'} <= fields:
+    raise CheckpointError('a WeightNorm checkpoint (per-parameter direction and scale): pass '
+                          "--optimizer 'WeightNorm(<the def it wraps>(...), wn_decay=...)'")
   names = [n for n, e in spec.SPECS.items()
            if fields <= set(e.state_fields) and (fields or not e.state_fields)
            and set(e.state_fields) - fields <= {'mg'}]
@@ -209,9 +269,7 @@ def convert_state_dict(sd, optimizer: str | None = None, learning_rate_injected:
       notes.append(f'{where or "/"}: optimizer inferred from its state fields: {name}')
     else:
       name, args = parse_optimizer(optimizer, learning_rate_injected)
-    if 'learning_rate' not in args or args['learning_rate'] == 'None':
-      args = dict(args, learning_rate='0.0')  # not in the state layout; set it in the train step
-    source = spec.SPECS[name].emit(args, learning_rate_injected)
+    source = emitted_source(name, args, learning_rate_injected)
     try:
       tx = emitted.tx_from_source(source)
     except Exception as e:  # noqa: BLE001 - any failure building it is the argument's

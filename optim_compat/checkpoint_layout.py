@@ -440,6 +440,11 @@ class _Filler:
     direction and scale trees as they are, the wrapped def's states as the inner
     transformation's, over ``{'direction': ..., 'scale': ...}`` (its row chosen by its
     own state classes)."""
+    fields = _legacy_fields(self.ps_flat)
+    if not {'direction', 'scale'} <= fields:
+      raise CheckpointError(f'{path}: a weight_norm state, and {self.source} holds no WeightNorm '
+                            f'state (no per-parameter direction and scale; it has fields '
+                            f'{sorted(fields)}): is the target built with the right optimizer?')
     inner_flat = _wn_inner_flat(self.ps_flat)
     self.used.update(k for k in self.ps_flat if len(k) >= 2 and k[-2] in _WN_INNER)
     inner = _Filler(self.step, traverse_util.unflatten_dict(inner_flat) if inner_flat else {},

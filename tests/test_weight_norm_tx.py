@@ -122,3 +122,35 @@ def test_bad_use_raises_as_documented():
     tx.update(GRADS[0], state)
   with pytest.raises(IndexError):  # a 0-d leaf, as legacy
     tx.init({'scalar': np.float32(1.0)})
+
+
+def test_convert_checkpoint_takes_a_weight_norm_and_the_state_resumes(tmp_path, capsys):
+  """``convert-checkpoint --optimizer 'WeightNorm(Adam(...), wn_decay=...)'`` writes the state
+  ``transforms.weight_norm`` restores (it refused WeightNorm before); without --optimizer a
+  WeightNorm checkpoint is named as one; bad WeightNorm arguments exit 2, nothing written."""
+  from codemod import cli
+  from flax.training import checkpoints
+  make_def, make_tx = CASES[0]
+  opt = _shim(make_def).create(PARAMS)
+  for g in GRADS[:3]:
+    opt = opt.apply_gradient(g)
+  src, dst = tmp_path / 'legacy.msgpack', tmp_path / 'converted'
+  src.write_bytes(serialization.to_bytes(opt))
+  assert cli.main(['convert-checkpoint', str(src), str(dst), '--optimizer',
+                   'WeightNorm(Adam(learning_rate=1e-2, beta1=0.85), wn_decay=1e-3)']) == 0
+  assert 'optim_compat.transforms.weight_norm(optax.adam(' in capsys.readouterr().err
+  target = train_state.TrainState.create(
+      apply_fn=None, params=jax.tree_util.tree_map(np.zeros_like, PARAMS),
+      tx=transforms.weight_norm(make_tx(), wn_decay=1e-3))
+  state = checkpoints.restore_checkpoint(str(dst), target=target)
+  assert int(state.step) == 3 and _ulp(state.params, opt.target) == 0
+  for g in GRADS[3:]:
+    opt = opt.apply_gradient(g)
+  assert _ulp(_train(state, GRADS[3:]).params, opt.target) <= 4
+  assert cli.main(['convert-checkpoint', str(src), str(tmp_path / 'x')]) == 2
+  assert 'a WeightNorm checkpoint' in capsys.readouterr().err
+  for bad in ('WeightNorm()', "WeightNorm(Adam(1e-2), wn_decay='x')", 'WeightNorm(Adam(), foo=1)',
+              'WeightNorm(Adam(), wn_decay=1, wn_decay=2)'):
+    assert cli.main(['convert-checkpoint', str(src), str(tmp_path / 'y'), '--optimizer', bad]) == 2
+    assert '--optimizer' in capsys.readouterr().err
+  assert not (tmp_path / 'x').exists() and not (tmp_path / 'y').exists()
