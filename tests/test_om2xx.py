@@ -340,6 +340,52 @@ def test_attention_layers_given_to_a_parameter_or_a_field_are_flagged():
   assert 'field `attn` is given attention layers' in result.findings[1].message
 
 
+def test_an_attention_layer_of_self_handed_to_a_module_function_is_flagged_there():
+  """helper-38 (silent): `attend(self.layers[1], h, mask)` / `attend(self.attn, h, mask)` with
+  `def attend(layer, x, mask): return layer(x, x, mask)` at module level: the call site's
+  `self` attributes were read in no class, so `layer(x, x, mask)` kept the mask third
+  positional with no flag (on flax >= 0.7 a rank-3 mask ran as `inputs_v`, no error)."""
+  source = textwrap.dedent('''\
+      from flax import linen as nn
+
+
+      def attend(layer, x, mask):
+        return layer(x, x, mask)
+
+
+      class Enc(nn.Module):
+        def setup(self):
+          self.layers = [nn.MultiHeadDotProductAttention(num_heads=2), nn.MultiHeadDotProductAttention(num_heads=2)]
+          self.attn = nn.MultiHeadDotProductAttention(num_heads=2)
+          self.dense = nn.Dense(3)
+
+        def __call__(self, h, mask):
+          h = self.layers[0](h, h, mask)
+          h = attend(self.layers[1], h, mask)
+          return attend(self.attn, h, mask) + self.helper(self.attn, h, mask)
+
+        def helper(self, fn, h, mask):
+          return fn(h, h, mask)
+
+
+      def other(fn, x, y):
+        return fn(x, x, y)
+
+
+      class Plain(nn.Module):
+        def setup(self):
+          self.dense = nn.Dense(3)
+
+        def __call__(self, x, y):
+          return other(self.dense, x, y)
+      ''')
+  result = _rewrite(source)
+  assert [(f.rule, f.fixed, f.line) for f in result.findings] == [
+      ('OM224', False, 5), ('OM224', False, 15), ('OM224', False, 20)], result.findings
+  assert 'a parameter of `attend`' in result.findings[0].message
+  assert 'other(self.dense, x, y)' in result.new  # (a Dense handed on: nothing flagged there)
+
+
 def test_an_import_after_the_use_is_not_used_for_the_new_name():
   # the annotation is evaluated before `import jax` runs (a late import, a later notebook cell)
   source = 'import jax.numpy as jnp\ndef f(x: jnp.DeviceArray):\n  return x\nimport jax\n'

@@ -157,10 +157,11 @@ class _Linen:
       self._mha_text = self._module_node.code
     return self._mha_text
 
-  def _holds_mha(self, node, depth: int = 0) -> bool:
+  def _holds_mha(self, node, depth: int = 0, anywhere: bool = False) -> bool:
     """``node`` contains a reference of the attention class (or of this module's alias,
     subclass or factory of it), ``getattr(x, '...MultiHeadDotProductAttention')``, or reads
-    ``self.<attr>`` of the enclosing class assigned such a value (one level)."""
+    ``self.<attr>`` of the enclosing class assigned such a value (one level; ``anywhere``:
+    of any class of the module, for code read away from its class, a call site's arguments)."""
     for n in m.findall(node, m.Name() | m.Attribute() | m.SimpleString()):
       if isinstance(n, cst.SimpleString):
         if _MHA_WORD in n.value:
@@ -168,9 +169,10 @@ class _Linen:
       elif isinstance(n, cst.Attribute):
         if self.qname_in(n, _MHA) is not None:
           return True
-        if (depth == 0 and isinstance(n.value, cst.Name) and n.value.value == 'self'
-            and self._classes and any(self._holds_mha(v, 1) for v in self.facts.self_attrs.get(
-                (id(self._classes[-1]), n.attr.value), []))):
+        if depth == 0 and isinstance(n.value, cst.Name) and n.value.value == 'self' and any(
+            self._holds_mha(v, 1) for (cls, attr), values in self.facts.self_attrs.items()
+            if attr == n.attr.value and (anywhere or (
+                self._classes and cls == id(self._classes[-1]))) for v in values):
           return True
       elif n.value in _MHA_LAST and self.qname_in(n, _MHA) is not None:
         return True
@@ -242,7 +244,7 @@ class _Linen:
     ``param`` of the function ``owner`` (named ``name``), by position or keyword."""
     module = self._module_node
     if param is None:
-      return any(self._holds_mha(a.value) for a in m.findall(
+      return any(self._holds_mha(a.value, anywhere=True) for a in m.findall(
           module, m.Arg(keyword=m.Name(name))))
     params = [*owner.params.posonly_params, *owner.params.params]
     index = next((i for i, q in enumerate(params) if q is param), None)
@@ -251,11 +253,11 @@ class _Linen:
       shift = 1 if isinstance(call.func, cst.Attribute) and params and \
           params[0].name.value in ('self', 'cls') else 0
       positional = [a for a in call.args if a.keyword is None and not a.star]
-      if any(index is not None and i + shift == index and self._holds_mha(a.value)
+      if any(index is not None and i + shift == index and self._holds_mha(a.value, anywhere=True)
              for i, a in enumerate(positional)):
         return True
       if any(a.keyword is not None and a.keyword.value == param.name.value
-             and self._holds_mha(a.value) for a in call.args):
+             and self._holds_mha(a.value, anywhere=True) for a in call.args):
         return True
     return False
 
