@@ -189,8 +189,14 @@ def _restore_sd(sd, target, source: str, optimizer):
 def _candidate_txs(optimizer_def):
   """The Optax transformations a migrated program may have built for ``optimizer_def``:
   the codemod's emitted tx (hyper-parameters as in the def, learning rate fixed, then
-  injected: ``optax.inject_hyperparams``), then ``optim_compat.to_optax(def)``."""
-  from optim_compat import emitted, legacy_view, spec
+  injected: ``optax.inject_hyperparams``; for a WeightNorm, ``transforms.weight_norm`` of
+  each of its wrapped def's), then ``optim_compat.to_optax(def)``."""
+  from optim_compat import emitted, legacy_view, spec, transforms
+  from optim_compat.weight_norm import WeightNorm
+  if isinstance(optimizer_def, WeightNorm):  # (the codemod's transforms.weight_norm(<inner>))
+    hp = optimizer_def.hyper_params
+    for inner in _candidate_txs(optimizer_def.wrapped_optimizer):
+      yield transforms.weight_norm(inner, hp.wn_decay, hp.wn_eps)
   name = _def_name(optimizer_def)
   entry = spec.SPECS.get(name)
   if entry is not None:

@@ -266,6 +266,9 @@ def _mixed_states(ps_flat: dict) -> str:
   for k, v in ps_flat.items():
     if k:
       per_param.setdefault(k[:-1], set()).update([k[-1]] if v is not None and v is not _EMPTY else [])
+  if any({'direction', 'scale'} <= fields for fields in per_param.values()):
+    return ('. Its parameters hold WeightNorm states (direction, scale and the wrapped def\'s): '
+            "convert with --optimizer 'WeightNorm(<the def it wraps>(...), wn_decay=...)'")
   kinds: dict = {}
   for key, fields in per_param.items():
     kinds.setdefault(tuple(sorted(fields)), '/'.join(map(str, key)))

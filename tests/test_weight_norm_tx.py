@@ -149,8 +149,33 @@ def test_convert_checkpoint_takes_a_weight_norm_and_the_state_resumes(tmp_path, 
   assert _ulp(_train(state, GRADS[3:]).params, opt.target) <= 4
   assert cli.main(['convert-checkpoint', str(src), str(tmp_path / 'x')]) == 2
   assert 'a WeightNorm checkpoint' in capsys.readouterr().err
+  # as a plain Adam: named a WeightNorm checkpoint (helper-38: it said MultiOptimizer)
+  assert cli.main(['convert-checkpoint', str(src), str(tmp_path / 'x'), '--optimizer',
+                   'Adam(3e-3)']) == 2
+  err = capsys.readouterr().err
+  assert 'hold WeightNorm states' in err and 'MultiOptimizer' not in err, err
   for bad in ('WeightNorm()', "WeightNorm(Adam(1e-2), wn_decay='x')", 'WeightNorm(Adam(), foo=1)',
               'WeightNorm(Adam(), wn_decay=1, wn_decay=2)'):
     assert cli.main(['convert-checkpoint', str(src), str(tmp_path / 'y'), '--optimizer', bad]) == 2
     assert '--optimizer' in capsys.readouterr().err
   assert not (tmp_path / 'x').exists() and not (tmp_path / 'y').exists()
+
+
+@pytest.mark.parametrize('injected', [False, True])
+def test_legacy_code_on_the_shim_restores_what_the_migrated_weight_norm_saved(tmp_path, injected):
+  """Rollback (helper-38): the migrated program's TrainState checkpoint of
+  `transforms.weight_norm(<Adam's chain, injected or not>)` restores into the shim's
+  WeightNorm(Adam) optimizer (it fit no candidate transformation before)."""
+  from flax.training import checkpoints
+  inner = (optax.inject_hyperparams(optax.adam, static_args=('b1', 'b2', 'eps'))(
+      learning_rate=1e-2, b1=0.85, b2=0.999, eps=1e-8) if injected else CASES[0][1]())
+  state = _train(train_state.TrainState.create(
+      apply_fn=None, params=PARAMS, tx=transforms.weight_norm(inner, wn_decay=1e-3)), GRADS[:3])
+  checkpoints.save_checkpoint(str(tmp_path), state, 3)
+  target = _shim(CASES[0][0]).create(jax.tree_util.tree_map(np.zeros_like, PARAMS))
+  opt = checkpoint.restore_legacy(str(tmp_path), target)
+  assert int(opt.state.step) == 3 and _ulp(opt.target, state.params) == 0
+  kernel = opt.state.param_states['dense']['kernel']
+  np.testing.assert_array_equal(kernel.scale, state.opt_state.scale['dense']['kernel'])
+  mu = (state.opt_state.inner_state.inner_state if injected else state.opt_state.inner_state)[0].mu
+  np.testing.assert_array_equal(kernel.direction_state.grad_ema, mu['direction']['dense']['kernel'])
