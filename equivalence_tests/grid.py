@@ -69,9 +69,9 @@ def emitted_source(case) -> str:
   case_id, def_name, kwargs = case
   if def_name == 'WeightNorm':
     inner_name, inner_kwargs = kwargs['inner']
-    rest = ''.join(f', {k}={v!r}' for k, v in kwargs.items() if k != 'inner')
-    inner = emitted_source((case_id, inner_name, inner_kwargs))
-    return f'optim_compat.transforms.weight_norm({inner}{rest})'
+    from optim_compat.weight_norm import emit
+    return emit(emitted_source((case_id, inner_name, inner_kwargs)),
+                [f'{k}={v!r}' for k, v in kwargs.items() if k != 'inner'])
   args = {k: repr(v) for k, v in kwargs.items() if k not in ('apply', 'grads')}
   return spec.SPECS[def_name].emit(args, learning_rate_injected='apply' in kwargs)
 

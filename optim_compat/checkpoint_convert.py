@@ -24,7 +24,7 @@ import numpy as np
 from flax import serialization
 from flax.training import train_state as train_state_lib
 
-from optim_compat import def_text, emitted, spec
+from optim_compat import def_text, emitted, spec, weight_norm
 from optim_compat.checkpoint_files import (
     CheckpointError, ReplicatedCheckpointWarning, _is_orbax, _msgpack_checkpoint_problem,
     _pack_stream, _TooLarge)
@@ -92,12 +92,7 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
       raise CheckpointError(f'--optimizer {text!r}: {name} has no argument {keyword!r}; '
                             f'valid: {list(entry.hyper_param_names)}')
     pairs.append((keyword, value))
-  seen = set()
-  for key, _ in pairs:  # Python: TypeError, multiple values for argument
-    if key in seen:
-      raise CheckpointError(f'--optimizer {text!r}: {key} is given twice (an error in Python: '
-                            'multiple values for one argument); give it once')
-    seen.add(key)
+  _once(text, pairs)
   args = {}
   for key, value in pairs:
     try:
@@ -131,6 +126,17 @@ def parse_optimizer(text: str, learning_rate_injected: bool = False) -> tuple[st
 _WN_ARGS = ('wrapped_optimizer', 'wn_decay', 'wn_eps')
 
 
+def _once(text: str, pairs) -> None:
+  """Each ``(argument, value)`` of ``pairs`` names its argument once (Python: TypeError,
+  multiple values for argument)."""
+  seen = set()
+  for key, _ in pairs:
+    if key in seen:
+      raise CheckpointError(f'--optimizer {text!r}: {key} is given twice (an error in Python: '
+                            'multiple values for one argument); give it once')
+    seen.add(key)
+
+
 def _parse_weight_norm(text: str, call, learning_rate_injected: bool):
   """``WeightNorm(<a table def call>, wn_decay, wn_eps)`` -> ``('WeightNorm', {'inner':
   (name, args), 'wn_decay': ..., 'wn_eps': ...})``, the inner def parsed as
@@ -144,10 +150,7 @@ def _parse_weight_norm(text: str, call, learning_rate_injected: bool):
       raise CheckpointError(f'--optimizer {text!r}: WeightNorm has no argument {keyword!r}; '
                             f'valid: {list(_WN_ARGS)}')
     given.append((keyword, value))
-  names = [k for k, _ in given]
-  for key in set(names):
-    if names.count(key) > 1:
-      raise CheckpointError(f'--optimizer {text!r}: {key} is given twice; give it once')
+  _once(text, given)
   args = dict(given)
   inner = args.pop('wrapped_optimizer', None)
   if inner is None or isinstance(inner, ast.Starred):
@@ -172,9 +175,8 @@ def emitted_source(name: str, args: dict, learning_rate_injected: bool = False) 
   rate not given: 0.0, to be set in the train step), ``transforms.weight_norm`` around the
   inner def's for a WeightNorm."""
   if name == 'WeightNorm':
-    inner = emitted_source(*args['inner'], learning_rate_injected)
-    rest = ''.join(f', {k}={v}' for k, v in args.items() if k != 'inner')
-    return f'optim_compat.transforms.weight_norm({inner}{rest})'
+    return weight_norm.emit(emitted_source(*args['inner'], learning_rate_injected),
+                            [f'{k}={v}' for k, v in args.items() if k != 'inner'])
   if 'learning_rate' not in args or args['learning_rate'] == 'None':
     args = dict(args, learning_rate='0.0')  # not in the state layout; set it in the train step
   return spec.SPECS[name].emit(args, learning_rate_injected)
@@ -188,7 +190,7 @@ def infer_def(param_states) -> str:
       ``grad_ema, grad_sq_ema``); the message lists them.
   """
   fields = _legacy_fields(_flat(param_states))
-  if {'direction', 'scale'} <= fields:
+  if weight_norm.holds_weight_norm_states(fields):
     raise CheckpointError('a WeightNorm checkpoint (per-parameter direction and scale): pass '
                           "--optimizer 'WeightNorm(<the def it wraps>(...), wn_decay=...)'")
   names = [n for n, e in spec.SPECS.items()

@@ -22,7 +22,7 @@ import numpy as np
 from flax import serialization, traverse_util
 from flax.training import train_state as train_state_lib
 
-from optim_compat import base, spec, state_map, transforms
+from optim_compat import base, spec, state_map, transforms, weight_norm
 from optim_compat.checkpoint_files import CheckpointError, ReplicatedCheckpointWarning
 
 _EMPTY = traverse_util.empty_node
@@ -266,7 +266,7 @@ def _mixed_states(ps_flat: dict) -> str:
   for k, v in ps_flat.items():
     if k:
       per_param.setdefault(k[:-1], set()).update([k[-1]] if v is not None and v is not _EMPTY else [])
-  if any({'direction', 'scale'} <= fields for fields in per_param.values()):
+  if any(weight_norm.holds_weight_norm_states(f) for f in per_param.values()):
     return ('. Its parameters hold WeightNorm states (direction, scale and the wrapped def\'s): '
             "convert with --optimizer 'WeightNorm(<the def it wraps>(...), wn_decay=...)'")
   kinds: dict = {}
@@ -444,7 +444,7 @@ class _Filler:
     transformation's, over ``{'direction': ..., 'scale': ...}`` (its row chosen by its
     own state classes)."""
     fields = _legacy_fields(self.ps_flat)
-    if not {'direction', 'scale'} <= fields:
+    if not weight_norm.holds_weight_norm_states(fields):
       raise CheckpointError(f'{path}: a weight_norm state, and {self.source} holds no WeightNorm '
                             f'state (no per-parameter direction and scale; it has fields '
                             f'{sorted(fields)}): is the target built with the right optimizer?')
