@@ -15,6 +15,28 @@ class ConfigError(ValueError):
   """A bad ``[tool.optim-migrate]`` table or option value (message names it)."""
 
 
+def _like(key: str, right: str, ratio: float = 0.8) -> bool:
+  """Whether ``key`` is ``right`` misspelt (difflib ratio of the lower-case, ``-`` for ``_``)."""
+  return difflib.SequenceMatcher(None, key.replace('_', '-').lower(), right).ratio() >= ratio
+
+
+def _misplaced(data: dict) -> list:
+  """Dotted names of tables in ``data`` that look meant as ``[tool.optim-migrate]``.
+
+  Misspelt (``[tool.optim_migrat]``), at the top level (``[optim-migrate]``) or under a misspelt
+  ``tool`` (``[tools.optim-migrate]``).
+  """
+  names = ('optim-migrate', 'flax-optim-migrate')
+  found = []
+  for top, value in data.items():
+    if any(_like(top, n) for n in names):
+      found.append(top)
+    elif isinstance(value, dict) and (top == 'tool' or _like(top, 'tool', 0.75)):
+      found += [f'{top}.{k}' for k in value
+                if (top, k) != ('tool', 'optim-migrate') and any(_like(k, n) for n in names)]
+  return found
+
+
 def read_table(path: pathlib.Path) -> Optional[dict]:
   """``[tool.optim-migrate]`` of the TOML file ``path``, or None when it has none.
 
@@ -34,13 +56,11 @@ def read_table(path: pathlib.Path) -> Optional[dict]:
   if not isinstance(tool, dict):
     raise ConfigError(f'{path}: tool must be a table ([tool]), got {tool!r}')
   table = tool.get('optim-migrate')
-  # (helper-36: `[tool.optim_migrat]` too; difflib's ratio >= 0.8 of the normalised name)
-  misspelt = [k for k in tool if k != 'optim-migrate' and any(
-      difflib.SequenceMatcher(None, k.replace('_', '-').lower(), right).ratio() >= 0.8
-      for right in ('optim-migrate', 'flax-optim-migrate'))]
-  if table is None and misspelt:  # (helper-35: `[tool.optim_migrate]` was ignored silently)
-    raise ConfigError(f'{path}: [tool.{misspelt[0]}] is not read: the table is '
-                      '[tool.optim-migrate]')
+  if table is None:
+    misplaced = _misplaced(data)
+    if misplaced:  # (helper-35/36/39: these were ignored silently, their `exclude` lost)
+      raise ConfigError(f'{path}: [{misplaced[0]}] is not read: the table is '
+                        '[tool.optim-migrate]')
   if table is not None and not isinstance(table, dict):
     raise ConfigError(f'{path}: tool.optim-migrate must be a table ([tool.optim-migrate]), '
                       f'got {table!r}')

@@ -814,6 +814,13 @@ def test_cli_empty_rule_list_or_item_exits_2_naming_the_option(tmp_path, capsys,
     # (helper-36: a further misspelling was still ignored)
     ('[tool.optim_migrat]\nselect = ["OM9"]\n',
      '[tool.optim_migrat] is not read: the table is [tool.optim-migrate]'),
+    # (helper-39: a misspelt `tool` and a top-level table were still ignored, `exclude` lost)
+    ('[tools.optim-migrate]\nexclude = ["vendor"]\n',
+     '[tools.optim-migrate] is not read: the table is [tool.optim-migrate]'),
+    ('[optim-migrate]\nexclude = ["vendor"]\n',
+     '[optim-migrate] is not read: the table is [tool.optim-migrate]'),
+    ('[tool.ruff]\nline-length = 1\n[optim_migrate]\nselect = ["OM1"]\n',
+     '[optim_migrate] is not read: the table is [tool.optim-migrate]'),
 ])
 def test_malformed_pyproject_exits_2_naming_the_file(tmp_path, capsys, monkeypatch, text,
                                                      message):
