@@ -59,7 +59,12 @@ def cmd_convert_checkpoint(args) -> int:
       # a bad --optimizer before reading SRC
       ck.parse_optimizer(args.optimizer, args.learning_rate_injected)
     sd = ck.read_state_dict(src, args.step)
-    new_sd, notes = ck.convert_state_dict(sd, args.optimizer, args.learning_rate_injected)
+    try:
+      new_sd, notes = ck.convert_state_dict(sd, args.optimizer, args.learning_rate_injected)
+    except ck.CheckpointError as e:  # (helper-39: layout messages did not name SRC)
+      if str(e).startswith('--'):  # about an argument, not the file
+        raise
+      raise ck.CheckpointError(f'{src}: {e}') from None
     del sd
     for line in notes:
       print(line, file=sys.stderr)
@@ -77,6 +82,17 @@ def cmd_convert_checkpoint(args) -> int:
   return EXIT_OK
 
 
+class _Once(argparse.Action):
+  """Store an option's value, refusing it given twice (helper-39: `--step 3 --step 5` read
+  step 5 silently)."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    if getattr(namespace, '_given_' + self.dest, False):
+      parser.error(f'{option_string} given twice')
+    setattr(namespace, '_given_' + self.dest, True)
+    setattr(namespace, self.dest, values)
+
+
 def register(subparsers) -> None:
   """Add ``convert-checkpoint`` to ``optim-migrate``'s subcommands."""
   p = subparsers.add_parser('convert-checkpoint',
@@ -85,11 +101,11 @@ def register(subparsers) -> None:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument('src', help='legacy checkpoint file, or directory of checkpoint_<step> files')
   p.add_argument('dst', help='output file (flax) or directory (orbax); never SRC')
-  p.add_argument('--optimizer', default=None,
+  p.add_argument('--optimizer', default=None, action=_Once,
                  help='the legacy def, e.g. "Adam(learning_rate=1e-3, weight_decay=1e-4)" '
                       '(default: inferred from the state fields when only one def has them)')
-  p.add_argument('--format', choices=('flax', 'orbax'), default='flax')
-  p.add_argument('--step', type=int, default=None,
+  p.add_argument('--format', choices=('flax', 'orbax'), default='flax', action=_Once)
+  p.add_argument('--step', type=int, default=None, action=_Once,
                  help='with a directory SRC: which step (with a file SRC: must match its name)')
   p.add_argument('--learning-rate-injected', action='store_true',
                  help='the migrated code sets learning_rate per step (optax.inject_hyperparams)')

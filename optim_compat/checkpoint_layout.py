@@ -301,8 +301,10 @@ def choose_row(opt_state, fields: set, optimizer=None, candidates=None) -> dict:
   Raises:
     CheckpointError: no row, or more than one, fits (the message lists them).
   """
-  if _PARTITION & _classes(opt_state):
-    return {}  # each group picks its own row (_Filler.rebuild_groups)
+  if (_PARTITION | {'WeightNormState'}) & _classes(opt_state):
+    # each group picks its own row (_Filler.rebuild_groups), a weight_norm's inner
+    # transformation its own (_Filler.rebuild_weight_norm)
+    return {}
   name = _def_name(optimizer)
   if name is not None and name in state_map.OPTAX_STATE_SOURCES:
     return state_map.OPTAX_STATE_SOURCES[name]
@@ -453,7 +455,10 @@ class _Filler:
     inner = _Filler(self.step, traverse_util.unflatten_dict(inner_flat) if inner_flat else {},
                     None, self.where, self.source)
     # (the wrapped def's row, by its state classes: candidates name the WeightNorm)
-    inner.row = choose_row(node.inner_state, _legacy_fields(inner.ps_flat))
+    try:
+      inner.row = choose_row(node.inner_state, _legacy_fields(inner.ps_flat))
+    except CheckpointError as e:  # (helper-39: the message named neither the path nor WeightNorm)
+      raise CheckpointError(f'{path}.inner_state (the def WeightNorm wraps): {e}') from None
     inner_state = inner.rebuild(node.inner_state, f'{path}.inner_state')
     inner.check_all_used()
     return type(node)(self.field_tree(node.direction, 'direction', f'{path}.direction'),

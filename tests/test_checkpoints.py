@@ -459,7 +459,15 @@ def test_cli_directory_step_container_and_inference(legacy, tmp_path, capsys):
     assert _cli(_ckpt(legacy, 'adam_betas'), tmp_path / 'y', '--optimizer', bad) == 2
     assert '--optimizer' in capsys.readouterr().err
   assert _cli(_ckpt(legacy, 'adagrad_eps'), tmp_path / 'y', '--optimizer', 'Adam()') == 2
-  assert 'grad_ema: missing from the checkpoint' in capsys.readouterr().err
+  err = capsys.readouterr().err  # (helper-39: layout messages did not name SRC)
+  assert err.startswith(f"convert-checkpoint: {_ckpt(legacy, 'adagrad_eps')}: ") and (
+      'grad_ema: missing from the checkpoint' in err), err
+  # (helper-39: a second --step, --optimizer or --format silently replaced the first)
+  for twice in (('--step', 5, '--step', 5), ('--optimizer', 'Adam()', '--optimizer', 'Adam()'),
+                ('--format', 'flax', '--format', 'orbax')):
+    with pytest.raises(SystemExit) as exit_:
+      _cli(legacy['dir'] / 'adagrad_eps', tmp_path / 'y', *twice)
+    assert exit_.value.code == 2 and f'{twice[0]} given twice' in capsys.readouterr().err
   assert not (tmp_path / 'y').exists()
   # a learning rate taken from the user's code is not in the state: accepted
   assert _cli(_ckpt(legacy, 'adam_betas'), tmp_path / 'y', '--optimizer',

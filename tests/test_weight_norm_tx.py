@@ -154,6 +154,18 @@ def test_convert_checkpoint_takes_a_weight_norm_and_the_state_resumes(tmp_path, 
                    'Adam(3e-3)']) == 2
   err = capsys.readouterr().err
   assert 'hold WeightNorm states' in err and 'MultiOptimizer' not in err, err
+  # the wrapped def mistaken, or a plain Adam checkpoint taken as a WeightNorm: SRC and the
+  # path named (helper-39: "the target opt_state (['TraceState']) cannot hold ...")
+  plain = tmp_path / 'plain.msgpack'
+  plain.write_bytes(serialization.to_bytes(oc.Adam(1e-2).create(PARAMS)))
+  for ck, inner, said in ((src, 'Momentum(0.1)', 'opt_state.inner_state (the def WeightNorm wraps)'),
+                          (plain, 'Adam(0.1)', 'opt_state: a weight_norm state, and the '
+                           'checkpoint holds no WeightNorm state'),
+                          (plain, 'Momentum(0.1)', 'holds no WeightNorm state')):
+    assert cli.main(['convert-checkpoint', str(ck), str(tmp_path / 'x'), '--optimizer',
+                     f'WeightNorm({inner})']) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'convert-checkpoint: {ck}: ') and said in err, err
   for bad in ('WeightNorm()', "WeightNorm(Adam(1e-2), wn_decay='x')", 'WeightNorm(Adam(), foo=1)',
               'WeightNorm(Adam(), wn_decay=1, wn_decay=2)'):
     assert cli.main(['convert-checkpoint', str(src), str(tmp_path / 'y'), '--optimizer', bad]) == 2
