@@ -382,11 +382,35 @@ def test_show_fixes_lists_the_applied_fixes_per_file(tmp_path):
   for file, counts in fixed.items():
     expected.append(f'- {file}:')
     expected += [f'    {n} x {rule} ({RULES[rule].summary})' for rule, n in sorted(counts.items())]
+    notes = [f"      line {r['line']}: {output_formats.numeric_note(output_formats.entry_of_row(r))}"
+             for r in rows if r['file'] == file and r['applied'] and r['message'].startswith(
+                 'flax.optim.')]
+    if notes:
+      expected += ['    numerics (the whole note: --output-format json or --report):', *notes]
+  assert sum(len(e) for e in expected if 'line ' in e) > 0  # a def was converted
   text = err[err.index('Would fix'):].splitlines()
   assert text[:len(expected)] == expected
   assert len(fixed) == 2 and status == 1
   status, out, err = run('rewrite', '--write', '--show-fixes', 'tree', cwd=tmp_path)
   assert status == 1 and expected[0].replace('Would fix', 'Fixed') in err
+
+
+def test_show_fixes_names_each_defs_distance_from_legacy(tmp_path):
+  """(helper-39: the numerics note of a converted def showed only in json and the report)"""
+  from optim_compat import spec
+  for name in ('bare_flax_import', 'prefer_stock_optax'):
+    (tmp_path / f'{name}.py').write_text((FIXTURES / 'codemod' / name / 'before.py').read_text())
+  status, out, err = run('rewrite', '--check', '--show-fixes', 'bare_flax_import.py', cwd=tmp_path)
+  ulp = spec.SPECS['Adam'].stock_max_ulp
+  assert status == 1 and ulp > 0 and err.splitlines()[-3:-1] == [
+      '    numerics (the whole note: --output-format json or --report):',
+      f'      line 6: Adam: measured <= {ulp} ulp from legacy'], err
+  status, out, err = run('rewrite', '--check', '--show-fixes', '--prefer-stock-optax',
+                         'prefer_stock_optax.py', cwd=tmp_path)
+  assert '      line 5: Adagrad: stock Optax, preferred: measured intrinsic\n' in err, err
+  status, out, err = run('rewrite', '--check', '--show-fixes', 'prefer_stock_optax.py',
+                         cwd=tmp_path)
+  assert '      line 5: Adagrad: bitwise equal to legacy\n' in err, err
 
 
 def test_exit_codes_do_not_depend_on_the_format(tmp_path, broken):
