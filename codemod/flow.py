@@ -169,6 +169,11 @@ class DefFactory(_Entry):
   inject_required: bool = False
   upstream: bool = False  # another package's, from the table (path: its release; why: a note)
   method: str = ''  # a method of a module-level class (``qualified`` ends in ``Class.method``)
+  # not allowed, its file kept on the shim (OM014), so it returns shim defs: the callers that
+  # `.create` what it returns convert around `optim_compat.to_optax(<call>)` (scenic's
+  # get_optimizer, which DETR's MultiOptimizer subclass keeps a def factory)
+  shimmed: bool = False
+  groups: bool = False  # it returns a MultiOptimizer (to_optax cannot inject its rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -646,7 +651,8 @@ def build_flows(files: list[tuple[pathlib.Path, list[tuple[str, bool]], str]], o
                              helpers=helpers)
   factories, steps, found = settle(creators)
   factories, steps, found, scanned = _decide_def_factories(
-      factories, steps, found, creators, settle, texts, files, outside)
+      factories, steps, found, creators, settle, texts, files, outside,
+      shim=getattr(options, 'shim_fallback', True))
   factories, steps, found = _decide_fields(factories, steps, found, scanned, settle, texts)
   factories, steps = _decide_factories(factories, steps, found, scanned, settle, texts, files,
                                        sources, options, outside, inject_classes)
@@ -767,31 +773,54 @@ def _decide_fields(factories, steps, found, scanned, settle, texts):
   return factories, steps, found
 
 
-def _decide_def_factories(factories, steps, found, creators, settle, texts, files, outside):
+def _decide_def_factories(factories, steps, found, creators, settle, texts, files, outside,
+                          shim=True):
   """Def factories (``def get_optimizer(cfg): return optim.Adam(...)``): convert those whose
   every caller in the run ``.create`` s what they return and converts, one decision per
-  factory for the whole run. ``(factories, steps, found, scanned)``: the tables, each
-  scanned file's :func:`_scan` and the files scanned."""
+  factory for the whole run. With ``shim`` (the shim fallback, OM014), one that cannot is
+  :attr:`DefFactory.shimmed`: its file keeps its legacy code on the shim, and the callers
+  that ``.create`` what it returns convert around ``optim_compat.to_optax(<call>)``.
+  ``(factories, steps, found, scanned)``: the tables, each scanned file's :func:`_scan` and
+  the files scanned."""
   candidates = {f.qualified: False for f in factories.values() if isinstance(f, DefFactory)}
   if not candidates:  # (qualified name -> its file must inject the rate)
     return factories, steps, found, creators
+  shimmed: set = set()  # failed, left to the shim: their callers see them as user defs
   called = [(path, names, shown) for path, names, shown in files
             if texts.get(path) is not None and (path, names, shown) not in creators
             and any(_calls(texts[path], q) for q in candidates)]
+
+  def seeded():
+    return {key: dataclasses.replace(f, allowed=True, inject_required=candidates[f.qualified])
+            if isinstance(f, DefFactory) and f.qualified in candidates else
+            dataclasses.replace(f, shimmed=True) if isinstance(f, DefFactory)
+            and f.qualified in shimmed else f for key, f in factories.items()}
+
   for _ in range(MAX_ROUNDS):
-    seed = {key: dataclasses.replace(f, allowed=True, inject_required=candidates[f.qualified])
-            if isinstance(f, DefFactory) and f.qualified in candidates else f
-            for key, f in factories.items()}
-    tried, tried_steps, tried_found = settle(creators + called, seed=seed)
+    tried, tried_steps, tried_found = settle(creators + called, seed=seeded())
     failing, inject = _def_verdicts(candidates, tried, tried_found, texts, files, outside)
     if not failing and not inject:
       return tried, tried_steps, tried_found, creators + called
     for q in failing:
       del candidates[q]
+      if shim and _can_shim(factories.get(q)):
+        shimmed.add(q)  # (one that used it may convert next round, around to_optax)
     candidates.update(dict.fromkeys(inject, True))
     if not candidates:
       break
-  return factories, steps, found, creators  # none converts: each keeps its file legacy (OM114)
+  if not shimmed:  # none converts: each keeps its file legacy (OM114)
+    return factories, steps, found, creators
+  candidates.clear()  # (rounds spent, or none left: only the shimmed ones change)
+  tried, tried_steps, tried_found = settle(creators + called, seed=seeded())
+  return tried, tried_steps, tried_found, creators + called
+
+
+def _can_shim(entry) -> bool:
+  """``entry`` (a def factory the run does not convert) may be left to the shim: a module
+  level function of a file of the run that the codemod plans (not a method called by name,
+  another package's, or a parameter sink)."""
+  return (type(entry) is DefFactory and not entry.method and not entry.upstream
+          and entry.why != _SCAN_FAILED)
 
 
 def _decide_factories(factories, steps, found, scanned, settle, texts, files, sources, options,
@@ -1197,6 +1226,8 @@ def _scan_file(source: SourceFile, names, shown, options, flow_file, outside=Fal
                                allowed=getattr(own.get(f'{name}.{function}'), 'allowed', False),
                                inject_required=getattr(own.get(f'{name}.{function}'),
                                                        'inject_required', False),
+                               shimmed=getattr(own.get(f'{name}.{function}'), 'shimmed', False),
+                               groups=function in summary.group_def_factories,
                                method=function.rsplit('.', 1)[1] if '.' in function else '')
                     for function, converted in summary.def_factories.items()
                     for name, _ in names]

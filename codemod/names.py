@@ -184,10 +184,29 @@ class Names:
     if isinstance(expr.func, cst.Name) and expr.func.value in self.facts.subclass_names:
       return True
     flow = self.facts.flow
-    if flow is None or not isinstance(expr.func, (cst.Name, cst.Attribute)) or \
-        last_name(expr.func) not in flow.user_def_names:
+    if flow is None or not isinstance(expr.func, (cst.Name, cst.Attribute)):
+      return False
+    if self.shimmed_def_factory(expr) is not None:
+      return True  # it returns a flax.optim def on the shim, as a user def's is
+    if last_name(expr.func) not in flow.user_def_names:
       return False
     return any(flow.resolve_user_def(q) is not None for q in self.qnames(expr.func))
+
+  def shimmed_def_factory(self, expr):
+    """The :class:`codemod.flow.DefFactory` ``expr`` calls when the run leaves it to the shim
+    (``shimmed``: it returns flax.optim defs there, which a TrainState takes through
+    ``optim_compat.to_optax``), else None."""
+    flow = self.facts.flow
+    if flow is None or not isinstance(expr, cst.Call):
+      return None
+    names = sorted(self.qnames(expr.func))
+    if isinstance(expr.func, cst.Name) and flow.module:
+      names.append(f'{flow.module}.{expr.func.value}')
+    for q in names:
+      found = flow.resolve_def(q)
+      if found is not None and found.shimmed:
+        return found
+    return None
 
   def is_def(self, expr) -> bool:
     """``expr`` is a legacy def call (ours or a user subclass), a call of a function returning

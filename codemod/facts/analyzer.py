@@ -546,6 +546,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
         f.user_def_wraps.add(id(user))
       if name:
         f.def_factories.add(name)  # its callers `.create` the def
+        if self._returns_groups(value):
+          f.group_def_factories.add(name)
     if value is not None and self._function_stack and (
         produces_optimizer(self.n, value)
         or (isinstance(value, cst.Name) and self.n.binding(value) in f.opt_vars)):
@@ -682,6 +684,31 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
     if getattr(found, 'held', ''):
       f.held_containers[id(value)] = found  # (kept legacy for a reader: codemod.flow)
     return found is not None and found.converted
+
+  def _returns_groups(self, value) -> bool:
+    """``value`` (a returned def) is a ``MultiOptimizer``, or a class of this module
+    subclassing it (DETR's ``MultiOptimizerWithLogging``): its hyper-parameters are one per
+    group, which ``optim_compat.to_optax`` cannot inject a learning rate into."""
+    if self.n.legacy_def(value) == api.MULTI:
+      return True
+    if not (isinstance(value, cst.Call) and isinstance(value.func, cst.Name)):
+      return False
+    return any(cls.name.value == value.func.value and any(
+        code(b.value).rsplit('.', 1)[-1] == api.MULTI for b in cls.bases)
+        for cls in self.f.subclasses)
+
+  def _held_container(self, call: cst.Call) -> None:
+    """``call`` builds another module's class with optimizer fields that the run keeps legacy
+    for a reader, anywhere (``jax_utils.replicate(train_utils.TrainState(optimizer=o, ...))``,
+    not only as an assigned or returned value) and hands it an optimizer field: registered in
+    ``f.held_containers`` (the file keeps its legacy code with it, OM123)."""
+    f = self.f
+    self.makes_container(call)
+    found = f.held_containers.get(id(call))
+    fields = getattr(found, 'fields', None)  # (a container factory's arguments are its own)
+    if fields is not None and not any(a.keyword is None or a.keyword.value in fields
+                                      for a in call.args):
+      del f.held_containers[id(call)]  # (no optimizer handed to it here)
 
   def def_created(self, value):
     """``value`` is ``d.create(...)`` on another module's def (:class:`codemod.flow.DefFactory`,
@@ -946,6 +973,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   def visit_Call(self, node: cst.Call) -> None:
     n, f = self.n, self.f
     f.call_funcs.add(id(node.func))
+    if f.flow is not None and self._field_classes and id(node) not in f.held_containers:
+      self._held_container(node)
     if m.matches(node.func, _DEF_RESET):
       f.def_resets[id(node.func.value)] = node
     if isinstance(node.func, cst.Attribute) and node.func.attr.value == 'get' and \
@@ -994,6 +1023,12 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
           # `TrainState.create(..., tx=opt_def)`: what this codemod writes for `opt_def.create(p)`
           # (a second run over its output; a def factory that returns Optax today)
           self.consumed_defs.add(id(arg.value))
+          if (wrapped := _to_optax_arg(n, arg.value)) is not None:
+            # (`tx=optim_compat.to_optax(<a def>)`: a user def's, or a shimmed factory's)
+            self.consumed_defs.add(id(wrapped))
+            self._tx_args.add(id(arg.value.args[0]))
+            if isinstance(wrapped, cst.Name):
+              self.create_receivers.add(id(wrapped))
           self._tx_args.add(id(arg))
           if isinstance(arg.value, cst.Name):
             self.create_receivers.add(id(arg.value))
@@ -1013,6 +1048,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
       # its legacy code (multi_problem), and the factory with it (codemod.flow)
       self.consumed_defs.update(map(id, subs))
       self.create_receivers.update(id(s) for s in subs if isinstance(s, cst.Name))
+    if not name and f.flow is not None and n.shimmed_def_factory(node) is not None:
+      f.shimmed_def_calls.append(node)  # (a def of unknown layout: no legacy view here)
     if name:
       f.def_calls.append(node)
       if name == api.WEIGHT_NORM and node.args and n.legacy_def(node.args[0].value):
@@ -1142,4 +1179,13 @@ def dynamic_import(n: Names, node) -> Optional[str]:
       and isinstance(args.get(1), (cst.SimpleString, cst.ConcatenatedString)) \
       and args[1].evaluated_value == 'optim':
     return 'the default' if len(node.args) == 3 else 'an AttributeError'
+  return None
+
+
+def _to_optax_arg(n, value):
+  """``value`` is ``optim_compat.to_optax(<def>, ...)`` (what the codemod writes for a user
+  def, or the def a factory left on the shim returns): that ``<def>``; else None."""
+  if (isinstance(value, cst.Call) and value.args and value.args[0].keyword is None
+      and not value.args[0].star and 'optim_compat.to_optax' in n.qnames(value.func)):
+    return value.args[0].value
   return None

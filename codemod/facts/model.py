@@ -96,6 +96,7 @@ class Facts:
   #: its Optax form and the wrap to `optim_compat.transforms.weight_norm(d)`
   wn_rebinds: set = _field(set)
   user_def_wraps: set = _field(set)   # ids of those user def calls (wrapped in to_optax)
+  shimmed_def_calls: list = _field(list)  # calls of def factories the run leaves on the shim
   attr_chains: set = _field(set)      # `self.optimizer`-like chains holding optimizers
   attr_other: set = _field(set)       # chains also assigned something else
   attr_flow: dict = _field()          # chain -> converted flow.Factory assigned to it
@@ -152,6 +153,7 @@ class Facts:
   bundle_factories: set = _field(set)  # returning one inside a tuple / list / dict
   bundle_keys: dict = _field()        # function -> dict keys it returns an optimizer at
   def_factories: set = _field(set)    # module-level functions returning a legacy def
+  group_def_factories: set = _field(set)  # ... returning a MultiOptimizer (or a subclass)
   def_sinks: dict = _field()          # function or Class.method -> (position, parameter) it .creates
   #: qualified names of other modules' (or this one's) def factories the run converts, whose
   #: transformation this module ``.create`` s (codemod.flow: the callers' verdicts)

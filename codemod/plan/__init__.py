@@ -38,6 +38,8 @@ class Summary:
   fields: dict = dataclasses.field(default_factory=dict)
   #: module-level function returning a legacy def -> converted (its callers `.create` it)
   def_factories: dict = dataclasses.field(default_factory=dict)
+  #: those returning a MultiOptimizer (or a subclass: one set of hyper-parameters per group)
+  group_def_factories: tuple = ()
   defs: bool = False  # the module builds legacy defs (its Layout is offered to the others)
   #: qualified name of a def factory the run converts -> (this module's ``.create`` s of it
   #: convert, this module passes a learning rate at apply time) (codemod.flow.DefUse)
@@ -137,6 +139,7 @@ def make_plan(analysis, options) -> Plan:
       inject_lr=q.inject_lr,
       fields={cls: (fields, converts) for cls, fields in sorted(f.declared_fields.items())},
       def_factories=dict.fromkeys(sorted(f.def_factories), converts),
+      group_def_factories=tuple(sorted(f.group_def_factories)),
       defs=bool(f.def_calls),
       def_uses={name: (converts and name not in f.def_misused, q.inject_lr)
                 for name in sorted(f.def_uses)},

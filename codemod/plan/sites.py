@@ -88,6 +88,7 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
     self.plan = plan
     self.state_of_step: set[int] = set()  # `.state` of a `.state.step` (flagged once, at `.step`)
     self._pending: list[list[str]] = []   # TODO lines of the statements being visited
+    self._unless: list[list[tuple]] = []  # ... and flags for them only if nothing else flags
     self._todo_above: list[bool] = []      # ... and whether an earlier run put one above each
     self._stack: list[int] = []           # ids of the nodes being visited
     self._stale = TODO_PREFIX in q.analysis.text
@@ -106,6 +107,12 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
     self.plan.findings.append(Finding(*self.q.n.pos(node), rule, message, False, blocks, reason,
                                       data or {}))
     self._add_todo(line)
+
+  def flag_unless_flagged(self, node, rule, text) -> None:
+    """A note (:meth:`flag`, ``note=True``) at ``node`` that its statement gets only when no
+    other flag lands on it (a kept file's legacy use, when its statement says why already)."""
+    if self._unless:
+      self._unless[-1].append((node, rule, text))
 
   def todo_above(self) -> bool:
     """The statement being visited has a TODO(optim-migrate) line an earlier run wrote."""
@@ -153,6 +160,7 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
     self._stack.append(id(node))
     if isinstance(node, _STATEMENTS):
       self._pending.append([])
+      self._unless.append([])
       self._todo_above.append(any(ll.comment is not None and ll.comment.value.startswith(
           TODO_PREFIX) for ll in node.leading_lines))
       if node is self.plan.first_statement:
@@ -167,6 +175,10 @@ class SitePlanner(NoAttributeHooks, cst.CSTVisitor):
   def _on_leave(self, original) -> None:
     super().on_leave(original)
     if isinstance(original, _STATEMENTS):
+      unless = self._unless.pop()
+      if unless and not self._pending[-1]:
+        for node, rule, text in unless:
+          self.flag(node, rule, text, note=True)
       todos = self._pending.pop()
       self._todo_above.pop()
       if todos:

@@ -67,7 +67,7 @@ def view_def(q) -> Optional[str]:
   if (calls and len(names) == 1 and not names & {api.MULTI, api.WEIGHT_NORM}
       and not (f.flow_vars or f.flow_used or f.flow_def_vars or f.def_var_factories
                or f.def_uses or f.flow_def_creates  # (`get_optimizer(cfg).create(p)`)
-               or f.subclasses)
+               or f.shimmed_def_calls or f.subclasses)
       and all(v is not None for v in f.def_vars.values())
       and all(a.keyword is None or a.keyword.value != 'focus' for c in calls for a in c.args)
       and len({code(c.with_changes(func=cst.Name('D'))) for c in calls}) == 1):

@@ -427,7 +427,9 @@ MANUAL = (
                 '`.optimizer_def`, `.replace(target=)` on a value named like an optimizer '
                 '(`train_state.optimizer`) in a file that never imports `flax.optim`; an '
                 'optimizer whose creating module keeps its legacy code (the file keeps its '
-                'legacy code too)'),
+                'legacy code too); in a file kept legacy that never imports `flax.optim`, each '
+                'Optimizer use it keeps that no other TODO on its line explains (its optimizer '
+                'is made on the shim)'),
     Rule('OM123', 'manual', family='crossmodule', summary=
          'a factory\'s TrainState would reach legacy code in a file that keeps it',
          why='In a file kept legacy, `.target`, `.state`, `.apply_gradient`, ... on what another '

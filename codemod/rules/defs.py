@@ -358,9 +358,25 @@ def def_factory_of_create(q, call: cst.Call):
   return q.n.converted_def_factory(recv)
 
 
+def _shimmed_groups(q, call: cst.Call):
+  """The def factory left on the shim (``codemod.flow.DefFactory.shimmed``) returning a
+  MultiOptimizer whose def ``call`` (``d.create(p)``) creates, directly or through a name
+  bound to its call, else None."""
+  recv = create_receiver(q.n, call)
+  if isinstance(recv, cst.Name):
+    recv = q.f.def_vars.get(q.n.binding(recv))
+  found = q.n.shimmed_def_factory(recv) if recv is not None else None
+  return found if found is not None and found.groups else None
+
+
 def injection_problem(q, call: cst.Call) -> Optional[str]:
   """``call`` creates from another module's converted def factory whose transformation is
   not built with ``inject_hyperparams`` while this module sets the rate at apply time."""
+  if q.inject_lr and (shimmed := _shimmed_groups(q, call)) is not None:
+    return (f'`{code(create_receiver(q.n, call))}` is the MultiOptimizer {shimmed.where} '
+            'returns, which this run leaves on the shim (its TODOs say why), and this file '
+            'passes learning_rate at apply time: optim_compat.to_optax injects no rate into '
+            'its groups; migrate them together')
   made = def_factory_of_create(q, call) if q.inject_lr else None
   if made is None or made.inject_lr:
     return None

@@ -45,6 +45,15 @@ def wanted(q) -> bool:
   return q.blocked or (f.only_imports and not f.star_imports and not dead_imports(q))
 
 
+def touches_legacy(q) -> bool:
+  """A top-level statement of ``q``'s module imports or names flax.optim (where OM014 puts
+  ``install()``); computed once per file."""
+  found = getattr(q, '_touches_legacy', None)
+  if found is None:
+    found = q._touches_legacy = any(_touches(stmt) for stmt in q.analysis.module.body)
+  return found
+
+
 def _touches(stmt) -> bool:
   """``stmt`` imports flax.optim, names ``flax.optim`` or a string naming it, or calls
   ``getattr(flax, "optim")``."""
