@@ -389,3 +389,13 @@ def test_users_of_a_repositorys_own_optimizer_api_are_no_legacy_files(tmp_path):
   table.write_text(table.read_text().replace('["t5x.optimizers"]', '"t5x.optimizers"'))
   with pytest.raises(eco.EcosystemError, match='own_api must be a list of module names'):
     eco.load_table(table)
+
+
+def test_the_independent_table_loads_and_shares_no_repository_with_the_ecosystem_set():
+  """bench/independent_repos.toml (the independent check: repositories kept out of the set
+  the rules were written against) parses as the ecosystem table does, and no repository is in
+  both."""
+  independent = eco.load_table(ROOT / 'bench' / 'independent_repos.toml')
+  assert len(independent) == 13
+  assert all(r.legacy_files > 0 for r in independent)
+  assert not {r.repo for r in independent} & {r.repo for r in eco.load_table()}
