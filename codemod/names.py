@@ -196,17 +196,20 @@ class Names:
     """The :class:`codemod.flow.DefFactory` ``expr`` calls when the run leaves it to the shim
     (``shimmed``: it returns flax.optim defs there, which a TrainState takes through
     ``optim_compat.to_optax``), else None."""
+    return self._called_def_factory(expr, 'shimmed')
+
+  def _called_def_factory(self, expr, flag: str):
+    """The def factory (``codemod.flow.DefFactory``) the call ``expr`` names whose attribute
+    ``flag`` (``allowed``, ``shimmed``) is set, by its qualified names, or by the bare name
+    of a function of this module under the module's own name; else None."""
     flow = self.facts.flow
     if flow is None or not isinstance(expr, cst.Call):
       return None
     names = sorted(self.qnames(expr.func))
     if isinstance(expr.func, cst.Name) and flow.module:
       names.append(f'{flow.module}.{expr.func.value}')
-    for q in names:
-      found = flow.resolve_def(q)
-      if found is not None and found.shimmed:
-        return found
-    return None
+    return next((found for q in names if (found := flow.resolve_def(q)) is not None
+                 and getattr(found, flag, False)), None)
 
   def is_def(self, expr) -> bool:
     """``expr`` is a legacy def call (ours or a user subclass), a call of a function returning
@@ -220,17 +223,11 @@ class Names:
     Optax transformation (``allowed``: every caller in the run ``.create`` s it), else None.
     A call by the bare name of a function of this module (``create_optimizer(name)``) is
     looked up under the module's own name."""
+    if (found := self._called_def_factory(expr, 'allowed')) is not None:
+      return found
     flow = self.facts.flow
-    if flow is None or not isinstance(expr, cst.Call):
-      return None
-    names = sorted(self.qnames(expr.func))
-    if isinstance(expr.func, cst.Name) and flow.module:
-      names.append(f'{flow.module}.{expr.func.value}')
-    for q in names:
-      found = flow.resolve_def(q)
-      if found is not None and found.allowed:
-        return found
-    if isinstance(expr.func, cst.Attribute):  # a def factory method, by its name
+    if flow is not None and isinstance(expr, cst.Call) and isinstance(
+        expr.func, cst.Attribute):  # a def factory method, by its name
       found = flow.def_methods(expr.func.attr.value)
       if found and all(f.allowed for f in found):
         return found[0]
