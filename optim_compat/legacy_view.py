@@ -608,12 +608,15 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
     layout (``transforms.LegacyRuleState`` or ``OptimizerState``).
 
   Raises:
-    TypeError: a name that is not a field (the message lists them), a
-      non-numeric value for one, a hyper-parameter the legacy rule branches on in
-      Python (``spec.HyperParam.static``: Momentum ``weight_decay`` / ``nesterov``,
-      RMSProp ``centered``, LAMB ``weight_decay``, LARS ``weight_decay`` /
-      ``nesterov``), or a def whose hyper-parameters are a list.
+    TypeError: ``opt_def`` is no legacy def (an Optax transformation already: the
+      message says to drop the wrap), a name that is not a field (the message lists
+      them), a non-numeric value for one, a hyper-parameter the legacy rule branches
+      on in Python (``spec.HyperParam.static``: Momentum ``weight_decay`` /
+      ``nesterov``, RMSProp ``centered``, LAMB ``weight_decay``, LARS
+      ``weight_decay`` / ``nesterov``), or a def whose hyper-parameters are a list.
   """
+  if not hasattr(opt_def, 'update_hyper_params'):  # (a real flax.optim def works too)
+    _not_a_def(opt_def, inject)
   if isinstance(inject, str):
     inject = (inject,)
   inject = tuple(inject)
@@ -652,6 +655,21 @@ def to_optax(opt_def, *, inject: Sequence[str] = (), **hyper_param_overrides
   static = tuple(n for n in fields if n not in inject)
   return optax.inject_hyperparams(factory, static_args=static)(
       **{n: 0.0 if n in inject and values[n] is None else values[n] for n in fields})
+
+
+def _not_a_def(value, inject) -> None:
+  """Raise the TypeError of :func:`to_optax` given ``value``, no legacy def: an Optax
+  transformation (a def factory ported to Optax while a caller the codemod converted still
+  wraps what it returns) or anything else."""
+  if isinstance(value, optax.GradientTransformation):
+    rate = (' (and, as the caller sets the rate at apply time, build it with '
+            'optax.inject_hyperparams so that opt_state has a learning_rate to set)'
+            if inject else '')
+    raise TypeError('to_optax got an optax.GradientTransformation, not a flax.optim def: what '
+                    'it wraps is Optax already (a def factory ported to Optax?); pass it as '
+                    f'tx= directly{rate}')
+  raise TypeError(f'to_optax takes a flax.optim optimizer def (optim_compat.Adam(...), a '
+                  f'OptimizerDef subclass), not {type(value).__name__}')
 
 
 def _hyper_param_values(opt_def, hp) -> tuple[dict, set]:

@@ -661,3 +661,17 @@ def test_user_def_override_is_the_shims_transformation_bitwise():
     assert _leaves_equal(state.params, ref.params), i
     assert _leaves_equal(oc.legacy_state(state, d), oc.legacy_state(ref, d)), i
     assert oc.hyper_params(state, d).temperature == 4.0
+
+
+def test_to_optax_of_what_is_already_optax_says_to_drop_the_wrap():
+  """helper-42's D4: a def factory ported to Optax after a run whose callers were converted
+  around `oc.to_optax(get_optimizer(cfg), inject=...)`: the wrap failed with
+  "'GradientTransformationExtraArgs' object has no attribute 'update_hyper_params'". It
+  says what to do now; anything else that is no def is named by its type."""
+  with pytest.raises(TypeError, match=r'got an optax\.GradientTransformation.*pass it as tx= '
+                                      r'directly \(and.*inject_hyperparams'):
+    oc.to_optax(optax.adam(1e-3), inject=('learning_rate',))
+  with pytest.raises(TypeError, match=r'pass it as tx= directly$'):
+    oc.to_optax(optax.sgd(0.1))
+  with pytest.raises(TypeError, match=r'not int$'):
+    oc.to_optax(3)
