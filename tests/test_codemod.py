@@ -1732,3 +1732,23 @@ def test_a_raw_restore_read_with_get_says_the_default_is_a_silent_wrong_load():
   result = engine.rewrite_source(source, 'load.py')
   assert [f.rule for f in result.manual] == ['OM121']
   assert "`.get`'s default: a silent wrong load" in result.manual[0].message
+
+
+def test_a_walrus_alias_of_an_optimizer_converts_with_it():
+  """helper-42's D2: `x = (o2 := opt).target` and a later `o2.target` were left as they were
+  in a converted file, with no TODO (AttributeError on the TrainState; `--check` passed).
+  The walrus name is an alias of the optimizer now, and the expression reads as its value;
+  the converted file runs and reads the same params through both."""
+  source = ('import jax.numpy as jnp\nfrom flax import optim\n\n\ndef run():\n'
+            "  opt = optim.Adam(0.1).create({'w': jnp.ones(3)})\n"
+            "  opt = opt.apply_gradient({'w': jnp.ones(3)})\n"
+            '  x = (o2 := opt).target\n'
+            "  return x['w'], o2.target['w'], int(o2.state.step)\n")
+  result = engine.rewrite_source(source, 'w.py')
+  assert '  x = (o2 := opt).params\n' in result.new, result.new
+  assert "  return x['w'], o2.params['w'], int(o2.step)\n" in result.new, result.new
+  assert 'TODO' not in result.new and not result.manual
+  scope: dict = {}
+  exec(compile(result.new, 'w.py', 'exec'), scope)  # noqa: S102 - the migrated source
+  x, y, step = scope['run']()
+  assert step == 1 and (x == y).all() and abs(float(x[0]) - 0.9) < 1e-6

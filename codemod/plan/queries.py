@@ -74,6 +74,8 @@ class Queries:
   # -- what an expression holds ---------------------------------------------------------------
   def is_optimizer(self, expr) -> bool:
     n, f = self.n, self.f
+    if isinstance(expr, cst.NamedExpr):  # `(o2 := opt).target`: what it binds
+      return self.is_optimizer(expr.value)
     if isinstance(expr, cst.Name):
       b = n.binding(expr)
       if b in f.rebound:
