@@ -986,8 +986,8 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
   def visit_Call(self, node: cst.Call) -> None:
     n, f = self.n, self.f
     f.call_funcs.add(id(node.func))
-    if f.flow is not None and self._field_classes and id(node) not in f.held_containers:
-      self._held_container(node)
+    if last_name(node.func) in self._field_classes and id(node) not in f.held_containers:
+      self._held_container(node)  # (the last name first: a cheap test, as for the others)
     if m.matches(node.func, _DEF_RESET):
       f.def_resets[id(node.func.value)] = node
     if isinstance(node.func, cst.Attribute) and node.func.attr.value == 'get' and \

@@ -457,15 +457,16 @@ def kept_member_message(q, attr: cst.Attribute) -> Optional[str]:
   leaves there), each Optimizer use left on an optimizer-looking value (``.target``,
   ``.apply_gradient``, ``.optimizer_def``, ...): the TODO that says it is kept, on its line."""
   from codemod.rules import fallback
+  if fallback.touches_legacy(q):
+    return None
   if attr.attr.value == 'create':
-    if fallback.touches_legacy(q) or not q.n.is_def(attr.value):
+    if not q.n.is_def(attr.value):
       return None
     return (f'`{code(attr.value)}.create(...)` is left as it is (the TODOs of this file say '
             'why): the def comes from code on the shim, and so does the flax.optim Optimizer '
             'it makes; migrate them together')
-  if fallback.touches_legacy(q) or not (
-      q.is_optimizer(attr.value) or q.maybe_optimizer(attr.value)
-      or named_like_optimizer(attr.value)):
+  if not (q.is_optimizer(attr.value) or q.maybe_optimizer(attr.value)
+          or named_like_optimizer(attr.value)):
     return None
   member = 'replace(target=...)' if attr.attr.value == 'replace' else attr.attr.value
   return (f'`{code(attr.value)}.{member}` is left as it is (the TODOs of this file say why): '

@@ -362,9 +362,7 @@ def _shimmed_groups(q, call: cst.Call):
   """The def factory left on the shim (``codemod.flow.DefFactory.shimmed``) returning a
   MultiOptimizer whose def ``call`` (``d.create(p)``) creates, directly or through a name
   bound to its call, else None."""
-  recv = create_receiver(q.n, call)
-  if isinstance(recv, cst.Name):
-    recv = q.f.def_vars.get(q.n.binding(recv))
+  recv = q.n.def_call(create_receiver(q.n, call))
   found = q.n.shimmed_def_factory(recv) if recv is not None else None
   return found if found is not None and found.groups else None
 
