@@ -69,9 +69,8 @@ def emitted_source(case) -> str:
   case_id, def_name, kwargs = case
   if def_name == 'WeightNorm':
     inner_name, inner_kwargs = kwargs['inner']
-    from optim_compat.weight_norm import emit
-    return emit(emitted_source((case_id, inner_name, inner_kwargs)),
-                [f'{k}={v!r}' for k, v in kwargs.items() if k != 'inner'])
+    return spec.weight_norm_emit(emitted_source((case_id, inner_name, inner_kwargs)),
+                                 [f'{k}={v!r}' for k, v in kwargs.items() if k != 'inner'])
   args = {k: repr(v) for k, v in kwargs.items() if k not in ('apply', 'grads')}
   return spec.SPECS[def_name].emit(args, learning_rate_injected='apply' in kwargs)
 

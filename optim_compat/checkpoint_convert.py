@@ -175,8 +175,8 @@ def emitted_source(name: str, args: dict, learning_rate_injected: bool = False) 
   rate not given: 0.0, to be set in the train step), ``transforms.weight_norm`` around the
   inner def's for a WeightNorm."""
   if name == 'WeightNorm':
-    return weight_norm.emit(emitted_source(*args['inner'], learning_rate_injected),
-                            [f'{k}={v}' for k, v in args.items() if k != 'inner'])
+    return spec.weight_norm_emit(emitted_source(*args['inner'], learning_rate_injected),
+                                 [f'{k}={v}' for k, v in args.items() if k != 'inner'])
   if 'learning_rate' not in args or args['learning_rate'] == 'None':
     args = dict(args, learning_rate='0.0')  # not in the state layout; set it in the train step
   return spec.SPECS[name].emit(args, learning_rate_injected)

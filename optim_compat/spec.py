@@ -229,6 +229,15 @@ _ADAM_FIRST_STEP = ('; where beta2 rounds to 1.0 there (the default 0.999 in bfl
 # GradientDescent
 
 
+def weight_norm_emit(inner_source: str, rest: list[str] = ()) -> str:
+  """The source the codemod writes for ``WeightNorm(<inner>, *rest)``:
+  ``optim_compat.transforms.weight_norm(<inner_source>, *rest)`` (``rest`` as written,
+  ``'wn_decay=1e-3'``; the inner def's Optax source first). Here, not beside
+  :func:`optim_compat.weight_norm.weight_norm`: the codemod calls it, and must not import
+  jax (a Ctrl-C during jaxlib's import crashed or was lost)."""
+  return f"optim_compat.transforms.weight_norm({', '.join([inner_source, *rest])})"
+
+
 def _sgd_emit(a, lr):
   return _call('sgd', {'learning_rate': a['learning_rate']}, lr)
 

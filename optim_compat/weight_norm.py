@@ -76,13 +76,6 @@ def _split_gradients(grads, directions, scales, decay, eps):
   return dir_grad, scale_grad
 
 
-def emit(inner_source: str, rest: list[str] = ()) -> str:
-  """The source the codemod writes for ``WeightNorm(<inner>, *rest)``:
-  ``optim_compat.transforms.weight_norm(<inner_source>, *rest)`` (``rest`` as written,
-  ``'wn_decay=1e-3'``; the inner def's Optax source first)."""
-  return f"optim_compat.transforms.weight_norm({', '.join([inner_source, *rest])})"
-
-
 def holds_weight_norm_states(fields) -> bool:
   """Legacy per-parameter state field names (a set) include a WeightNorm's own."""
   return {'direction', 'scale'} <= set(fields)

@@ -179,14 +179,18 @@ def test_head_import_removal_from_the_text_equals_libcst():
 
 def test_the_codemod_imports_no_jax_and_the_shim_names_load_at_first_use():
   """``rewrite`` reads the migration table without importing jax, flax or optax (about
-  0.8 s of each run's start-up), also when the CLI registers ``check``; each shim name is
+  0.8 s of each run's start-up), also when the CLI registers ``check`` and when it writes a
+  WeightNorm's source (its import of jax, there, crashed a Ctrl-C with SIGSEGV, or lost it
+  inside jaxlib's import: CI, stop 50); each shim name is
   imported from its module at its first use (a module ``__getattr__``, no import hook), and
   every name of ``__all__`` and every submodule resolves."""
   import subprocess
   import sys
-  code = ('import contextlib, io, sys\nimport codemod.cli, codemod.runner, codemod.engine\n'
+  code = ('import contextlib, io, pathlib, sys\nimport codemod.cli, codemod.runner, codemod.engine\n'
           'with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n'
           '  codemod.cli.main(["--version"])  # builds every subcommand\'s parser\n'
+          'for p in sorted(pathlib.Path("tests/fixtures/codemod").glob("*weight_norm*/before.py")):\n'
+          '  assert codemod.engine.rewrite_source(p.read_text(), str(p)).changed, p\n'
           'heavy = sorted(m for m in ("jax", "flax", "optax") if m in sys.modules)\n'
           'import optim_compat\n'
           'assert optim_compat.spec.SPECS["Adam"].emit({"learning_rate": "0.1"})\n'

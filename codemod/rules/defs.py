@@ -568,9 +568,8 @@ def apply_weight_norm(ctx, original, updated, fix):
     name = ctx.q.n.legacy_def(original.args[0].value)
     inner_src, distance = def_source(ctx.q, original.args[0].value, inner, name)
     distance = f'around {name}, {distance}'
-  from optim_compat.weight_norm import emit
-  source = emit(inner_src, [code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT))
-                            for a in updated.args[1:]])
+  source = spec_lib.weight_norm_emit(
+      inner_src, [code(a.with_changes(comma=cst.MaybeSentinel.DEFAULT)) for a in updated.args[1:]])
   _add_imports(ctx, source)
   fix.findings[0].message = (f'flax.optim.WeightNorm(...) -> {source} (legacy WeightNorm as an '
                              f'Optax transformation, {distance}; params within 1 ulp of it)')
