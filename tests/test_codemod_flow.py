@@ -2562,3 +2562,30 @@ def test_a_file_kept_legacy_without_flax_optim_flags_each_use_it_keeps(tmp_path)
                         "o = kept.make({'lr': 0.5}, {'w': jnp.ones(2)})\n"
                         "print(kept.step(o, {'w': jnp.ones(2)})[1:])")
   assert run.returncode == 0 and "0.5" in run.stdout, run.stderr[-2000:]
+
+
+def test_a_bundle_factory_a_legacy_user_reads_is_held_with_it(tmp_path):
+  """Found by a new user (helper-42 D1): `make_state` returned `{'optimizer': opt.create(p)}`
+  and converted (a TrainState in the dict) while train.py, which steps with apply-time
+  `hyper_params` (OM102), kept its legacy code: its `.target` raised AttributeError at run
+  time. The pre-pass had held the factory; its own file did not honour that for a bundle.
+  Both now keep legacy code on the shim (OM123 at the `def`), and the tree runs with the
+  numbers real flax.optim gives (Adam, lr 0.05 for 3 steps from ones: 0.8503127)."""
+  tree, stderr = _migrate_tree(tmp_path, {
+      'models.py': ('from flax import optim\n\n\ndef make_state(params):\n'
+                    '  opt = optim.Adam(learning_rate=0.1).create(params)\n'
+                    "  return {'optimizer': opt, 'epoch': 0}\n"),
+      'train.py': ('import jax\nimport jax.numpy as jnp\nfrom flax import optim\n'
+                   'from models import make_state\n\n\ndef main():\n'
+                   "  opt = make_state({'w': jnp.ones(3)})['optimizer']\n"
+                   '  for _ in range(3):\n'
+                   "    g = jax.grad(lambda p: jnp.sum(p['w'] ** 2))(opt.target)\n"
+                   '    hp = opt.optimizer_def.hyper_params.replace(learning_rate=0.05)\n'
+                   '    opt = opt.apply_gradient(g, hyper_params=hp)\n'
+                   "  return opt.target['w']\n")})
+  assert re.search(r'models\.py:\d+:1: OM123 .*what `make_state` returns is used by train\.py',
+                   stderr), stderr
+  assert 'optim.Adam(learning_rate=0.1).create(params)' in (tree / 'models.py').read_text()
+  run = _run_tree(tree, 'import train\nprint(float(train.main()[0]))')
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert abs(float(run.stdout) - 0.8503127) < 1e-6, run.stdout

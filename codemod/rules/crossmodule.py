@@ -246,8 +246,9 @@ def held_factory(q, function: str):
   """This module's factory ``function`` when the run keeps it legacy for a file using it
   (``codemod.flow.Factory.held``), else None."""
   flow = q.f.flow
-  if flow is None or not flow.module or function not in q.f.module_factories:
-    return None
+  if flow is None or not flow.module or (function not in q.f.module_factories
+                                         and function not in q.f.bundle_factories):
+    return None  # (a bundle, `return {'optimizer': opt}`, is held as a factory is)
   found = flow.factories.get(f'{flow.module}.{function}')
   return found if getattr(found, 'held', '') else None
 
