@@ -1752,3 +1752,30 @@ def test_a_walrus_alias_of_an_optimizer_converts_with_it():
   exec(compile(result.new, 'w.py', 'exec'), scope)  # noqa: S102 - the migrated source
   x, y, step = scope['run']()
   assert step == 1 and (x == y).all() and abs(float(x[0]) - 0.9) < 1e-6
+
+
+def test_om104_in_a_file_kept_legacy_says_no_trainstate_was_given_the_subclass():
+  """Found by a new user (helper-43 D2): in a file kept on legacy code (a MultiOptimizer
+  subclass stepped with per-group ``hyper_params``), OM104 said "TrainState gets
+  optim_compat.to_optax(MyMulti(...))", which that run had not done. It says so only where
+  the file converts; a kept file's note says the subclass runs with the legacy code there."""
+  kept = engine.rewrite_source(
+      'from flax import optim\n\n\nclass MyMulti(optim.MultiOptimizer):\n  pass\n\n\n'
+      'def make(params, t1, t2):\n'
+      '  return MyMulti((t1, optim.GradientDescent(0.1)), (t2, optim.Adam(0.01))).create(params)\n'
+      '\n\ndef step(opt, g):\n'
+      '  return opt.apply_gradient(g, hyper_params=[h.hyper_params for h in '
+      'opt.optimizer_def.sub_optimizers])\n', 'm.py')
+  converted = engine.rewrite_source(
+      'from flax import optim\n\n\nclass Sign(optim.OptimizerDef):\n  pass\n\n\n'
+      'def make(params):\n  return Sign(None).create(params)\n', 'm.py')
+  notes = [[f.message for f in r.findings if f.rule == 'OM104'] for r in (kept, converted)]
+  assert 'optim_compat.install()' in kept.new and 'MyMulti((t1' in kept.new
+  assert notes[0] == ['`MyMulti` subclasses a flax.optim class: it runs on the shim '
+                      '(optim_compat), as the legacy code here that uses it does; once that '
+                      'code converts, TrainState takes optim_compat.to_optax(MyMulti(...)) as '
+                      'tx=; port it to an optax.GradientTransformation when convenient'], notes
+  assert notes[1] == ['`Sign` subclasses a flax.optim class: it runs on the shim (optim_compat) '
+                      'and TrainState gets optim_compat.to_optax(Sign(...)); port it to an '
+                      'optax.GradientTransformation when convenient'], notes
+  assert 'tx=optim_compat.to_optax(Sign(None))' in converted.new

@@ -81,9 +81,13 @@ def visit_class(p, node: cst.ClassDef) -> None:
   if any(node is c for c in p.q.f.subclasses):
     name = node.name.value
     if any(api.is_def_class(p.q.n.symbol(b.value)) for b in node.bases):
+      # (where the file keeps its legacy code, no TrainState gets it from this run)
+      how = (f' and TrainState gets optim_compat.to_optax({name}(...))' if p.q.converts else
+             f', as the legacy code here that uses it does; once that code converts, TrainState '
+             f'takes optim_compat.to_optax({name}(...)) as tx=')
       p.flag(node, 'OM104', f'`{name}` subclasses a flax.optim class: it runs on the shim '
-                            f'(optim_compat) and TrainState gets optim_compat.to_optax({name}'
-                            '(...)); port it to an optax.GradientTransformation when convenient')
+                            f'(optim_compat){how}; port it to an optax.GradientTransformation '
+                            'when convenient')
     else:  # (an Optimizer / OptimizerState subclass: no def, nothing to_optax takes)
       p.flag(node, 'OM104', f'`{name}` subclasses a flax.optim class that is not a def: it runs '
                             'on the shim (optim_compat), as the legacy code that uses it does; '
