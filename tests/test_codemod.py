@@ -876,7 +876,7 @@ PROGRAMS = FIXTURES.parent / 'programs'
                                      'legacy_multi_user_group', 'legacy_pickled_state',
                                      'legacy_state_dict_histograms',
                                      'legacy_group_rates_by_config', 'legacy_state_surgery',
-                                     'legacy_reset_moments'])
+                                     'legacy_reset_moments', 'legacy_gan_one_rate_given'])
 def test_realistic_program_migrated_matches_real_flax_optim(program, legacy_python, tmp_path):
   """The legacy program on real flax.optim 0.5.3 (old stack) and its codemod output on the
   modern stack train to the same numbers; MultiOptimizer's unselected layer stays frozen."""
@@ -1779,3 +1779,27 @@ def test_om104_in_a_file_kept_legacy_says_no_trainstate_was_given_the_subclass()
                       'and TrainState gets optim_compat.to_optax(Sign(...)); port it to an '
                       'optax.GradientTransformation when convenient'], notes
   assert 'tx=optim_compat.to_optax(Sign(None))' in converted.new
+
+
+def test_om102_mixed_rates_is_decided_per_optimizer_where_each_is_a_local_lineage():
+  """Found by a new user (helper-43 D1): an Adam always given a rate at apply time beside an
+  SGD never given one kept the whole file on legacy code (OM102 "some calls pass
+  learning_rate and some do not"), though no optimizer mixes the two. Each optimizer that is
+  a local name created here and stepped in place converts now (both inject; the one given
+  none keeps its def's rate: program legacy_gan_one_rate_given). Where a receiver could be
+  another's optimizer (an alias, a parameter) the file-wide rule stays."""
+  head = ('import jax\nfrom flax import optim\n\n\ndef main(pa, pb, ga, gb):\n'
+          '  a = optim.Adam(0.1).create(pa)\n  b = optim.GradientDescent(0.1).create(pb)\n')
+  apart = engine.rewrite_source(
+      head + '  for i in range(3):\n    a = a.apply_gradient(ga, learning_rate=0.1 / (i + 1))\n'
+      '    b = b.apply_gradient(gb)\n  return a.target, b.target\n', 'm.py')
+  assert apart.manual == [] and 'b = b.apply_gradients(grads=gb)' in apart.new, apart.new
+  assert 'tx=optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)' in apart.new
+  for body in [  # the same optimizer both ways; an alias of it; parameters of a step
+      '  a = a.apply_gradient(ga, learning_rate=0.05)\n  a = a.apply_gradient(ga)\n',
+      '  a = a.apply_gradient(ga, learning_rate=0.05)\n  c = a\n  c = c.apply_gradient(gb)\n',
+      '  return step(a, b)\n\n\ndef step(x, y):\n'
+      '  return x.apply_gradient(1.0, learning_rate=0.05), y.apply_gradient(1.0)\n']:
+    kept = engine.rewrite_source(head + body, 'm.py')
+    assert {f.rule for f in kept.manual} == {'OM102'}, (body, kept.new)
+    assert 'some apply_gradient calls pass learning_rate and some do not' in kept.manual[0].message

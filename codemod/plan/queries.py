@@ -66,6 +66,7 @@ class Queries:
     self._foreign_receivers = None  # (cache of foreign_receivers)
     self._plain_annotated = None  # (cache of annotated_plain)
     self._pickles_converted = None  # (cache of pickles_converted)
+    self._assigned_values = None  # (cache of assigned_values)
 
   @property
   def converts(self) -> bool:
@@ -365,6 +366,13 @@ class Queries:
     call = self.f.calls_by_func.get(id(attr))
     return attr.attr.value == 'replace' and call is not None and any(
         a.keyword is not None and a.keyword.value in api.OPTIMIZER_FIELDS for a in call.args)
+
+  def assigned_values(self) -> dict:
+    """``{id(target name): value}`` of each ``name = value`` statement (one plain target)."""
+    if self._assigned_values is None:
+      self._assigned_values = {id(targets[0]): value for targets, value in self.f.assignments
+                               if len(targets) == 1 and isinstance(targets[0], cst.Name)}
+    return self._assigned_values
 
   def apply_overrides(self) -> list[dict]:
     """The keyword arguments of every apply_gradient / optimize call."""

@@ -27,7 +27,8 @@ def prepare(q) -> None:
   some calls do (``mixed_lr``), and which ``hyper_params=[...]`` calls set per-group rates."""
   overrides = q.apply_overrides()
   q.inject_lr = any('learning_rate' in k for k in overrides)
-  q.mixed_lr = q.inject_lr and not all('learning_rate' in k for k in overrides)
+  q.mixed_lr = q.inject_lr and not _each_optimizer_one_way(
+      q, ['learning_rate' in k for k in overrides])
   if not q.inject_lr and q.f.def_calls and _hands_optimizer_to_injecting_module(q):
     q.inject_lr = True  # one layout with the module it exchanges optimizers with
   if not q.inject_lr and (q.f.def_calls or q.f.create_calls) and (
@@ -46,6 +47,52 @@ def prepare(q) -> None:
     q.inject_lr = True  # a user of its factory's optimizer sets the rate at apply time
     q.mixed_lr = bool(overrides)  # (its own calls pass none: they would keep the last one)
   _find_group_applies(q)
+
+
+def _each_optimizer_one_way(q, with_lr: list) -> bool:
+  """Each optimizer's apply calls all pass a learning rate, or none does (``with_lr``: one
+  flag per apply_gradient / optimize call, in ``apply_calls + optimize_calls`` order).
+
+  Legacy overrides a rate for one call; ``inject_hyperparams`` keeps the last one set. So a
+  call passing none differs only on an optimizer some call gave one. True when every call
+  agrees, or when each call's receiver is a local name (:func:`_lineage`) and no lineage has
+  calls of both kinds: ``opt_g`` always stepped with a rate beside ``opt_d`` never given one
+  (which, injected too, keeps its def's rate: the same update)."""
+  if all(with_lr) or not any(with_lr):
+    return True
+  kinds: dict = {}
+  for call, given in zip([*q.f.apply_calls, *q.f.optimize_calls], with_lr):
+    lineage = _lineage(q, call.func.value)
+    if lineage is None:
+      return False  # (a parameter, an attribute, an alias: may be another call's optimizer)
+    kinds.setdefault(lineage, set()).add(given)
+  return all(len(k) == 1 for k in kinds.values())
+
+
+def _lineage(q, recv):
+  """The variable ``recv`` names (``Names.binding``) when every binding of it is ``x =
+  <def>.create(...)`` or ``x = x.apply_gradient(...)`` / ``x.optimize(...)``: one optimizer
+  created here and stepped in place, which no other name can hold; else None."""
+  n = q.n
+  if not isinstance(recv, cst.Name):
+    return None
+  scope = n.scope(recv)
+  if scope is None or not (bindings := list(scope[recv.value])):
+    return None
+  values = q.assigned_values()
+  for binding in bindings:
+    value = values.get(id(binding.node))
+    if not isinstance(value, cst.Call) or not isinstance(value.func, cst.Attribute):
+      return None
+    step, attr = value.func.value, value.func.attr.value
+    if attr == 'create':
+      if not n.is_def(step) and not (
+          isinstance(step, cst.Name) and n.is_def(q.f.def_vars.get(n.binding(step)))):
+        return None
+    elif attr not in ('apply_gradient', 'optimize') or not (
+        isinstance(step, cst.Name) and step.value == recv.value):
+      return None
+  return n.binding(recv)
 
 
 def _own_def_factory_injects(q) -> bool:
@@ -176,7 +223,7 @@ def _find_group_applies(q) -> None:
   q.inject_lr = q.inject_lr or bool(q.group_applies)
   with_lr = [('learning_rate' in kwargs(c)) or id(c) in q.group_applies
              for c in [*f.apply_calls, *f.optimize_calls]]
-  q.mixed_lr = any(with_lr) and not all(with_lr)
+  q.mixed_lr = any(with_lr) and not _each_optimizer_one_way(q, with_lr)
 
 
 def _hp_binding_reads(q, value_id) -> set:
