@@ -225,10 +225,6 @@ _ADAM_FIRST_STEP = ('; where beta2 rounds to 1.0 there (the default 0.999 in bfl
                     'reproduces both)')
 
 
-# --------------------------------------------------------------------------
-# GradientDescent
-
-
 def weight_norm_emit(inner_source: str, rest: list[str] = ()) -> str:
   """The source the codemod writes for ``WeightNorm(<inner>, *rest)``:
   ``optim_compat.transforms.weight_norm(<inner_source>, *rest)`` (``rest`` as written,
@@ -236,6 +232,10 @@ def weight_norm_emit(inner_source: str, rest: list[str] = ()) -> str:
   :func:`optim_compat.weight_norm.weight_norm`: the codemod calls it, and must not import
   jax (a Ctrl-C during jaxlib's import crashed or was lost)."""
   return f"optim_compat.transforms.weight_norm({', '.join([inner_source, *rest])})"
+
+
+# --------------------------------------------------------------------------
+# GradientDescent
 
 
 def _sgd_emit(a, lr):
