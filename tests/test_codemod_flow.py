@@ -2589,3 +2589,37 @@ def test_a_bundle_factory_a_legacy_user_reads_is_held_with_it(tmp_path):
   run = _run_tree(tree, 'import train\nprint(float(train.main()[0]))')
   assert run.returncode == 0, run.stderr[-2000:]
   assert abs(float(run.stdout) - 0.8503127) < 1e-6, run.stdout
+
+
+def test_items_of_a_bundle_factory_read_as_optimizers_keep_both_files_on_the_shim(tmp_path):
+  """Found by a new user (helper-44 D1): `make_optimizers` returned `{'sgd': ....create(p),
+  'adam': ...}` and `make_pair` `(opt_def, opt_def.create(p))`; both converted, and train.py
+  read `opts['sgd'].target` and `mom.state.step` (flagged OM117, not converted) beside a
+  converted jitted step: AttributeError at run time. Such reads now keep train.py legacy and
+  the factories with it (OM123), all on the shim, with legacy's numbers (SGD 0.1 five steps
+  from 0 towards 1: 1 - 0.9**5; the Momentum given no rate: 0)."""
+  tree, stderr = _migrate_tree(tmp_path, {
+      'lib/opt_factory.py': (
+          'from flax import optim\n\n\ndef make_optimizers(params):\n'
+          "  return {'sgd': optim.GradientDescent(learning_rate=0.1).create(params),\n"
+          "          'adam': optim.Adam(learning_rate=0.01).create(params)}\n\n\n"
+          'def make_pair(params):\n  opt_def = optim.Momentum(learning_rate=0.0, beta=0.9)\n'
+          '  return opt_def, opt_def.create(params)\n'),
+      'train.py': (
+          'import jax\nimport jax.numpy as jnp\nfrom flax import optim\n'
+          'from lib.opt_factory import make_optimizers, make_pair\n\n\n@jax.jit\n'
+          'def step(optimizer: optim.Optimizer):\n'
+          "  g = jax.grad(lambda p: 0.5 * jnp.sum((p['w'] - 1.0) ** 2))(optimizer.target)\n"
+          '  return optimizer.apply_gradient(g)\n\n\ndef main():\n'
+          "  params = {'w': jnp.zeros(2)}\n  opts = make_optimizers(params)\n"
+          '  _, mom = make_pair(params)\n  for _ in range(5):\n'
+          "    opts['sgd'] = step(opts['sgd'])\n    mom = step(mom)\n"
+          "  return opts['sgd'].target['w'], mom.target['w'], int(mom.state.step)\n")})
+  assert re.search(r'lib/opt_factory\.py:\d+:1: OM123 .*`make_optimizers` returns is used by '
+                   r'train\.py', stderr), stderr
+  assert 'optimizer.apply_gradient(g)' in (tree / 'train.py').read_text()
+  run = _run_tree(tree, 'import train\nw, m, s = train.main()\n'
+                        'print(float(w[0]), float(m[0]), s)')
+  assert run.returncode == 0, run.stderr[-2000:]
+  sgd, mom, steps = run.stdout.split()
+  assert abs(float(sgd) - (1 - 0.9 ** 5)) < 1e-6 and float(mom) == 0.0 and steps == '5', run.stdout

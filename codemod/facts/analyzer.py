@@ -1047,8 +1047,11 @@ class Analyzer(NoAttributeHooks, cst.CSTVisitor):
             self.create_receivers.add(id(arg.value))
     if (factory := n.factory_of_call(node)) is not None:
       f.flow_used[factory.qualified] = factory
-    elif (factory := n.factory_of_call(node, bundle=True)) is not None and factory.converted:
-      f.flow_used[factory.qualified] = factory  # `o, lr = make_pair(p)`: its items are flagged
+    elif (factory := n.factory_of_call(node, bundle=True)) is not None and (
+        factory.converted or factory.held):
+      # `o, lr = make_pair(p)`: its items are flagged (converted), or shim Optimizers (held
+      # for a legacy user: this file, whose reads of them keep it legacy, attributes.py)
+      f.flow_used[factory.qualified] = factory
     name = n.legacy_def(node)
     if name == api.WEIGHT_NORM:
       self._group_args.update(id(a) for a in node.args)

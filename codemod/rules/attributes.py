@@ -224,9 +224,31 @@ def _unsure_reset(q, attr) -> bool:
           and q.maybe_read_as_optimizer(attr.value))
 
 
+def _rename_unproven(q, attr: cst.Attribute) -> bool:
+  """``attr`` is ``.target`` / ``.state.step`` on a value that may be a flax.optim Optimizer
+  and that nothing here proves one (flagged OM117, not converted)."""
+  member, recv = _member(attr)
+  return member is not None and not (q.is_optimizer(recv) or stepped_here(q, recv)) and (
+      q.maybe_read_as_optimizer(recv)
+      or (named_like_optimizer(recv) and not q.annotated_plain(recv)))
+
+
+def bundle_item_reads(q) -> bool:
+  """This file calls another module's bundle factory that the run converts (``opts =
+  make_optimizers(p)``, ``d, opt = make_pair(p)``: its items are TrainStates now) and reads
+  ``.target`` / ``.state.step`` on a value nothing here proves: likely one of those items,
+  on which the legacy read fails at run time. The file keeps its legacy code (the pre-pass
+  then holds the factory with it, both on the shim; a held factory keeps the file so, as
+  its items are shim Optimizers) instead of converting around the read (helper-44 D1:
+  AttributeError after ``--write``)."""
+  return any(fac.bundle and (fac.converted or fac.held)
+             for fac in q.f.flow_used.values()) and any(
+      _rename_unproven(q, a) for a in q.f.member_attrs)
+
+
 def blocks(q) -> bool:
   return bool(legacy_only_uses(q)) or bool(resets(q)) or any(
-      method_reference(q, a) for a in q.f.member_attrs)
+      method_reference(q, a) for a in q.f.member_attrs) or bundle_item_reads(q)
 
 
 # -- sites ------------------------------------------------------------------------------------
@@ -300,13 +322,12 @@ def leave_rename(p, original) -> None:
       p.flag(original, 'OM120', '`.step` is a Python int on a TrainState fresh from '
                                 'TrainState.create or stepped outside jit (legacy: an int32 '
                                 'array): use jnp.asarray(<state>.step, jnp.int32) here')
-  elif q.maybe_read_as_optimizer(recv) or (named_like_optimizer(recv)
-                                            and not q.annotated_plain(recv)):
+  elif _rename_unproven(q, original):
     # (named like one: `state.optimizer` of a container nothing here follows, say one a
     # notebook builds from another module's class)
     p.flag(original, 'OM117', f'if `{code(recv)}` is a flax.optim Optimizer, '
                               f'`.{".".join(member.path)}` is `.{member.train_state}` on a '
-                              'TrainState' + q.created_by())
+                              'TrainState' + q.created_by(), blocks=bundle_item_reads(q))
 
 
 def pickles_train_state(q, call: cst.Call) -> bool:
