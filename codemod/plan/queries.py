@@ -67,6 +67,7 @@ class Queries:
     self._plain_annotated = None  # (cache of annotated_plain)
     self._pickles_converted = None  # (cache of pickles_converted)
     self._assigned_values = None  # (cache of assigned_values)
+    self.bundle_item_reads = None  # (cache of codemod.rules.attributes.bundle_item_reads)
 
   @property
   def converts(self) -> bool:

@@ -241,9 +241,11 @@ def bundle_item_reads(q) -> bool:
   then holds the factory with it, both on the shim; a held factory keeps the file so, as
   its items are shim Optimizers) instead of converting around the read (helper-44 D1:
   AttributeError after ``--write``)."""
-  return any(fac.bundle and (fac.converted or fac.held)
-             for fac in q.f.flow_used.values()) and any(
-      _rename_unproven(q, a) for a in q.f.member_attrs)
+  if q.bundle_item_reads is None:  # (asked by the verdict, then at each OM117 flag)
+    q.bundle_item_reads = any(fac.bundle and (fac.converted or fac.held)
+                              for fac in q.f.flow_used.values()) and any(
+        _rename_unproven(q, a) for a in q.f.member_attrs)
+  return q.bundle_item_reads
 
 
 def blocks(q) -> bool:
